@@ -1,0 +1,311 @@
+"""The ``eventpush`` command. The commands and their meaning are a contract (DESIGN.md).
+
+Exit codes: 0 success; 1 the audit found missing deliveries; 2 refused input (the message
+says what and where); 3 the database or configuration is unusable.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from eventpush import catalog
+from eventpush.config import ConfigError
+from eventpush.db import StoreError, connection
+
+EXIT_INPUT = 2
+EXIT_STORE = 3
+
+out = Console()
+err = Console(stderr=True)
+
+
+def fail(message: str, code: int = EXIT_INPUT) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def handles_errors(func):
+    """One-line errors instead of tracebacks for everything a user can get wrong."""
+    from eventpush.publish import MalformedEventError
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except (catalog.CatalogError, MalformedEventError) as exc:
+            fail(str(exc))
+        except (ConfigError, StoreError) as exc:
+            fail(str(exc), EXIT_STORE)
+
+    return wrapper
+
+
+def print_json(doc: object) -> None:
+    click.echo(json.dumps(doc, indent=2, default=str))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """eventpush: push events from buses to HTTP targets, matched by EventBridge patterns."""
+
+
+# --- db -------------------------------------------------------------------------------------
+
+
+@main.group()
+def db() -> None:
+    """The database schema."""
+
+
+@db.command("migrate")
+@handles_errors
+def db_migrate() -> None:
+    """Create or upgrade the schema (idempotent)."""
+    from eventpush.schema import migrate
+
+    before, after = migrate()
+    if before == after:
+        out.print(f"schema is up to date (revision {after})")
+    else:
+        out.print(f"schema migrated from {before or 'empty'} to revision {after}")
+
+
+# --- bus, rule, target ------------------------------------------------------------------------
+
+
+@main.group()
+def bus() -> None:
+    """Event buses."""
+
+
+@bus.command("create")
+@click.argument("name")
+@click.option("--queues", type=int, default=4, show_default=True, help="Number of queues.")
+@click.option("--description", default="")
+@handles_errors
+def bus_create(name: str, queues: int, description: str) -> None:
+    """Create bus NAME with --queues queues."""
+    with connection() as conn:
+        catalog.create_bus(conn, name, queues, description)
+    out.print(f"bus {name} created with {queues} queues")
+
+
+@main.group()
+def rule() -> None:
+    """Rules: EventBridge event patterns on a bus."""
+
+
+@rule.command("create")
+@click.option("--bus", "bus_name", required=True)
+@click.option("--name", required=True)
+@click.option("--pattern", required=True, help="The event pattern, as JSON.")
+@click.option("--description", default="")
+@handles_errors
+def rule_create(bus_name: str, name: str, pattern: str, description: str) -> None:
+    """Create a rule; an invalid pattern is refused."""
+    with connection() as conn:
+        catalog.create_rule(conn, bus_name, name, pattern, description)
+    out.print(f"rule {bus_name}/{name} created")
+
+
+@main.group()
+def target() -> None:
+    """Targets: where a rule's matches are pushed."""
+
+
+@target.command("create")
+@click.option("--bus", "bus_name", required=True)
+@click.option("--rule", "rule_name", required=True)
+@click.option("--name", required=True)
+@click.option("--url", required=True, help="http or https endpoint.")
+@click.option("--secret", default=None, help="Standard Webhooks secret, whsec_<base64>.")
+@click.option("--max-attempts", type=int, default=5, show_default=True)
+@click.option("--backoff-ms", type=int, default=200, show_default=True)
+@click.option("--max-age-s", type=int, default=3600, show_default=True)
+@click.option("--timeout-ms", type=int, default=5000, show_default=True)
+@click.option("--batch-size", type=int, default=1, show_default=True)
+@click.option("--concurrency", type=int, default=16, show_default=True)
+@click.option("--ordered", is_flag=True, help="Deliver in order per queue.")
+@click.option(
+    "--transform",
+    type=click.Choice(catalog.TRANSFORM_KINDS, case_sensitive=False),
+    default="ORIGINAL",
+    show_default=True,
+)
+@click.option("--transform-spec", default=None, help="The transform's spec, as JSON.")
+@handles_errors
+def target_create(
+    bus_name: str,
+    rule_name: str,
+    name: str,
+    url: str,
+    secret: str | None,
+    max_attempts: int,
+    backoff_ms: int,
+    max_age_s: int,
+    timeout_ms: int,
+    batch_size: int,
+    concurrency: int,
+    ordered: bool,
+    transform: str,
+    transform_spec: str | None,
+) -> None:
+    """Create a target on a rule, and its runner."""
+    spec_value = None
+    if transform_spec is not None:
+        try:
+            spec_value = json.loads(transform_spec)
+        except json.JSONDecodeError as exc:
+            fail(f"--transform-spec is not valid JSON: {exc}")
+    spec = catalog.TargetSpec(
+        name=name,
+        url=url,
+        secret=secret,
+        transform_kind=transform.upper(),
+        transform_spec=spec_value,
+        max_attempts=max_attempts,
+        backoff_ms=backoff_ms,
+        max_age_s=max_age_s,
+        timeout_ms=timeout_ms,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        ordered=ordered,
+    )
+    with connection() as conn:
+        runner = catalog.create_target(conn, bus_name, rule_name, spec)
+    out.print(f"target created; runner {runner}")
+
+
+# --- workers and assignment -------------------------------------------------------------------
+
+
+@main.group()
+def worker() -> None:
+    """Push workers."""
+
+
+@worker.command("create")
+@click.argument("name")
+@click.option("--capacity", type=int, default=100, show_default=True, help="Relative weight.")
+@handles_errors
+def worker_create(name: str, capacity: int) -> None:
+    """Create worker NAME."""
+    with connection() as conn:
+        catalog.create_worker(conn, name, capacity)
+    out.print(f"worker {name} created (capacity {capacity})")
+
+
+@worker.command("disable")
+@click.argument("name")
+@handles_errors
+def worker_disable(name: str) -> None:
+    """Disable worker NAME; its runners go to the other enabled workers."""
+    with connection() as conn:
+        moved = catalog.set_worker_enabled(conn, name, False)
+    out.print(f"worker {name} disabled; {moved} runners moved to other workers")
+
+
+@worker.command("enable")
+@click.argument("name")
+@handles_errors
+def worker_enable(name: str) -> None:
+    """Enable worker NAME (rebalancing gives it runners)."""
+    with connection() as conn:
+        placed = catalog.set_worker_enabled(conn, name, True)
+    out.print(f"worker {name} enabled; {placed} unassigned runners placed")
+
+
+@main.command("assign")
+@handles_errors
+def assign_cmd() -> None:
+    """Give unassigned runners to workers, evenly, without moving assigned ones."""
+    with connection() as conn:
+        placed = catalog.assign(conn)
+    out.print(f"{placed} runners assigned")
+
+
+# --- publish ----------------------------------------------------------------------------------
+
+
+@main.command("publish")
+@click.option("--bus", "bus_name", required=True)
+@click.option("--partition-key", default=None, help="Dotted path of the key, e.g. detail.order")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.argument("file", type=click.File("r", encoding="utf-8"), default="-")
+@handles_errors
+def publish_cmd(bus_name: str, partition_key: str | None, as_json: bool, file) -> None:
+    """Publish JSON events, one a line, from FILE (stdin if none). All or nothing."""
+    from eventpush.publish import publish
+
+    with connection() as conn:
+        result = publish(conn, bus_name, file, partition_key)
+    if as_json:
+        print_json(
+            {
+                "bus": result.bus,
+                "count": result.count,
+                "offsets": {str(q): list(span) for q, span in result.offsets.items()},
+            }
+        )
+        return
+    out.print(f"published {result.count} events to bus {result.bus}")
+    if not result.count:
+        return
+    table = Table()
+    table.add_column("queue", justify="right")
+    table.add_column("events", justify="right")
+    table.add_column("offsets")
+    for queue_id, (first, last) in result.offsets.items():
+        table.add_row(str(queue_id), str(last - first + 1), f"{first}..{last}")
+    out.print(table)
+
+
+# --- status -----------------------------------------------------------------------------------
+
+
+@main.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@handles_errors
+def status_cmd(as_json: bool) -> None:
+    """Progress and lag, per worker and runner."""
+    from eventpush.status import read_status
+
+    with connection() as conn:
+        doc = read_status(conn)
+    if as_json:
+        print_json(doc)
+        return
+    workers = Table(title="workers")
+    for col in ("worker", "enabled", "capacity", "runners", "alive", "heartbeat"):
+        workers.add_column(col)
+    for w in doc["workers"]:
+        workers.add_row(
+            w["worker"],
+            "yes" if w["enabled"] else "no",
+            str(w["capacity"]),
+            str(w["runners"]),
+            "yes" if w["alive"] else "no",
+            w["heartbeat_at"] or "-",
+        )
+    runners = Table(title="runners")
+    for col in ("runner", "worker", "state", "lag", "in flight", "waiting", "delivered", "failed"):
+        runners.add_column(col, justify="left" if col in ("runner", "worker", "state") else "right")
+    for r in doc["runners"]:
+        runners.add_row(
+            r["runner"],
+            r["worker"] or "-",
+            r["state"],
+            *(str(r[k]) for k in ("lag", "in_flight", "waiting", "delivered", "failed")),
+        )
+    out.print(workers)
+    out.print(runners)
+
+
+if __name__ == "__main__":
+    main()

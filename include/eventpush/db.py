@@ -1,0 +1,51 @@
+"""Connections and transactions on the eventpush PostgreSQL database (psycopg2)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import psycopg2
+import psycopg2.extensions
+import psycopg2.extras
+
+from eventpush.config import database_url, redact_url
+
+Connection = psycopg2.extensions.connection
+
+
+class StoreError(RuntimeError):
+    """A database problem, said in one line, with no secret in it."""
+
+
+def connect(url: str | None = None, *, application_name: str = "eventpush") -> Connection:
+    """A new connection; ``url`` defaults to ``EVENTPUSH_DATABASE_URL``."""
+    url = url or database_url()
+    try:
+        conn = psycopg2.connect(url, application_name=application_name, connect_timeout=10)
+    except psycopg2.OperationalError as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StoreError(f"cannot connect to {redact_url(url)}: {first_line}") from None
+    return conn
+
+
+@contextlib.contextmanager
+def transaction(conn: Connection) -> Iterator[psycopg2.extensions.cursor]:
+    """A cursor inside one transaction: committed on success, rolled back on any error."""
+    try:
+        with conn.cursor() as cur:
+            yield cur
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+
+
+@contextlib.contextmanager
+def connection(url: str | None = None) -> Iterator[Connection]:
+    """A connection closed on exit."""
+    conn = connect(url)
+    try:
+        yield conn
+    finally:
+        conn.close()

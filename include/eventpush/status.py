@@ -1,0 +1,100 @@
+"""Progress and lag per worker and runner, as the CLI, the plugin and the checks read it.
+
+Per runner and queue: ``lag = max offset - committed``, ``in_flight = pulled - committed``,
+``waiting = max offset - pulled``; a runner's figures are the sums over its bus's queues.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from eventpush.db import Connection, transaction
+
+HEARTBEAT_STALE_S = 30
+
+RUNNERS_SQL = """
+SELECT r.name, w.name, r.state, b.name,
+       coalesce(sum(q.next_offset - o."offset"), 0)::bigint AS lag,
+       coalesce(sum(greatest(o.pulled - o."offset", 0)), 0)::bigint AS in_flight,
+       coalesce(sum(greatest(q.next_offset - greatest(o.pulled, o."offset"), 0)), 0)::bigint,
+       r.delivered_total, r.failed_total,
+       (SELECT count(*) FROM event_push_failure f
+         WHERE f.runner_id = r.id AND f.status = 'failed') AS open_failures,
+       r.generation
+FROM event_target_runner r
+JOIN event_target t ON t.id = r.target_id
+JOIN event_rule ru ON ru.id = t.rule_id
+JOIN event_bus b ON b.id = ru.bus_id
+LEFT JOIN event_push_worker w ON w.id = r.worker_id
+LEFT JOIN event_push_offset o ON o.runner_id = r.id
+LEFT JOIN event_bus_queue q ON q.bus_id = b.id AND q.queue_id = o.queue_id
+GROUP BY r.id, w.name, b.name
+ORDER BY r.name
+"""
+
+WORKERS_SQL = """
+SELECT w.name, w.enabled, w.capacity, w.host, w.pid, w.heartbeat_at, w.metrics,
+       count(r.id) AS runners
+FROM event_push_worker w
+LEFT JOIN event_target_runner r ON r.worker_id = w.id
+GROUP BY w.id
+ORDER BY w.name
+"""
+
+
+def _iso(ts: datetime | None) -> str | None:
+    return ts.isoformat() if ts else None
+
+
+def read_status(conn: Connection) -> dict:
+    """``{"workers": [...], "runners": [...]}`` as the CLI's ``status --json`` prints it."""
+    with transaction(conn) as cur:
+        cur.execute(WORKERS_SQL)
+        worker_rows = cur.fetchall()
+        cur.execute(RUNNERS_SQL)
+        runner_rows = cur.fetchall()
+    now = datetime.now(UTC)
+    workers = [
+        {
+            "worker": name,
+            "enabled": enabled,
+            "capacity": capacity,
+            "runners": runners,
+            "alive": heartbeat is not None
+            and (now - heartbeat).total_seconds() < HEARTBEAT_STALE_S,
+            "host": host,
+            "pid": pid,
+            "heartbeat_at": _iso(heartbeat),
+            "metrics": metrics or {},
+        }
+        for name, enabled, capacity, host, pid, heartbeat, metrics, runners in worker_rows
+    ]
+    runners = [
+        {
+            "runner": name,
+            "worker": worker,
+            "state": state,
+            "bus": bus,
+            "lag": lag,
+            "in_flight": in_flight,
+            "waiting": waiting,
+            "delivered": delivered,
+            "failed": failed,
+            "open_failures": open_failures,
+            "generation": generation,
+        }
+        for (
+            name,
+            worker,
+            state,
+            bus,
+            lag,
+            in_flight,
+            waiting,
+            delivered,
+            failed,
+            open_failures,
+            generation,
+        ) in runner_rows
+    ]
+    return {"workers": workers, "runners": runners}

@@ -1,0 +1,119 @@
+# Sourced by ./dev. Sets up, idempotently: the venv, Java and the JDBC driver, PostgreSQL.
+# Exports EVENTPUSH_DATABASE_URL (the demo database) and EVENTPUSH_ADMIN_URL (a URL on the
+# same server with the right to create databases, which the tests use for their own).
+
+VENV="$ROOT/.venv"
+PYTHON_BIN="${PYTHON_BIN:-python3.11}"
+JDBC_JAR="/usr/share/java/postgresql.jar"
+PRIVATE_PG_DIR="$ROOT/var/postgres"
+PRIVATE_PG_PORT="${EVENTPUSH_PRIVATE_PG_PORT:-54329}"
+
+say() { printf '\033[1m==>\033[0m %s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+apt_install() {
+  # Debian packages, only when missing; a clear message when we cannot install them.
+  if ! command -v apt-get >/dev/null; then
+    die "need Debian packages $* but apt-get is not available: install them by hand"
+  fi
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
+  say "installing Debian packages: $*"
+  if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@"; } >/dev/null; then
+    die "could not install Debian packages: $* (run as root or with passwordless sudo)"
+  fi
+}
+
+setup_venv() {
+  command -v "$PYTHON_BIN" >/dev/null || die "$PYTHON_BIN not found: eventpush needs Python 3.11"
+  local stamp="$VENV/.eventpush-lock"
+  local want
+  want="$(cat requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    return
+  fi
+  say "installing Python packages into .venv (from requirements.lock)"
+  [ -x "$VENV/bin/python" ] || "$PYTHON_BIN" -m venv "$VENV"
+  [ -x "$VENV/bin/uv" ] || "$VENV/bin/python" -m pip install -q uv
+  # pyspark and pyspark-client share the pyspark/ folder; sync installs both at one version.
+  "$VENV/bin/uv" pip sync -q --python "$VENV/bin/python" requirements.lock
+  "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --no-deps -e .
+  "$VENV/bin/python" - <<'PY' || die "pyspark's Python version does not match the Spark jars it ships"
+import glob, os, pyspark
+jars = glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "spark-core_*.jar"))
+assert jars, "pyspark ships no jars: pyspark-client replaced pyspark"
+jar_version = os.path.basename(jars[0]).rsplit("-", 1)[1].removesuffix(".jar")
+assert jar_version == pyspark.__version__, (jar_version, pyspark.__version__)
+PY
+  echo "$want" > "$stamp"
+}
+
+setup_java() {
+  command -v java >/dev/null || apt_install openjdk-17-jre-headless
+  [ -f "$JDBC_JAR" ] || apt_install libpostgresql-jdbc-java
+  export EVENTPUSH_JDBC_JAR="${EVENTPUSH_JDBC_JAR:-$JDBC_JAR}"
+}
+
+pg_bin() {
+  local d
+  for d in /usr/lib/postgresql/*/bin; do
+    [ -x "$d/initdb" ] && { echo "$d"; return; }
+  done
+  return 1
+}
+
+start_private_postgres() {
+  # No server answers: run our own cluster under var/ (git-ignored).
+  local bin
+  bin="$(pg_bin)" || { apt_install postgresql; bin="$(pg_bin)"; }
+  local as=()
+  if [ "$(id -u)" -eq 0 ]; then
+    # initdb refuses to run as root.
+    id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
+    as=(runuser -u postgres --)
+  fi
+  mkdir -p "$PRIVATE_PG_DIR"
+  [ "$(id -u)" -ne 0 ] || chown -R postgres "$PRIVATE_PG_DIR"
+  if [ ! -f "$PRIVATE_PG_DIR/data/PG_VERSION" ]; then
+    say "creating a private PostgreSQL cluster in var/postgres"
+    "${as[@]}" "$bin/initdb" -q -D "$PRIVATE_PG_DIR/data" -U postgres --auth=trust >/dev/null
+  fi
+  if ! "$bin/pg_isready" -q -h 127.0.0.1 -p "$PRIVATE_PG_PORT"; then
+    say "starting the private PostgreSQL on port $PRIVATE_PG_PORT"
+    "${as[@]}" "$bin/pg_ctl" -D "$PRIVATE_PG_DIR/data" -l "$PRIVATE_PG_DIR/server.log" -w \
+      -o "-p $PRIVATE_PG_PORT -k $PRIVATE_PG_DIR -c listen_addresses=127.0.0.1" start >/dev/null
+  fi
+  echo "postgresql://postgres@127.0.0.1:$PRIVATE_PG_PORT"
+}
+
+setup_postgres() {
+  if [ -n "${EVENTPUSH_DATABASE_URL:-}" ]; then
+    export EVENTPUSH_ADMIN_URL="${EVENTPUSH_ADMIN_URL:-$EVENTPUSH_DATABASE_URL}"
+    return
+  fi
+  local server
+  if "$VENV/bin/python" -c "import psycopg2; psycopg2.connect('postgresql://postgres@127.0.0.1:5432/postgres', connect_timeout=3).close()" 2>/dev/null; then
+    server="postgresql://postgres@127.0.0.1:5432"
+  else
+    server="$(start_private_postgres)"
+  fi
+  export EVENTPUSH_ADMIN_URL="${EVENTPUSH_ADMIN_URL:-$server/postgres}"
+  export EVENTPUSH_DATABASE_URL="$server/eventpush"
+  "$VENV/bin/python" - <<'PY'
+import os, psycopg2
+conn = psycopg2.connect(os.environ["EVENTPUSH_ADMIN_URL"])
+conn.autocommit = True
+with conn.cursor() as cur:
+    cur.execute("SELECT 1 FROM pg_database WHERE datname = 'eventpush'")
+    if cur.fetchone() is None:
+        cur.execute("CREATE DATABASE eventpush")
+conn.close()
+PY
+}
+
+setup_all() {
+  setup_venv
+  setup_java
+  setup_postgres
+  export PATH="$VENV/bin:$PATH"
+}

@@ -1,0 +1,105 @@
+"""Shared fixtures: every test run makes its own uniquely named databases and drops them.
+
+``EVENTPUSH_ADMIN_URL`` (set by ``./dev test``) names a server and a database we may connect
+to with the right to create databases; the default is the machine's local PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ADMIN_URL = os.environ.get("EVENTPUSH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+RUN_ID = uuid.uuid4().hex[:8]
+
+
+def _server(url: str) -> str:
+    return url.rsplit("/", 1)[0]
+
+
+def _admin(sql: str) -> None:
+    conn = psycopg2.connect(ADMIN_URL)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+    finally:
+        conn.close()
+
+
+def _drop(name: str) -> None:
+    _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def template_db() -> Iterator[str]:
+    """A migrated database that per-test databases are cloned from."""
+    from eventpush.schema import migrate
+
+    name = f"eventpush_test_{RUN_ID}_tpl"
+    _admin(f'CREATE DATABASE "{name}"')
+    url = f"{_server(ADMIN_URL)}/{name}"
+    try:
+        migrate(url)
+        yield name
+    finally:
+        _drop(name)
+
+
+@pytest.fixture
+def empty_db_url() -> Iterator[str]:
+    """A fresh database with no schema at all."""
+    name = f"eventpush_test_{RUN_ID}_{uuid.uuid4().hex[:8]}"
+    _admin(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{_server(ADMIN_URL)}/{name}"
+    finally:
+        _drop(name)
+
+
+@pytest.fixture
+def db_url(template_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh migrated database of this test's own, also set as EVENTPUSH_DATABASE_URL."""
+    name = f"eventpush_test_{RUN_ID}_{uuid.uuid4().hex[:8]}"
+    _admin(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    url = f"{_server(ADMIN_URL)}/{name}"
+    monkeypatch.setenv("EVENTPUSH_DATABASE_URL", url)
+    try:
+        yield url
+    finally:
+        _drop(name)
+
+
+@pytest.fixture
+def conn(db_url: str):
+    c = psycopg2.connect(db_url)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def run_cli(*args: str, input: str | None = None, env: dict | None = None):
+    """Run the real ``eventpush`` console script; returns the CompletedProcess."""
+    exe = Path(sys.executable).with_name("eventpush")
+    return subprocess.run(
+        [str(exe), *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+
+
+@pytest.fixture
+def cli():
+    return run_cli

@@ -1,0 +1,149 @@
+"""Publishing against the real PostgreSQL: all or nothing, contiguous offsets, keys."""
+
+import json
+import threading
+import zlib
+
+import psycopg2
+import pytest
+
+from eventpush import catalog
+from eventpush.publish import MalformedEventError, parse_events, publish
+
+
+def _event(i: int, **extra) -> str:
+    return json.dumps(
+        {"source": "shop", "detail-type": "OrderPlaced", "detail": {"n": i}, **extra}
+    )
+
+
+def _offsets(conn, bus_id: int = 1) -> dict[int, list[int]]:
+    with conn.cursor() as cur:
+        cur.execute(
+            'SELECT queue_id, array_agg("offset" ORDER BY "offset") FROM bus_event '
+            "WHERE bus_id = %s GROUP BY queue_id",
+            (bus_id,),
+        )
+        return dict(cur.fetchall())
+
+
+def _count(conn) -> int:
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM bus_event")
+        return cur.fetchone()[0]
+
+
+def test_publish_100k_is_all_or_nothing(conn):
+    catalog.create_bus(conn, "orders", 8)
+    lines = [_event(i) for i in range(100_000)]
+    lines[54_321] = '{"source": "shop", "detail-type": 7}'
+    with pytest.raises(MalformedEventError, match=r"^line 54322: 'detail-type' is required"):
+        publish(conn, "orders", lines)
+    assert _count(conn) == 0
+    with conn.cursor() as cur:
+        cur.execute("SELECT sum(next_offset) FROM event_bus_queue")
+        assert cur.fetchone()[0] == 0
+
+    lines[54_321] = _event(54_321)
+    result = publish(conn, "orders", lines)
+    assert result.count == 100_000
+    assert _count(conn) == 100_000
+    offsets = _offsets(conn)
+    assert sum(len(v) for v in offsets.values()) == 100_000
+    for queue_id, got in offsets.items():
+        assert got == list(range(len(got))), f"queue {queue_id} has gaps"
+        assert result.offsets[queue_id] == (0, len(got) - 1)
+    # round-robin spreads keyless events evenly
+    assert max(map(len, offsets.values())) - min(map(len, offsets.values())) <= 1
+
+
+def test_concurrent_publishers_keep_offsets_contiguous(db_url, conn):
+    catalog.create_bus(conn, "orders", 4)
+    errors = []
+
+    def publisher(seed: int) -> None:
+        c = psycopg2.connect(db_url)
+        try:
+            for batch in range(20):
+                publish(c, "orders", [_event(seed * 10_000 + batch * 100 + i) for i in range(100)])
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=publisher, args=(s,)) for s in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    offsets = _offsets(conn)
+    assert sum(len(v) for v in offsets.values()) == 4000
+    for got in offsets.values():
+        assert got == list(range(len(got)))
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT q.queue_id, q.next_offset, count(e.*) FROM event_bus_queue q "
+            "LEFT JOIN bus_event e ON e.bus_id = q.bus_id AND e.queue_id = q.queue_id "
+            "GROUP BY q.queue_id, q.next_offset"
+        )
+        for queue_id, next_offset, n in cur.fetchall():
+            assert next_offset == n, queue_id
+
+
+def test_same_partition_key_same_queue_in_order(conn):
+    catalog.create_bus(conn, "orders", 5)
+    lines = [_event(i, detail={"customer": f"c{i % 3}", "n": i}) for i in range(30)]
+    publish(conn, "orders", lines, partition_key="detail.customer")
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT body::json->'detail'->>'customer', queue_id, (body::json->'detail'->>'n')::int "
+            'FROM bus_event ORDER BY queue_id, "offset"'
+        )
+        rows = cur.fetchall()
+    by_key: dict[str, set[int]] = {}
+    for key, queue_id, _ in rows:
+        by_key.setdefault(key, set()).add(queue_id)
+        assert queue_id == zlib.crc32(key.encode()) % 5
+    assert all(len(q) == 1 for q in by_key.values())
+    for key in by_key:
+        ns = [n for k, _, n in rows if k == key]
+        assert ns == sorted(ns), "a key's events keep their publish order"
+
+
+def test_envelope_is_completed_and_kept():
+    [p] = parse_events([_event(1, time="2026-01-02T03:04:05Z", id="m-1")], 1)
+    body = json.loads(p.body)
+    assert body["id"] == "m-1" and p.message_id == "m-1"
+    assert body["time"] == "2026-01-02T03:04:05Z"
+    assert body["version"] == "0" and body["resources"] == []
+    [q] = parse_events([_event(2)], 1)
+    assert json.loads(q.body)["id"] == q.message_id
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("not json", r"line 2: not valid JSON"),
+        ("[1, 2]", r"line 2: an event must be a JSON object, got list"),
+        ('{"detail-type": "x"}', r"line 2: 'source' is required"),
+        ('{"source": "s", "detail-type": "x", "detail": 5}', r"line 2: 'detail' must be"),
+        ('{"source": "s", "detail-type": "x", "time": "yesterday"}', r"line 2: 'time'"),
+        ('{"source": "s", "detail-type": "x", "resources": [1]}', r"line 2: 'resources'"),
+        ('{"source": "s", "detail-type": "x", "id": ""}', r"line 2: 'id'"),
+    ],
+)
+def test_malformed_lines_name_their_line(line, message):
+    with pytest.raises(MalformedEventError, match=message):
+        parse_events([_event(0), line], 3)
+
+
+def test_oversized_event_is_refused():
+    big = _event(0, detail={"blob": "x" * 300_000})
+    with pytest.raises(MalformedEventError, match="line 1: event is over the 262144-byte limit"):
+        parse_events([big], 1)
+
+
+def test_unknown_bus(conn):
+    with pytest.raises(catalog.CatalogError, match="unknown bus 'nope'"):
+        publish(conn, "nope", [_event(1)])
