@@ -12,9 +12,7 @@ from eventpush.publish import MalformedEventError, parse_events, publish
 
 
 def _event(i: int, **extra) -> str:
-    return json.dumps(
-        {"source": "shop", "detail-type": "OrderPlaced", "detail": {"n": i}, **extra}
-    )
+    return json.dumps({"source": "shop", "detail-type": "OrderPlaced", "detail": {"n": i}, **extra})
 
 
 def _offsets(conn, bus_id: int = 1) -> dict[int, list[int]]:

@@ -53,7 +53,9 @@ def test_migrate_twice_is_idempotent(empty_db_url):
     assert present >= TABLES
 
 
-@pytest.mark.parametrize("table", ["event_push_offset", "event_push_failure", "event_push_delivery"])
+@pytest.mark.parametrize(
+    "table", ["event_push_offset", "event_push_failure", "event_push_delivery"]
+)
 def test_offset_tables_carry_the_seed_columns(db_url, table):
     assert _columns(db_url, table) >= SEED_COLUMNS
 
