@@ -98,3 +98,25 @@ def read_status(conn: Connection) -> dict:
         ) in runner_rows
     ]
     return {"workers": workers, "runners": runners}
+
+
+HAS_WORK_SQL = """
+SELECT EXISTS (
+    SELECT 1
+    FROM event_target_runner r
+    JOIN event_push_worker w ON w.id = r.worker_id
+    JOIN event_push_offset o ON o.runner_id = r.id
+    JOIN event_target t ON t.id = r.target_id
+    JOIN event_rule ru ON ru.id = t.rule_id
+    JOIN event_bus_queue q ON q.bus_id = ru.bus_id AND q.queue_id = o.queue_id
+    WHERE w.name = %s AND w.enabled AND r.state = 'RUNNING' AND q.next_offset > o."offset"
+)
+"""
+
+
+def has_work(conn: Connection, worker: str) -> bool:
+    """True when a running runner of ``worker`` has events past its committed offset (new
+    events, or ones a previous slice handed back before finishing their retries)."""
+    with transaction(conn) as cur:
+        cur.execute(HAS_WORK_SQL, (worker,))
+        return cur.fetchone()[0]
