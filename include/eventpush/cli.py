@@ -221,6 +221,65 @@ def worker_enable(name: str) -> None:
     out.print(f"worker {name} enabled; {placed} unassigned runners placed")
 
 
+@worker.command("run")
+@click.argument("name")
+@click.option("--until-idle", is_flag=True, help="Return once nothing is left to deliver or retry.")
+@click.option("--max-seconds", type=float, default=None, help="Stop after this many seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Print the run's counts as JSON.")
+@handles_errors
+def worker_run(name: str, until_idle: bool, max_seconds: float | None, as_json: bool) -> None:
+    """Run worker NAME's push loop (SIGTERM or Ctrl-C stops it gracefully)."""
+    import logging
+
+    from eventpush.push import LeaseLostError, UnknownWorkerError, WorkerBusyError, run_worker
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    live = None
+    progress = None
+    if out.is_terminal and not as_json:
+        from rich.live import Live
+
+        live = Live(console=out, refresh_per_second=4, transient=True)
+        live.start()
+
+        def progress(counts: dict) -> None:
+            live.update(
+                f"[bold]{name}[/] read {counts['read']:,}  delivered {counts['delivered']:,}  "
+                f"failed {counts['failed']:,}  filtered {counts['filtered']:,}  "
+                f"retried {counts['retried']:,}"
+            )
+
+    try:
+        report = run_worker(
+            name,
+            until_idle=until_idle,
+            max_seconds=max_seconds,
+            progress=progress,
+            handle_signals=True,
+        )
+    except UnknownWorkerError as exc:
+        fail(str(exc))
+    except (WorkerBusyError, LeaseLostError) as exc:
+        fail(str(exc), EXIT_STORE)
+    finally:
+        if live is not None:
+            live.stop()
+    counts = report.as_dict()
+    if as_json:
+        print_json(counts)
+        return
+    table = Table(title=f"worker {name}")
+    for key in ("read", "delivered", "failed", "filtered", "retried", "seconds"):
+        table.add_column(key, justify="right")
+    table.add_row(
+        *(
+            f"{counts[k]:,}" if k != "seconds" else f"{counts[k]:.1f}"
+            for k in ("read", "delivered", "failed", "filtered", "retried", "seconds")
+        )
+    )
+    out.print(table)
+
+
 @main.command("assign")
 @handles_errors
 def assign_cmd() -> None:

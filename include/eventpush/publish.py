@@ -192,6 +192,8 @@ def publish(
             "event_time, size_bytes, body) FROM STDIN",
             buf,
         )
+        # Wakes workers waiting on this bus; delivered only when the transaction commits.
+        cur.execute("SELECT pg_notify('eventpush_publish', %s)", (str(bus_id),))
     for queue_id, n in sorted(per_queue.items()):
         end = next_offset[queue_id]
         result.offsets[queue_id] = (end - n, end - 1)

@@ -1,0 +1,13 @@
+"""The push runtime: ``run_worker`` pushes one worker's runners (see ``engine``)."""
+
+from eventpush.push.engine import Engine, WorkerReport, run_worker
+from eventpush.push.store import LeaseLostError, UnknownWorkerError, WorkerBusyError
+
+__all__ = [
+    "Engine",
+    "LeaseLostError",
+    "UnknownWorkerError",
+    "WorkerBusyError",
+    "WorkerReport",
+    "run_worker",
+]

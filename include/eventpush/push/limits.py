@@ -1,0 +1,95 @@
+"""Concurrency limits whose size can change at run time, and the per-target circuit breaker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+
+
+class Limiter:
+    """A semaphore whose limit can be changed while tasks hold it."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_use = 0
+        self._changed = asyncio.Event()
+
+    def free(self) -> int:
+        return max(self.limit - self.in_use, 0)
+
+    def try_acquire(self) -> bool:
+        if self.in_use < self.limit:
+            self.in_use += 1
+            return True
+        return False
+
+    def release(self) -> None:
+        self.in_use -= 1
+        self._changed.set()
+
+    def resize(self, limit: int) -> None:
+        self.limit = limit
+        self._changed.set()
+
+    async def changed(self, timeout: float) -> None:
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
+
+class CircuitBreaker:
+    """Opens when nearly every recent attempt failed with a retryable error (at least
+    ``ratio`` of the last ``window``), so a target that is merely flaky keeps being served
+    while a dead or hanging one costs almost nothing. While open, one probe goes through
+    after a cool-down that doubles (up to ``max_cooldown``) each time a probe fails."""
+
+    def __init__(
+        self,
+        window: int = 20,
+        ratio: float = 0.9,
+        cooldown: float = 1.0,
+        max_cooldown: float = 30.0,
+    ) -> None:
+        self.recent: deque[bool] = deque(maxlen=window)  # True for a retryable failure
+        self.threshold = int(window * ratio)
+        self.base_cooldown = cooldown
+        self.max_cooldown = max_cooldown
+        self.cooldown = cooldown
+        self.is_open = False
+        self.open_until = 0.0
+        self.probing = False
+
+    def allows(self, now: float | None = None) -> bool:
+        """May a request go out now? In the half-open state only one probe at a time."""
+        if not self.is_open:
+            return True
+        now = time.monotonic() if now is None else now
+        if now < self.open_until or self.probing:
+            return False
+        self.probing = True
+        return True
+
+    def wait_s(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        return max(self.open_until - now, 0.0)
+
+    def success(self) -> None:
+        self.recent.append(False)
+        if self.is_open:
+            self.is_open = False
+            self.recent.clear()
+            self.cooldown = self.base_cooldown
+        self.probing = False
+
+    def failure(self) -> None:
+        self.recent.append(True)
+        if self.is_open:
+            self.cooldown = min(self.cooldown * 2, self.max_cooldown)
+        elif len(self.recent) == self.recent.maxlen and sum(self.recent) >= self.threshold:
+            self.is_open = True
+            self.cooldown = self.base_cooldown
+        if self.is_open:
+            self.open_until = time.monotonic() + self.cooldown
+        self.probing = False

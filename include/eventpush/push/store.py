@@ -1,0 +1,297 @@
+"""The push engine's database side: lease, assignment, reads and commits.
+
+Plain synchronous psycopg2 functions; the engine calls them through ``asyncio.to_thread`` so
+no database call blocks the event loop. A commit writes delivery rows, failure rows, offsets
+and runner counters in one transaction, and only on the connection that holds the worker's
+lease, so a copy of the worker that lost its lease can never move an offset.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+from dataclasses import dataclass
+
+import psycopg2
+import psycopg2.extras
+
+from eventpush.db import Connection, connect, transaction
+from eventpush.delivery import Target, load_targets
+
+LEASE_NAMESPACE = 0x45_50  # first key of the advisory lock; the worker id is the second
+NOTIFY_CHANNEL = "eventpush_publish"
+
+
+class WorkerBusyError(RuntimeError):
+    """Another process holds this worker's lease."""
+
+
+class UnknownWorkerError(ValueError):
+    """No worker of that name is configured."""
+
+
+class LeaseLostError(RuntimeError):
+    """The lease went away (connection lost) and another process has taken it since."""
+
+
+@dataclass(frozen=True)
+class DeliveryRow:
+    runner_id: int
+    runner: str
+    bus: str
+    queue_id: int
+    offset: int
+    message_id: str
+    attempts: int
+    http_status: int
+    latency_ms: float
+
+
+@dataclass(frozen=True)
+class FailureRow:
+    runner_id: int
+    runner: str
+    bus: str
+    queue_id: int
+    offset: int
+    message_id: str
+    attempts: int
+    http_status: int | None
+    error: str
+
+
+@dataclass(frozen=True)
+class OffsetRow:
+    runner_id: int
+    queue_id: int
+    committed: int
+    pulled: int
+    message_id: str | None
+
+
+def worker_id(conn: Connection, name: str) -> int:
+    with transaction(conn) as cur:
+        cur.execute("SELECT id FROM event_push_worker WHERE name = %s", (name,))
+        row = cur.fetchone()
+    if row is None:
+        raise UnknownWorkerError(
+            f"unknown worker {name!r}: create it with 'eventpush worker create'"
+        )
+    return row[0]
+
+
+def take_lease(conn: Connection, worker: str, wid: int) -> None:
+    """Hold the worker's advisory lock on ``conn`` (autocommit session lock)."""
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_try_advisory_lock(%s, %s)", (LEASE_NAMESPACE, wid))
+        if not cur.fetchone()[0]:
+            cur.execute(
+                "SELECT host, pid FROM event_push_worker WHERE id = %s",
+                (wid,),
+            )
+            host, pid = cur.fetchone()
+            where = f" (last seen as pid {pid} on {host})" if pid else ""
+            raise WorkerBusyError(f"worker {worker!r} is already running elsewhere{where}")
+        cur.execute(
+            "UPDATE event_push_worker SET host = %s, pid = %s, started_at = now(), "
+            "heartbeat_at = now() WHERE id = %s",
+            (socket.gethostname(), os.getpid(), wid),
+        )
+    conn.autocommit = False
+
+
+def release_lease(conn: Connection, wid: int) -> None:
+    conn.rollback()
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_advisory_unlock(%s, %s)", (LEASE_NAMESPACE, wid))
+        cur.execute("UPDATE event_push_worker SET pid = NULL WHERE id = %s", (wid,))
+
+
+ASSIGNMENT_SQL = """
+SELECT r.id, r.state, r.generation, coalesce(
+    (SELECT jsonb_object_agg(c.key, c.value) FROM event_runtime_control c
+      WHERE c.scope = 'runner' AND c.name = r.name), '{}'::jsonb)
+FROM event_target_runner r
+JOIN event_push_worker w ON w.id = r.worker_id
+WHERE w.id = %s AND w.enabled
+ORDER BY r.id
+"""
+
+
+def read_assignment(conn: Connection, wid: int, worker: str) -> tuple[dict, dict]:
+    """Runners assigned to the worker ({id: (state, generation, controls)}) and the worker's
+    own controls."""
+    with transaction(conn) as cur:
+        cur.execute(ASSIGNMENT_SQL, (wid,))
+        runners = {rid: (state, gen, controls) for rid, state, gen, controls in cur.fetchall()}
+        cur.execute(
+            "SELECT key, value FROM event_runtime_control WHERE scope = 'worker' AND name = %s",
+            (worker,),
+        )
+        controls = dict(cur.fetchall())
+    return runners, controls
+
+
+def read_targets(conn: Connection, runner_ids: list[int]) -> list[Target]:
+    with transaction(conn) as cur:
+        return load_targets(cur, "r.id = ANY(%s)", (runner_ids,))
+
+
+def read_offsets(conn: Connection, runner_ids: list[int]) -> dict[int, dict[int, int]]:
+    """Committed offsets: {runner_id: {queue_id: offset}}."""
+    with transaction(conn) as cur:
+        cur.execute(
+            'SELECT runner_id, queue_id, "offset" FROM event_push_offset WHERE runner_id = ANY(%s)',
+            (runner_ids,),
+        )
+        out: dict[int, dict[int, int]] = {}
+        for rid, qid, offset in cur.fetchall():
+            out.setdefault(rid, {})[qid] = offset
+    return out
+
+
+def read_window(conn: Connection, bus_id: int, queue_id: int, start: int, stop: int) -> list:
+    """Events of one queue with start <= offset < stop: (offset, message_id, body text)."""
+    with transaction(conn) as cur:
+        cur.execute(
+            'SELECT "offset", message_id, body::text FROM bus_event '
+            'WHERE bus_id = %s AND queue_id = %s AND "offset" >= %s AND "offset" < %s '
+            'ORDER BY "offset"',
+            (bus_id, queue_id, start, stop),
+        )
+        return cur.fetchall()
+
+
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_text(value: object) -> str:
+    return "\\N" if value is None else str(value).translate(_COPY_ESCAPES)
+
+
+def commit(
+    conn: Connection,
+    wid: int,
+    deliveries: list[DeliveryRow],
+    failures: list[FailureRow],
+    offsets: list[OffsetRow],
+) -> None:
+    """Deliveries, failures, offsets and counters in one transaction, under the lease."""
+    with transaction(conn) as cur:
+        # The lease is a session lock on this very connection; after a reconnect it must have
+        # been taken again, and this check makes a commit without it impossible.
+        cur.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
+            "AND pid = pg_backend_pid() AND classid = %s AND objid = %s AND granted)",
+            (LEASE_NAMESPACE, wid),
+        )
+        if not cur.fetchone()[0]:
+            raise LeaseLostError("commit refused: this connection does not hold the lease")
+        if deliveries:
+            buf = io.StringIO()
+            for d in deliveries:
+                buf.write(
+                    f"{d.runner_id}\t{_copy_text(d.runner)}\t{_copy_text(d.bus)}\t{d.queue_id}\t"
+                    f"{d.offset}\t{_copy_text(d.message_id)}\t{d.attempts}\t{d.http_status}\t"
+                    f"{d.latency_ms:.3f}\n"
+                )
+            buf.seek(0)
+            cur.copy_expert(
+                "COPY event_push_delivery (runner_id, consumer_group, topic_name, queue_id, "
+                '"offset", message_id, attempts, http_status, latency_ms) FROM STDIN',
+                buf,
+            )
+        if failures:
+            psycopg2.extras.execute_values(
+                cur,
+                "INSERT INTO event_push_failure (runner_id, consumer_group, topic_name, "
+                'queue_id, "offset", message_id, attempts, http_status, last_error) VALUES %s '
+                'ON CONFLICT (runner_id, queue_id, "offset") DO UPDATE SET '
+                "attempts = event_push_failure.attempts + EXCLUDED.attempts, "
+                "http_status = EXCLUDED.http_status, last_error = EXCLUDED.last_error, "
+                "status = 'failed', mtime = now()",
+                [
+                    (
+                        f.runner_id,
+                        f.runner,
+                        f.bus,
+                        f.queue_id,
+                        f.offset,
+                        f.message_id,
+                        f.attempts,
+                        f.http_status,
+                        f.error,
+                    )
+                    for f in failures
+                ],
+            )
+        if offsets:
+            psycopg2.extras.execute_values(
+                cur,
+                'UPDATE event_push_offset o SET "offset" = greatest(o."offset", v.committed), '
+                "pulled = v.pulled, message_id = coalesce(v.message_id, o.message_id), "
+                "mtime = now() "
+                "FROM (VALUES %s) AS v(runner_id, queue_id, committed, pulled, message_id) "
+                "WHERE o.runner_id = v.runner_id AND o.queue_id = v.queue_id",
+                [(o.runner_id, o.queue_id, o.committed, o.pulled, o.message_id) for o in offsets],
+                template="(%s, %s, %s::bigint, %s::bigint, %s::text)",
+            )
+        counts: dict[int, list[int]] = {}
+        for d in deliveries:
+            counts.setdefault(d.runner_id, [0, 0])[0] += 1
+        for f in failures:
+            counts.setdefault(f.runner_id, [0, 0])[1] += 1
+        if counts:
+            psycopg2.extras.execute_values(
+                cur,
+                "UPDATE event_target_runner r SET delivered_total = r.delivered_total + v.d, "
+                "failed_total = r.failed_total + v.f FROM (VALUES %s) AS v(id, d, f) "
+                "WHERE r.id = v.id",
+                [(rid, d, f) for rid, (d, f) in counts.items()],
+            )
+
+
+def heartbeat(conn: Connection, wid: int, metrics: dict, runner_stats: list[tuple]) -> None:
+    """Worker heartbeat and metrics, and one metric row per runner (lag computed here)."""
+    with transaction(conn) as cur:
+        cur.execute(
+            "UPDATE event_push_worker SET heartbeat_at = now(), metrics = %s WHERE id = %s",
+            (json.dumps(metrics), wid),
+        )
+        if runner_stats:
+            psycopg2.extras.execute_values(
+                cur,
+                "INSERT INTO event_push_metric (worker_id, runner_id, delivered, failed, lag, "
+                "in_flight, waiting, p50_ms, p99_ms) "
+                "SELECT v.worker_id, v.runner_id, r.delivered_total, r.failed_total, "
+                'coalesce(sum(q.next_offset - o."offset"), 0), '
+                'coalesce(sum(greatest(o.pulled - o."offset", 0)), 0), '
+                "coalesce(sum(greatest(q.next_offset - o.pulled, 0)), 0), v.p50, v.p99 "
+                "FROM (VALUES %s) AS v(worker_id, runner_id, p50, p99) "
+                "JOIN event_target_runner r ON r.id = v.runner_id "
+                "JOIN event_push_offset o ON o.runner_id = r.id "
+                "JOIN event_target t ON t.id = r.target_id "
+                "JOIN event_rule ru ON ru.id = t.rule_id "
+                "JOIN event_bus_queue q ON q.bus_id = ru.bus_id AND q.queue_id = o.queue_id "
+                "GROUP BY v.worker_id, v.runner_id, r.delivered_total, r.failed_total, "
+                "v.p50, v.p99",
+                [(wid, *stats) for stats in runner_stats],
+                template="(%s, %s, %s::real, %s::real)",
+            )
+
+
+def listen(url: str) -> Connection:
+    """A connection listening for publish notifications (payload: the bus id)."""
+    conn = connect(url)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f"LISTEN {NOTIFY_CHANNEL}")
+    return conn
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    return isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError)
