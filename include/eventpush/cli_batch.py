@@ -1,0 +1,116 @@
+"""The batch commands of ``eventpush``: ``audit``, ``replay`` and ``rebalance``.
+
+Each runs its Spark job in-process (local mode unless ``EVENTPUSH_SPARK_MASTER`` or the
+``spark_default`` connection says otherwise). Registered on the main group by ``cli.py``.
+Exit codes as ``cli.py``: 0 success; 1 the audit found missing deliveries; 2 refused input;
+3 the database or configuration is unusable.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from datetime import UTC, datetime
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+EXIT_MISSING = 1
+EXIT_INPUT = 2
+EXIT_STORE = 3
+
+out = Console()
+err = Console(stderr=True)
+
+
+class IsoTime(click.ParamType):
+    """An ISO 8601 time; without an offset it is UTC."""
+
+    name = "TIME"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, datetime):
+            return value
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            self.fail(f"{value!r} is not an ISO 8601 time", param, ctx)
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+ISO_TIME = IsoTime()
+
+
+def fail(message: str, code: int = EXIT_INPUT) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def handles_errors(func):
+    """One-line errors for what a user can get wrong; no secret ever reaches the message."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        from eventpush.catalog import CatalogError
+        from eventpush.config import ConfigError
+        from eventpush.db import StoreError
+        from eventpush.sparkjobs.session import SparkSetupError
+
+        try:
+            return func(*args, **kwargs)
+        except (CatalogError, ValueError) as exc:
+            fail(str(exc))
+        except (ConfigError, StoreError, SparkSetupError) as exc:
+            fail(str(exc), EXIT_STORE)
+
+    return wrapper
+
+
+def check_window(since: datetime | None, until: datetime | None) -> None:
+    if since and until and until <= since:
+        raise ValueError(f"--until ({until.isoformat()}) must be after --since ({since.isoformat()})")
+
+
+def print_json(doc: object) -> None:
+    click.echo(json.dumps(doc, indent=2, default=str))
+
+
+def _spark():
+    from eventpush.sparkjobs.session import get_spark
+
+    return get_spark()
+
+
+@click.command("audit")
+@click.option("--bus", help="Audit only this bus's runners.")
+@click.option("--since", type=ISO_TIME, help="Window start (event creation time), inclusive.")
+@click.option("--until", type=ISO_TIME, help="Window end, exclusive.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@handles_errors
+def audit(bus, since, until, as_json) -> None:
+    """Per runner: expected, delivered, failed, missing, pending, duplicated. Exit 1 on missing."""
+    from eventpush.config import database_url
+    from eventpush.sparkjobs.audit import run_audit
+
+    check_window(since, until)
+    url = database_url()
+    with err.status("auditing deliveries with Spark..."):
+        result = run_audit(_spark(), url, bus=bus, since=since, until=until)
+    if as_json:
+        print_json(result.to_json())
+    else:
+        table = Table(title=f"audit report {result.report_id}")
+        table.add_column("runner")
+        keys = ("expected", "delivered", "failed", "missing", "pending", "duplicates")
+        for key in keys:
+            table.add_column(key, justify="right")
+        for r in result.runners:
+            style = "bold red" if r.missing else None
+            table.add_row(r.runner, *(str(getattr(r, k)) for k in keys), style=style)
+        out.print(table)
+        missing = result.totals()["missing"]
+        out.print(f"{missing} missing" if missing else "nothing missing")
+    if result.totals()["missing"]:
+        sys.exit(EXIT_MISSING)

@@ -1,0 +1,257 @@
+"""The delivery-completeness audit: per runner and window, what was owed and what happened.
+
+For each runner, the *expected* records are the events of its bus at or past the runner's
+``start_offset`` (per queue), created in the window, that its rule matches (evaluated in
+Spark, see ``pattern_sql``). Each expected record is then exactly one of:
+
+- ``delivered``: it has at least one delivery row (live or replay);
+- ``failed``: no delivery row, and a failure row that is ``failed`` or ``dead``;
+- ``pending``: neither, and the runner has not yet committed past it;
+- ``missing``: neither, yet the runner's committed offset is past it: a lost record.
+
+``duplicates`` counts delivery rows beyond the first for one record. The per-record frame
+(``classify``) is also what a replay of audit gaps selects from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import datetime
+
+from eventpush.db import connection, transaction
+from eventpush.sparkjobs import jdbc
+from eventpush.sparkjobs.pattern_sql import with_matching_runners
+
+STATES = ("delivered", "failed", "pending", "missing")
+
+
+@dataclass(frozen=True)
+class AuditRunner:
+    runner_id: int
+    name: str
+    bus_id: int
+    bus: str
+    pattern: str
+
+
+@dataclass(frozen=True)
+class RunnerAudit:
+    runner: str
+    expected: int
+    delivered: int
+    failed: int
+    missing: int
+    pending: int
+    duplicates: int
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    runners: list[RunnerAudit]
+    report_id: int | None
+    since: datetime | None
+    until: datetime | None
+
+    def totals(self) -> dict[str, int]:
+        keys = ("expected", "delivered", "failed", "missing", "pending", "duplicates")
+        return {k: sum(getattr(r, k) for r in self.runners) for k in keys}
+
+    def to_json(self) -> dict:
+        return {
+            "runners": [asdict(r) for r in self.runners],
+            "totals": self.totals(),
+            "report_id": self.report_id,
+            "since": self.since.isoformat() if self.since else None,
+            "until": self.until.isoformat() if self.until else None,
+        }
+
+
+@dataclass(frozen=True)
+class AuditScope:
+    """The runners an audit covers, their offsets and the bus ranges to read."""
+
+    runners: list[AuditRunner]
+    offsets: list[tuple[int, int, int, int]]  # runner_id, queue_id, start_offset, committed
+    ranges: list[jdbc.QueueRange]
+
+
+def load_scope(
+    cur,
+    bus: str | None = None,
+    rule: str | None = None,
+    target: str | None = None,
+    runner_ids: list[int] | None = None,
+) -> AuditScope:
+    """Runners matching the filters (all when none), with offsets and queue ranges."""
+    cur.execute(
+        "SELECT r.id, r.name, b.id, b.name, ru.pattern::text FROM event_target_runner r "
+        "JOIN event_target t ON t.id = r.target_id JOIN event_rule ru ON ru.id = t.rule_id "
+        "JOIN event_bus b ON b.id = ru.bus_id "
+        "WHERE (%(bus)s::text IS NULL OR b.name = %(bus)s) "
+        "AND (%(rule)s::text IS NULL OR ru.name = %(rule)s) "
+        "AND (%(target)s::text IS NULL OR t.name = %(target)s) "
+        "AND (%(ids)s::int[] IS NULL OR r.id = ANY(%(ids)s)) ORDER BY r.id",
+        {"bus": bus, "rule": rule, "target": target, "ids": runner_ids},
+    )
+    runners = [AuditRunner(*row) for row in cur.fetchall()]
+    ids = [r.runner_id for r in runners]
+    cur.execute(
+        'SELECT runner_id, queue_id, start_offset, "offset" FROM event_push_offset '
+        "WHERE runner_id = ANY(%s) ORDER BY runner_id, queue_id",
+        (ids,),
+    )
+    offsets = [tuple(row) for row in cur.fetchall()]
+    # Per bus and queue: from the earliest start of any runner to the queue's end.
+    cur.execute(
+        "SELECT q.bus_id, q.queue_id, min(o.start_offset), q.next_offset "
+        "FROM event_push_offset o JOIN event_target_runner r ON r.id = o.runner_id "
+        "JOIN event_target t ON t.id = r.target_id JOIN event_rule ru ON ru.id = t.rule_id "
+        "JOIN event_bus_queue q ON q.bus_id = ru.bus_id AND q.queue_id = o.queue_id "
+        "WHERE o.runner_id = ANY(%s) GROUP BY q.bus_id, q.queue_id, q.next_offset "
+        "ORDER BY q.bus_id, q.queue_id",
+        (ids,),
+    )
+    ranges = [jdbc.QueueRange(*row) for row in cur.fetchall() if row[2] < row[3]]
+    return AuditScope(runners, offsets, ranges)
+
+
+def classify(
+    spark,
+    db_url: str,
+    scope: AuditScope,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    slice_size: int = jdbc.DEFAULT_SLICE,
+):
+    """One row per expected record: runner_id, bus_id, queue_id, offset, message_id, ctime,
+    body, deliveries (count), failure_status, committed, state."""
+    from pyspark.sql import functions as F
+
+    db = jdbc.jdbc_database(db_url)
+    events = jdbc.read_events(spark, db, scope.ranges, since, until, slice_size)
+    rules = [(r.runner_id, r.bus_id, r.pattern) for r in scope.runners]
+    matched = with_matching_runners(events, rules).select(
+        "bus_id",
+        "queue_id",
+        "offset",
+        "message_id",
+        "ctime",
+        "body",
+        F.explode("runner_ids").alias("runner_id"),
+    )
+    offsets = spark.createDataFrame(
+        scope.offsets or [], "runner_id INT, queue_id INT, start_offset BIGINT, committed BIGINT"
+    )
+    expected = matched.join(F.broadcast(offsets), ["runner_id", "queue_id"]).where(
+        F.col("offset") >= F.col("start_offset")
+    )
+    ids = [r.runner_id for r in scope.runners]
+    deliveries = (
+        jdbc.read_by_runner(
+            spark, db, "event_push_delivery", 'runner_id, queue_id, "offset"', ids
+        )
+        .groupBy("runner_id", "queue_id", "offset")
+        .agg(F.count(F.lit(1)).alias("deliveries"))
+    )
+    failures = jdbc.read_by_runner(
+        spark,
+        db,
+        "event_push_failure",
+        'runner_id, queue_id, "offset", status AS failure_status',
+        ids,
+    )
+    keys = ["runner_id", "queue_id", "offset"]
+    joined = expected.join(deliveries, keys, "left").join(failures, keys, "left")
+    deliveries_col = F.coalesce(F.col("deliveries"), F.lit(0))
+    state = (
+        F.when(deliveries_col > 0, "delivered")
+        .when(F.col("failure_status").isin("failed", "dead"), "failed")
+        .when(F.col("offset") >= F.col("committed"), "pending")
+        .otherwise("missing")
+    )
+    return joined.select(
+        "runner_id",
+        "bus_id",
+        "queue_id",
+        "offset",
+        "message_id",
+        "ctime",
+        "body",
+        deliveries_col.alias("deliveries"),
+        "failure_status",
+        "committed",
+        state.alias("state"),
+    )
+
+
+def summarise(records, scope: AuditScope) -> list[RunnerAudit]:
+    """Per-runner counts from ``classify``'s frame; every runner of the scope appears."""
+    from pyspark.sql import functions as F
+
+    def count_state(name: str):
+        return F.sum(F.when(F.col("state") == name, 1).otherwise(0)).alias(name)
+
+    rows = (
+        records.groupBy("runner_id")
+        .agg(
+            F.count(F.lit(1)).alias("expected"),
+            *(count_state(s) for s in STATES),
+            F.sum(F.greatest(F.col("deliveries") - 1, F.lit(0))).alias("duplicates"),
+        )
+        .collect()
+    )
+    by_id = {row["runner_id"]: row for row in rows}
+    out = []
+    for r in scope.runners:
+        row = by_id.get(r.runner_id)
+        counts = {k: int(row[k] or 0) if row else 0 for k in ("expected", *STATES, "duplicates")}
+        out.append(RunnerAudit(runner=r.name, **counts))
+    return out
+
+
+def write_report(cur, bus: str | None, since, until, runners: list[RunnerAudit]) -> int:
+    totals = AuditResult(runners, None, since, until).totals()
+    cur.execute(
+        "INSERT INTO event_audit_report (bus, window_start, window_end, expected, delivered, "
+        "failed, missing, pending, duplicates, runners) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+        (
+            bus,
+            since,
+            until,
+            totals["expected"],
+            totals["delivered"],
+            totals["failed"],
+            totals["missing"],
+            totals["pending"],
+            totals["duplicates"],
+            json.dumps([asdict(r) for r in runners]),
+        ),
+    )
+    return cur.fetchone()[0]
+
+
+def run_audit(
+    spark,
+    db_url: str,
+    bus: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    save: bool = True,
+    slice_size: int = jdbc.DEFAULT_SLICE,
+) -> AuditResult:
+    """Audit every runner (of ``bus``, if given) over ``[since, until)``; saves the report."""
+    with connection(db_url) as conn, transaction(conn) as cur:
+        if bus is not None:
+            cur.execute("SELECT 1 FROM event_bus WHERE name = %s", (bus,))
+            if cur.fetchone() is None:
+                raise ValueError(f"unknown bus {bus!r}")
+        scope = load_scope(cur, bus=bus)
+    records = classify(spark, db_url, scope, since, until, slice_size)
+    runners = summarise(records, scope) if scope.runners else []
+    report_id = None
+    if save:
+        with connection(db_url) as conn, transaction(conn) as cur:
+            report_id = write_report(cur, bus, since, until, runners)
+    return AuditResult(runners, report_id, since, until)
