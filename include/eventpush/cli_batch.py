@@ -70,7 +70,9 @@ def handles_errors(func):
 
 def check_window(since: datetime | None, until: datetime | None) -> None:
     if since and until and until <= since:
-        raise ValueError(f"--until ({until.isoformat()}) must be after --since ({since.isoformat()})")
+        raise ValueError(
+            f"--until ({until.isoformat()}) must be after --since ({since.isoformat()})"
+        )
 
 
 def print_json(doc: object) -> None:
