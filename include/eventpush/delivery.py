@@ -103,7 +103,7 @@ def webhook_id(target: Target, records: list[Record]) -> str:
     if len(records) == 1:
         return f"msg_{records[0].message_id}"
     digest = hashlib.sha256(
-        f"{target.runner_id}:" + ",".join(f"{r.queue_id}.{r.offset}" for r in records).encode()
+        (f"{target.runner_id}:" + ",".join(f"{r.queue_id}.{r.offset}" for r in records)).encode()
     ).hexdigest()[:32]
     return f"batch_{digest}"
 

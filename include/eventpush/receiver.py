@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ class Received:
     path: str
     headers: dict
     body: bytes
+    at: float = 0.0  # monotonic time of arrival
 
 
 @dataclass
@@ -53,6 +55,7 @@ class ReceiverState:
 
 def make_app(state: ReceiverState) -> web.Application:
     async def handle(request: web.Request) -> web.StreamResponse:
+        arrived = time.monotonic()
         path = request.path
         body = await request.read()
         hook_id = request.headers.get("webhook-id", "")
@@ -81,7 +84,7 @@ def make_app(state: ReceiverState) -> web.Application:
             record = {k.lower(): v for k, v in request.headers.items() if k.startswith("webhook")}
             record["status"] = status
             with state.lock:
-                state.requests.append(Received(path, record, body))
+                state.requests.append(Received(path, record, body, arrived))
         return web.Response(status=status, headers=headers)
 
     app = web.Application(client_max_size=64 * 2**20)

@@ -412,12 +412,12 @@ class Engine:
             while len(cache) > CACHE_WINDOWS_PER_QUEUE:
                 del cache[min(k for k in cache if k != start)]
         async with window.lock:
-            if window.end <= pos < window.stop or window.end == window.start:
-                rows = await self._read(bus_id, queue_id, max(window.end, pos), window.stop)
+            # A window always holds [start, end): read from where it ends, never from pos,
+            # so a runner behind another on the same window finds every offset it needs.
+            if window.end <= pos:
+                rows = await self._read(bus_id, queue_id, window.end, window.stop)
                 if rows:
                     events, offsets = await asyncio.to_thread(_match, rows, self._rules(bus_id))
-                    if window.end < pos:  # a gap we did not need: start the window afresh
-                        window.events, window.offsets = [], []
                     window.events.extend(events)
                     window.offsets.extend(offsets)
                     window.end = offsets[-1] + 1

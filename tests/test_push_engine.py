@@ -1,0 +1,226 @@
+"""The push engine against real PostgreSQL and real HTTP receivers on loopback."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import psycopg2
+import pytest
+from standardwebhooks import Webhook
+
+from eventpush import catalog, controls
+from eventpush.publish import publish
+from eventpush.push import WorkerBusyError, run_worker
+from eventpush.receiver import Receiver
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+@pytest.fixture
+def rx():
+    with Receiver() as receiver:
+        yield receiver
+
+
+def events(n: int, start: int = 0, **detail) -> list[str]:
+    return [
+        json.dumps({"source": "shop", "detail-type": "Order", "detail": {"n": i, **detail}})
+        for i in range(start, start + n)
+    ]
+
+
+def setup_runner(conn, rx, path: str, *, pattern=None, queues: int = 2, **spec) -> str:
+    catalog.create_bus(conn, "orders", queues)
+    catalog.create_rule(conn, "orders", "r", pattern or {"source": ["shop"]})
+    catalog.create_target(
+        conn, "orders", "r", catalog.TargetSpec(name="t", url=rx.url + path, **spec)
+    )
+    catalog.create_worker(conn, "w1")
+    catalog.assign(conn)
+    return "orders/r/t"
+
+
+def rows(conn, sql: str, *params):
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchall()
+
+
+def committed_everything(conn) -> bool:
+    [(lag,)] = rows(
+        conn,
+        'SELECT coalesce(sum(q.next_offset - o."offset"), 0) FROM event_push_offset o '
+        "JOIN event_bus_queue q ON q.queue_id = o.queue_id",
+    )
+    return lag == 0
+
+
+def test_500_then_200_is_retried_and_delivered(conn, rx):
+    setup_runner(conn, rx, "/flaky?fail=1", backoff_ms=5)
+    publish(conn, "orders", events(10))
+    report = run_worker("w1", until_idle=True, max_seconds=60)
+    assert (report.delivered, report.failed) == (10, 0)
+    assert rows(
+        conn, "SELECT attempts, http_status, count(*) FROM event_push_delivery GROUP BY 1, 2"
+    ) == [(2, 200, 10)]
+    assert committed_everything(conn)
+
+
+def test_gone_is_final_at_once(conn, rx):
+    setup_runner(conn, rx, "/gone", max_attempts=5)
+    publish(conn, "orders", events(6))
+    report = run_worker("w1", until_idle=True, max_seconds=60)
+    assert (report.delivered, report.failed) == (0, 6)
+    assert rows(
+        conn,
+        "SELECT attempts, http_status, last_error, status, count(*) FROM event_push_failure "
+        "GROUP BY 1, 2, 3, 4",
+    ) == [(1, 410, "HTTP 410", "failed", 6)]
+    assert rx.state.count["/gone"] == 6
+    assert committed_everything(conn)
+
+
+def test_hanging_target_times_out_then_fails(conn, rx):
+    setup_runner(conn, rx, "/hang", timeout_ms=200, max_attempts=2, backoff_ms=10)
+    publish(conn, "orders", events(3))
+    report = run_worker("w1", until_idle=True, max_seconds=60)
+    assert report.failed == 3
+    [(attempts, status, error)] = rows(
+        conn, "SELECT DISTINCT attempts, http_status, last_error FROM event_push_failure"
+    )
+    assert (attempts, status, error) == (2, None, "timed out after 200 ms")
+
+
+def test_connection_reset_is_retried_then_recorded(conn, rx):
+    setup_runner(conn, rx, "/reset", max_attempts=3, backoff_ms=5)
+    publish(conn, "orders", events(2))
+    report = run_worker("w1", until_idle=True, max_seconds=60)
+    assert report.failed == 2
+    assert rx.state.count["/reset"] == 6
+    for attempts, error in rows(conn, "SELECT attempts, last_error FROM event_push_failure"):
+        assert attempts == 3
+        assert error
+
+
+def test_429_honours_retry_after(conn, rx):
+    setup_runner(conn, rx, "/ratelimit?after=1", backoff_ms=1)
+    publish(conn, "orders", events(1))
+    report = run_worker("w1", until_idle=True, max_seconds=60)
+    assert report.delivered == 1
+    first, second = rx.state.requests
+    assert first.headers["status"] == 429 and second.headers["status"] == 200
+    assert second.at - first.at >= 0.95
+    assert first.headers["webhook-id"] == second.headers["webhook-id"]
+
+
+def test_only_matching_events_are_delivered_and_signed(conn, rx):
+    setup_runner(
+        conn, rx, "/ok", pattern={"detail": {"n": [{"numeric": [">=", 10]}]}}, secret=SECRET
+    )
+    publish(conn, "orders", events(25))
+    report = run_worker("w1", until_idle=True, max_seconds=60)
+    assert (report.delivered, report.filtered) == (15, 10)
+    got = sorted(json.loads(r.body)["detail"]["n"] for r in rx.state.requests)
+    assert got == list(range(10, 25))
+    hook = Webhook(SECRET)
+    for r in rx.state.requests:
+        headers = {k: v for k, v in r.headers.items() if k.startswith("webhook")}
+        assert hook.verify(r.body, headers)["detail"]["n"] >= 10
+        assert r.headers["webhook-id"] == f"msg_{json.loads(r.body)['id']}"
+    assert committed_everything(conn)
+
+
+def test_batches_are_json_arrays(conn, rx):
+    setup_runner(conn, rx, "/ok", batch_size=10, queues=1)
+    publish(conn, "orders", events(35))
+    report = run_worker("w1", until_idle=True, max_seconds=60)
+    assert report.delivered == 35
+    sizes = sorted(len(json.loads(r.body)) for r in rx.state.requests)
+    assert sum(sizes) == 35 and max(sizes) <= 10
+    assert len(rx.state.requests) < 35
+
+
+def test_ordered_target_keeps_queue_order_through_retries(conn, rx):
+    setup_runner(conn, rx, "/flaky?fail=1", ordered=True, backoff_ms=5, queues=2)
+    publish(conn, "orders", events(40))
+    report = run_worker("w1", until_idle=True, max_seconds=60)
+    assert report.delivered == 40
+    order = rows(conn, 'SELECT queue_id, "offset" FROM event_push_delivery ORDER BY id')
+    for queue_id in (0, 1):
+        offsets = [o for q, o in order if q == queue_id]
+        assert offsets == sorted(offsets)
+    delivered_bodies = [json.loads(r.body)["id"] for r in rx.state.delivered("/flaky")]
+    assert len(delivered_bodies) == 40
+
+
+def test_second_copy_of_a_worker_is_refused(conn, rx, db_url):
+    setup_runner(conn, rx, "/ok")
+    holder = psycopg2.connect(db_url)
+    try:
+        from eventpush.push.store import take_lease
+
+        take_lease(holder, "w1", rows(conn, "SELECT id FROM event_push_worker")[0][0])
+        with pytest.raises(WorkerBusyError, match="already running"):
+            run_worker("w1", until_idle=True, max_seconds=5)
+    finally:
+        holder.close()
+    run_worker("w1", until_idle=True, max_seconds=5)
+
+
+def test_pause_reaches_a_running_worker(conn, rx, db_url):
+    runner = setup_runner(conn, rx, "/ok")
+    result = {}
+    thread = threading.Thread(
+        target=lambda: result.update(report=run_worker("w1", max_seconds=12)), daemon=True
+    )
+    thread.start()
+    publish(conn, "orders", events(20))
+    deadline = time.monotonic() + 5
+    while rx.state.count["/ok"] < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rx.state.count["/ok"] == 20
+    controls.set_paused(conn, "runner", runner, True)
+    time.sleep(2.5)  # the engine reads controls every 2 s
+    publish(conn, "orders", events(20, start=20))
+    time.sleep(1.5)
+    assert rx.state.count["/ok"] == 20, "a paused runner must not deliver"
+    controls.set_paused(conn, "runner", runner, False)
+    deadline = time.monotonic() + 5
+    while rx.state.count["/ok"] < 40 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rx.state.count["/ok"] == 40
+    thread.join(20)
+    assert result["report"].delivered == 40
+
+
+def test_database_connections_killed_mid_run_lose_nothing(conn, rx, db_url):
+    setup_runner(conn, rx, "/slow?ms=5", concurrency=4)
+    publish(conn, "orders", events(400))
+    result = {}
+    thread = threading.Thread(
+        target=lambda: result.update(report=run_worker("w1", until_idle=True, max_seconds=90)),
+        daemon=True,
+    )
+    thread.start()
+    dbname = db_url.rsplit("/", 1)[1]
+    killed = 0
+    for _ in range(3):
+        time.sleep(0.4)
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = %s AND application_name = 'eventpush' AND pid <> pg_backend_pid()",
+                (dbname,),
+            )
+            killed += cur.fetchone()[0]
+        conn.commit()
+    thread.join(120)
+    assert killed > 0
+    assert "report" in result, "the worker must survive losing its connections"
+    delivered = {
+        (q, o) for q, o in rows(conn, 'SELECT DISTINCT queue_id, "offset" FROM event_push_delivery')
+    }
+    assert len(delivered) == 400
+    assert committed_everything(conn)
