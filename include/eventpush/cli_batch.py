@@ -116,3 +116,44 @@ def audit(bus, since, until, as_json) -> None:
         out.print(f"{missing} missing" if missing else "nothing missing")
     if result.totals()["missing"]:
         sys.exit(EXIT_MISSING)
+
+
+@click.command("rebalance")
+@click.option(
+    "--window-minutes",
+    type=click.IntRange(1, 24 * 60),
+    default=15,
+    show_default=True,
+    help="How far back the delivery log is read for each runner's load.",
+)
+@click.option("--dry-run", is_flag=True, help="Propose and check, but do not apply.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@handles_errors
+def rebalance(window_minutes, dry_run, as_json) -> None:
+    """Balance runners over enabled workers by load and capacity; applied at once."""
+    from datetime import timedelta
+
+    from eventpush.config import database_url
+    from eventpush.quality import CheckFailed
+    from eventpush.sparkjobs.rebalance import StaleProposalError, run_rebalance
+
+    url = database_url()
+    try:
+        with err.status("rebalancing runners with Spark..."):
+            result = run_rebalance(
+                _spark(), url, timedelta(minutes=window_minutes), apply_it=not dry_run
+            )
+    except (CheckFailed, StaleProposalError) as exc:
+        fail(str(exc), EXIT_MISSING)
+    doc = result.to_json()
+    if as_json:
+        print_json(doc)
+        return
+    table = Table(title="assignment")
+    table.add_column("runner")
+    table.add_column("worker")
+    for runner, worker in doc["assignment"].items():
+        table.add_row(runner, worker or "-")
+    out.print(table)
+    applied = "not applied (dry run)" if dry_run else f"generation {result.generation}"
+    out.print(f"{doc['moves']} moves, spread {doc['spread']}, {applied}")
