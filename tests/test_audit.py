@@ -25,7 +25,7 @@ def test_audit_finds_exactly_the_deleted_deliveries(db_url, conn, spark):  # noq
         cur.execute(
             "DELETE FROM event_push_delivery WHERE consumer_group = %s AND message_id IN "
             "(SELECT message_id FROM bus_event WHERE (body->'detail'->>'n')::int IN (7, 11, 25)) "
-            "RETURNING queue_id, \"offset\"",
+            'RETURNING queue_id, "offset"',
             (a,),
         )
         deleted = sorted(cur.fetchall())
@@ -33,7 +33,7 @@ def test_audit_finds_exactly_the_deleted_deliveries(db_url, conn, spark):  # noq
         cur.execute(
             "INSERT INTO event_push_delivery (runner_id, consumer_group, topic_name, queue_id, "
             '"offset", message_id, attempts, http_status, latency_ms) '
-            "SELECT runner_id, consumer_group, topic_name, queue_id, \"offset\", message_id, 1, "
+            'SELECT runner_id, consumer_group, topic_name, queue_id, "offset", message_id, 1, '
             "200, 1 FROM event_push_delivery WHERE consumer_group = %s LIMIT 1",
             (b,),
         )
@@ -48,8 +48,10 @@ def test_audit_finds_exactly_the_deleted_deliveries(db_url, conn, spark):  # noq
     assert got[b].duplicates == 1 and got[a].duplicates == 0
 
     with conn.cursor() as cur:
-        cur.execute("SELECT missing, expected, runners FROM event_audit_report WHERE id = %s",
-                    (result.report_id,))
+        cur.execute(
+            "SELECT missing, expected, runners FROM event_audit_report WHERE id = %s",
+            (result.report_id,),
+        )
         missing, expected, runners = cur.fetchone()
     assert (missing, expected) == (3, 45)
     assert {r["runner"] for r in runners} == {a, b}
@@ -83,13 +85,25 @@ def test_audit_cli_json_and_exit_code(db_url, conn, spark):  # noqa: F811
     clean = runner.invoke(audit, ["--json"])
     assert clean.exit_code == 0, clean.output
     doc = json.loads(clean.stdout)
-    assert doc["runners"] == [
-        {"runner": a, "expected": 6, "delivered": 6, "failed": 0, "missing": 0, "pending": 0,
-         "duplicates": 0}
-    ] or doc["runners"][0]["expected"] == 6
+    assert (
+        doc["runners"]
+        == [
+            {
+                "runner": a,
+                "expected": 6,
+                "delivered": 6,
+                "failed": 0,
+                "missing": 0,
+                "pending": 0,
+                "duplicates": 0,
+            }
+        ]
+        or doc["runners"][0]["expected"] == 6
+    )
     with conn.cursor() as cur:
-        cur.execute("DELETE FROM event_push_delivery WHERE id = (SELECT min(id) FROM "
-                    "event_push_delivery)")
+        cur.execute(
+            "DELETE FROM event_push_delivery WHERE id = (SELECT min(id) FROM event_push_delivery)"
+        )
     conn.commit()
     dirty = runner.invoke(audit, ["--bus", "orders", "--since", "2000-01-01T00:00:00Z"])
     assert dirty.exit_code == 1

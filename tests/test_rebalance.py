@@ -114,8 +114,9 @@ def test_bad_proposal_is_refused_by_the_check(db_url, conn, spark):  # noqa: F81
         rb.run_rebalance(spark, db_url, propose_fn=drops_a_runner)
     assert assignment(conn) == before
     with conn.cursor() as cur:
-        cur.execute("SELECT success, failures FROM event_check_result WHERE suite = 'rebalance' "
-                    "ORDER BY id")
+        cur.execute(
+            "SELECT success, failures FROM event_check_result WHERE suite = 'rebalance' ORDER BY id"
+        )
         results = cur.fetchall()
     assert [s for s, _ in results] == [True, False, False]
     assert any("spread" in json.dumps(f) for f in results[1][1])

@@ -56,7 +56,8 @@ def _summary(expectation_type: str, kwargs: dict, result: dict) -> str:
     column = kwargs.get("column") or kwargs.get("column_A") or kwargs.get("column_list") or ""
     seen = result.get("observed_value")
     if seen is None and result.get("unexpected_count") is not None:
-        seen = f"{result['unexpected_count']} unexpected, e.g. {result.get('partial_unexpected_list', [])[:5]}"
+        examples = result.get("partial_unexpected_list", [])[:5]
+        seen = f"{result['unexpected_count']} unexpected, e.g. {examples}"
     return f"{expectation_type}({column}): {seen}"
 
 

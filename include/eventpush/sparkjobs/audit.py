@@ -148,9 +148,7 @@ def classify(
     )
     ids = [r.runner_id for r in scope.runners]
     deliveries = (
-        jdbc.read_by_runner(
-            spark, db, "event_push_delivery", 'runner_id, queue_id, "offset"', ids
-        )
+        jdbc.read_by_runner(spark, db, "event_push_delivery", 'runner_id, queue_id, "offset"', ids)
         .groupBy("runner_id", "queue_id", "offset")
         .agg(F.count(F.lit(1)).alias("deliveries"))
     )

@@ -73,7 +73,7 @@ def offset_predicates(ranges: list[QueueRange], slice_size: int = DEFAULT_SLICE)
         while lo < int(r.end):
             hi = min(lo + slice_size, int(r.end))
             predicates.append(
-                f'bus_id = {int(r.bus_id)} AND queue_id = {int(r.queue_id)} '
+                f"bus_id = {int(r.bus_id)} AND queue_id = {int(r.queue_id)} "
                 f'AND "offset" >= {lo} AND "offset" < {hi}'
             )
             lo = hi

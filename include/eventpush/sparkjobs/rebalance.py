@@ -109,8 +109,7 @@ def runner_load(spark, db_url: str, runner_ids: list[int], window: timedelta, no
         .collect()
     )
     return {
-        row["runner_id"]: (row["n"] / seconds) * (float(row["latency_ms"]) / 1000.0)
-        for row in rows
+        row["runner_id"]: (row["n"] / seconds) * (float(row["latency_ms"]) / 1000.0) for row in rows
     }
 
 
@@ -137,7 +136,7 @@ def propose(inputs: Inputs, tolerance: float = TOLERANCE) -> Proposal:
     held: dict[int, list[int]] = {w: [] for w in capacity}
     pool = []
     for r in inputs.runners:
-        (held[r.worker_id] if r.worker_id in held else pool).append(r.id)
+        held.get(r.worker_id, pool).append(r.id)
     load = {w: sum(weight[r] for r in rs) for w, rs in held.items()}
     for w, rs in held.items():
         if load[w] <= share[w] * (1 + tolerance):
