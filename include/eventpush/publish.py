@@ -9,14 +9,15 @@ stable CRC-32 of the key); events without one are spread round-robin.
 
 from __future__ import annotations
 
-import io
 import json
+import os
 import random
-import uuid
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+
+import msgspec
 
 from eventpush.db import Connection, transaction
 
@@ -43,6 +44,13 @@ class _Prepared:
     detail_type: str
     time: str
     body: str
+    size: int
+
+
+def _uuid4() -> str:
+    """A random (version 4) UUID, formatted without uuid.UUID's per-call overhead."""
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
 
 
 def _fail(line_no: int, why: str) -> MalformedEventError:
@@ -78,9 +86,9 @@ def prepare_event(
 ) -> tuple[dict, str, str | None]:
     """Parse and validate one line: the completed event, its time and its partition key."""
     try:
-        event = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise _fail(line_no, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        event = _decode(line)
+    except msgspec.DecodeError as exc:
+        raise _fail(line_no, f"not valid JSON ({exc})") from None
     if not isinstance(event, dict):
         raise _fail(line_no, f"an event must be a JSON object, got {type(event).__name__}")
     for name in ("source", "detail-type"):
@@ -92,7 +100,7 @@ def prepare_event(
         raise _fail(line_no, "'detail' must be a JSON object")
     message_id = event.get("id")
     if message_id is None:
-        event["id"] = str(uuid.uuid4())
+        event["id"] = _uuid4()
     elif not isinstance(message_id, str) or not message_id:
         raise _fail(line_no, "'id' must be a non-empty string")
     if "time" in event:
@@ -110,35 +118,79 @@ def prepare_event(
     return event, event_time, key
 
 
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
-def parse_events(
+def _copy(text: str) -> str:
+    """Text for COPY's text format; JSON bodies rarely hold a backslash, so check first."""
+    if "\\" in text or "\t" in text or "\n" in text or "\r" in text:
+        return text.translate(_COPY_ESCAPES)
+    return text
+
+
+def iter_events(
     lines: Iterable[str], queues: int, partition_key: str | None = None
-) -> list[_Prepared]:
-    """Every line validated and placed on a queue, or MalformedEventError for the first bad one."""
+) -> Iterator[_Prepared]:
+    """Each line validated and placed on a queue; MalformedEventError at the first bad one."""
     now_iso = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     key_path = partition_key.split(".") if partition_key else None
     next_queue = random.randrange(queues)
-    prepared: list[_Prepared] = []
     for line_no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         event, event_time, key = prepare_event(line, line_no, now_iso, key_path)
-        body = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-        if len(body) > MAX_EVENT_BYTES // 4 and len(body.encode()) > MAX_EVENT_BYTES:
+        encoded = _encode(event)
+        if len(encoded) > MAX_EVENT_BYTES:
             raise _fail(line_no, f"event is over the {MAX_EVENT_BYTES}-byte limit")
         if key is None:
             queue_id = next_queue
             next_queue = (next_queue + 1) % queues
         else:
             queue_id = zlib.crc32(key.encode()) % queues
-        prepared.append(
-            _Prepared(
-                queue_id, event["id"], event["source"], event["detail-type"], event_time, body
-            )
+        yield _Prepared(
+            queue_id,
+            event["id"],
+            event["source"],
+            event["detail-type"],
+            event_time,
+            encoded.decode(),
+            len(encoded),
         )
-    return prepared
+
+
+def parse_events(
+    lines: Iterable[str], queues: int, partition_key: str | None = None
+) -> list[_Prepared]:
+    """Every line validated and placed on a queue, or MalformedEventError for the first bad one."""
+    return list(iter_events(lines, queues, partition_key))
+
+
+class _CopySource:
+    """A file-like COPY source that formats rows as psycopg2 reads them, so parsing in Python
+    overlaps with the server's work, and memory stays bounded whatever the input size."""
+
+    def __init__(self, chunks: Iterator[str]) -> None:
+        self._chunks = chunks
+        self._buf = ""
+        self.error: BaseException | None = None
+
+    def read(self, size: int = -1) -> str:
+        try:
+            while size < 0 or len(self._buf) < size:
+                chunk = next(self._chunks, None)
+                if chunk is None:
+                    break
+                self._buf += chunk
+        except BaseException as exc:
+            self.error = exc  # psycopg2 wraps it; publish re-raises the original
+            raise
+        if size < 0:
+            out, self._buf = self._buf, ""
+        else:
+            out, self._buf = self._buf[:size], self._buf[size:]
+        return out
 
 
 def publish(
@@ -153,48 +205,58 @@ def publish(
         if row is None:
             raise CatalogError(f"unknown bus {bus!r}")
         bus_id, queues = row
-    events = parse_events(lines, queues, partition_key)
-    result = PublishResult(bus=bus, count=len(events))
-    if not events:
-        return result
+    result = PublishResult(bus=bus, count=0)
     per_queue: dict[int, int] = {}
-    for event in events:
-        per_queue[event.queue_id] = per_queue.get(event.queue_id, 0) + 1
     with transaction(conn) as cur:
-        # Lock the queue rows in one order so concurrent publishers cannot deadlock; the
-        # locks are held to commit, which keeps each queue's offsets gapless and in order.
+        # The bus's queue rows stay locked to commit: offsets are gapless and in order per
+        # queue, and concurrent publishers to one bus take turns (in one lock order).
         cur.execute(
             "SELECT queue_id, next_offset FROM event_bus_queue "
-            "WHERE bus_id = %s AND queue_id = ANY(%s) ORDER BY queue_id FOR UPDATE",
-            (bus_id, sorted(per_queue)),
+            "WHERE bus_id = %s ORDER BY queue_id FOR UPDATE",
+            (bus_id,),
         )
         next_offset = dict(cur.fetchall())
-        cur.execute(
-            "UPDATE event_bus_queue q SET next_offset = q.next_offset + v.n "
-            "FROM unnest(%s::int[], %s::bigint[]) AS v(queue_id, n) "
-            "WHERE q.bus_id = %s AND q.queue_id = v.queue_id",
-            (list(per_queue), list(per_queue.values()), bus_id),
-        )
-        buf = io.StringIO()
-        write = buf.write
-        for event in events:
-            offset = next_offset[event.queue_id]
-            next_offset[event.queue_id] = offset + 1
-            write(
-                f"{bus_id}\t{event.queue_id}\t{offset}\t{event.message_id.translate(_COPY_ESCAPES)}"
-                f"\t{event.source.translate(_COPY_ESCAPES)}"
-                f"\t{event.detail_type.translate(_COPY_ESCAPES)}\t{event.time}"
-                f"\t{len(event.body.encode())}\t{event.body.translate(_COPY_ESCAPES)}\n"
+
+        def rows() -> Iterator[str]:
+            chunk: list[str] = []
+            for event in iter_events(lines, queues, partition_key):
+                offset = next_offset[event.queue_id]
+                next_offset[event.queue_id] = offset + 1
+                per_queue[event.queue_id] = per_queue.get(event.queue_id, 0) + 1
+                chunk.append(
+                    f"{bus_id}\t{event.queue_id}\t{offset}\t{_copy(event.message_id)}"
+                    f"\t{_copy(event.source)}\t{_copy(event.detail_type)}\t{event.time}"
+                    f"\t{event.size}\t{_copy(event.body)}\n"
+                )
+                if len(chunk) == 1000:
+                    yield "".join(chunk)
+                    chunk.clear()
+            if chunk:
+                yield "".join(chunk)
+
+        source = _CopySource(rows())
+        try:
+            cur.copy_expert(
+                'COPY bus_event (bus_id, queue_id, "offset", message_id, source, detail_type, '
+                "event_time, size_bytes, body) FROM STDIN",
+                source,
+                size=1 << 20,
             )
-        buf.seek(0)
-        cur.copy_expert(
-            'COPY bus_event (bus_id, queue_id, "offset", message_id, source, detail_type, '
-            "event_time, size_bytes, body) FROM STDIN",
-            buf,
-        )
-        # Wakes workers waiting on this bus; delivered only when the transaction commits.
-        cur.execute("SELECT pg_notify('eventpush_publish', %s)", (str(bus_id),))
+        except Exception:
+            if source.error is not None:
+                raise source.error from None
+            raise
+        if per_queue:
+            cur.execute(
+                "UPDATE event_bus_queue q SET next_offset = v.next_offset "
+                "FROM unnest(%s::int[], %s::bigint[]) AS v(queue_id, next_offset) "
+                "WHERE q.bus_id = %s AND q.queue_id = v.queue_id",
+                (list(per_queue), [next_offset[q] for q in per_queue], bus_id),
+            )
+            # Wakes workers waiting on this bus; delivered only when the transaction commits.
+            cur.execute("SELECT pg_notify('eventpush_publish', %s)", (str(bus_id),))
     for queue_id, n in sorted(per_queue.items()):
         end = next_offset[queue_id]
         result.offsets[queue_id] = (end - n, end - 1)
+        result.count += n
     return result
