@@ -157,3 +157,63 @@ def rebalance(window_minutes, dry_run, as_json) -> None:
     out.print(table)
     applied = "not applied (dry run)" if dry_run else f"generation {result.generation}"
     out.print(f"{doc['moves']} moves, spread {doc['spread']}, {applied}")
+
+
+@click.command("replay")
+@click.option("--bus", help="Only runners of this bus.")
+@click.option("--rule", help="Only runners of this rule.")
+@click.option("--target", help="Only this target's runner.")
+@click.option("--since", type=ISO_TIME, help="Window start, inclusive.")
+@click.option("--until", type=ISO_TIME, help="Window end, exclusive.")
+@click.option(
+    "--what",
+    type=click.Choice(["failed", "missing", "all"]),
+    default="failed",
+    show_default=True,
+    help="Failed records, audit gaps, or every matching event of the window.",
+)
+@click.option("--message-id", "message_ids", multiple=True, help="Only these message ids.")
+@click.option("--max-count", type=int, help="Replay at most this many records.")
+@click.option("--rate-limit", type=float, help="At most this many records per second.")
+@click.option("--dry-run", is_flag=True, help="Select and check, push nothing.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@handles_errors
+def replay(
+    bus, rule, target, since, until, what, message_ids, max_count, rate_limit, dry_run, as_json
+) -> None:
+    """Re-push failed records, audit gaps, or every matching event of a window."""
+    from eventpush.config import database_url
+    from eventpush.quality import CheckFailed
+    from eventpush.sparkjobs.replay import ReplayRequest, run_replay
+
+    req = ReplayRequest(
+        what=what,
+        bus=bus,
+        rule=rule,
+        target=target,
+        since=since,
+        until=until,
+        message_ids=tuple(message_ids),
+        max_count=max_count,
+        rate_limit=rate_limit,
+        dry_run=dry_run,
+    )
+    url = database_url()
+    try:
+        with err.status(f"replaying {what} records with Spark..."):
+            result = run_replay(_spark(), url, req)
+    except CheckFailed as exc:
+        fail(str(exc), EXIT_MISSING)
+    if as_json:
+        print_json(result.to_json())
+        return
+    table = Table(title=f"replay {result.replay_id}" + (" (dry run)" if dry_run else ""))
+    table.add_column("runner")
+    table.add_column("selected", justify="right")
+    for runner, n in sorted(result.runners.items()):
+        table.add_row(runner, str(n))
+    out.print(table)
+    out.print(
+        f"selected {result.selected}, delivered {result.delivered}, failed {result.failed}, "
+        f"skipped {result.skipped}"
+    )

@@ -112,7 +112,7 @@ def load_scope(
         "ORDER BY q.bus_id, q.queue_id",
         (ids,),
     )
-    ranges = [jdbc.QueueRange(*row) for row in cur.fetchall() if row[2] < row[3]]
+    ranges = [jdbc.QueueRange(*row) for row in cur.fetchall()]
     return AuditScope(runners, offsets, ranges)
 
 
@@ -123,13 +123,18 @@ def classify(
     since: datetime | None = None,
     until: datetime | None = None,
     slice_size: int = jdbc.DEFAULT_SLICE,
+    from_start: bool = False,
 ):
     """One row per expected record: runner_id, bus_id, queue_id, offset, message_id, ctime,
-    body, deliveries (count), failure_status, committed, state."""
+    body, deliveries (count), failure_status, committed, state. With ``from_start`` every
+    matching event counts, also those from before a runner began (an archive replay's view)."""
     from pyspark.sql import functions as F
 
     db = jdbc.jdbc_database(db_url)
-    events = jdbc.read_events(spark, db, scope.ranges, since, until, slice_size)
+    ranges = scope.ranges
+    if from_start:
+        ranges = [jdbc.QueueRange(r.bus_id, r.queue_id, 0, r.end) for r in ranges]
+    events = jdbc.read_events(spark, db, ranges, since, until, slice_size)
     rules = [(r.runner_id, r.bus_id, r.pattern) for r in scope.runners]
     matched = with_matching_runners(events, rules).select(
         "bus_id",
@@ -143,9 +148,9 @@ def classify(
     offsets = spark.createDataFrame(
         scope.offsets or [], "runner_id INT, queue_id INT, start_offset BIGINT, committed BIGINT"
     )
-    expected = matched.join(F.broadcast(offsets), ["runner_id", "queue_id"]).where(
-        F.col("offset") >= F.col("start_offset")
-    )
+    expected = matched.join(F.broadcast(offsets), ["runner_id", "queue_id"])
+    if not from_start:
+        expected = expected.where(F.col("offset") >= F.col("start_offset"))
     ids = [r.runner_id for r in scope.runners]
     deliveries = (
         jdbc.read_by_runner(spark, db, "event_push_delivery", 'runner_id, queue_id, "offset"', ids)

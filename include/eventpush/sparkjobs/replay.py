@@ -1,0 +1,370 @@
+"""Replay: re-push failed records, audit gaps, or every matching event of a window.
+
+A request is checked first (``check_request``: impossible values refused with a message that
+says which field and why). Spark selects the records: ``failed`` reads the open failure rows
+(status ``failed``, window on when they failed), ``missing`` takes the audit's gaps, ``all``
+every event of the window the rule matches (from the start of the bus, as an archive replay
+does). The executors then push them with the engine's delivery code (signing, inline
+retries, the stable ``webhook-id``), each partition writing its delivery rows (origin
+``replay``) and failure-row updates in one transaction.
+
+Safe to run twice: ``failed`` selects only rows still ``failed``, ``missing`` only records
+still without a delivery, and before pushing each partition skips any ``failed``/``missing``
+record that gained a delivery row meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+from eventpush.db import connection, transaction
+
+WHATS = ("failed", "missing", "all")
+MAX_MESSAGE_IDS = 10_000
+PUSH_CONCURRENCY = 16  # requests in flight per partition
+
+
+class ReplayRequestError(ValueError):
+    """A replay request that cannot be run; the message names the field."""
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    what: str = "failed"
+    bus: str | None = None
+    rule: str | None = None
+    target: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    message_ids: tuple[str, ...] = ()
+    max_count: int | None = None
+    rate_limit: float | None = None  # records per second over the whole replay
+    dry_run: bool = False
+
+    def to_json(self) -> dict:
+        doc = asdict(self)
+        doc["since"] = self.since.isoformat() if self.since else None
+        doc["until"] = self.until.isoformat() if self.until else None
+        doc["message_ids"] = list(self.message_ids)
+        return doc
+
+
+@dataclass
+class ReplayResult:
+    replay_id: int
+    selected: int
+    delivered: int = 0
+    failed: int = 0
+    skipped: int = 0
+    dry_run: bool = False
+    runners: dict = field(default_factory=dict)  # runner name -> selected count
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def check_request(req: ReplayRequest, cur) -> list[int]:
+    """Refuse impossible requests; returns the ids of the runners in scope."""
+    if req.what not in WHATS:
+        raise ReplayRequestError(f"what must be one of {', '.join(WHATS)}, got {req.what!r}")
+    if req.since and req.until and req.until <= req.since:
+        raise ReplayRequestError(
+            f"until ({req.until.isoformat()}) must be after since ({req.since.isoformat()})"
+        )
+    if req.max_count is not None and req.max_count <= 0:
+        raise ReplayRequestError(f"max count must be a positive number, got {req.max_count}")
+    if req.rate_limit is not None and req.rate_limit <= 0:
+        raise ReplayRequestError(
+            f"rate limit must be a positive number of records per second, got {req.rate_limit}"
+        )
+    if len(req.message_ids) > MAX_MESSAGE_IDS:
+        raise ReplayRequestError(
+            f"at most {MAX_MESSAGE_IDS} message ids, got {len(req.message_ids)}"
+        )
+    if any(not isinstance(m, str) or not m.strip() for m in req.message_ids):
+        raise ReplayRequestError("message ids must be non-empty strings")
+    if req.bus is not None:
+        cur.execute("SELECT 1 FROM event_bus WHERE name = %s", (req.bus,))
+        if cur.fetchone() is None:
+            raise ReplayRequestError(f"unknown bus {req.bus!r}")
+    if req.rule is not None:
+        cur.execute(
+            "SELECT 1 FROM event_rule ru JOIN event_bus b ON b.id = ru.bus_id "
+            "WHERE ru.name = %s AND (%s::text IS NULL OR b.name = %s)",
+            (req.rule, req.bus, req.bus),
+        )
+        if cur.fetchone() is None:
+            where = f" on bus {req.bus!r}" if req.bus else ""
+            raise ReplayRequestError(f"unknown rule {req.rule!r}{where}")
+    from eventpush.sparkjobs.audit import load_scope
+
+    scope = load_scope(cur, bus=req.bus, rule=req.rule, target=req.target)
+    if req.target is not None and not scope.runners:
+        raise ReplayRequestError(f"unknown target {req.target!r} for the given bus and rule")
+    return [r.runner_id for r in scope.runners]
+
+
+SELECTION_COLUMNS = ["runner_id", "bus_id", "queue_id", "offset", "message_id", "ctime"]
+
+
+def select(spark, db_url: str, req: ReplayRequest, runner_ids: list[int]):
+    """The records to replay, one row per (runner, queue, offset), oldest first."""
+    from pyspark.sql import functions as F
+
+    from eventpush.sparkjobs import jdbc
+    from eventpush.sparkjobs.audit import classify, load_scope
+
+    with connection(db_url) as conn, transaction(conn) as cur:
+        scope = load_scope(cur, runner_ids=runner_ids)
+    if req.what == "failed":
+        db = jdbc.jdbc_database(db_url)
+        rows = jdbc.read_by_runner(
+            spark,
+            db,
+            "event_push_failure",
+            'runner_id, queue_id, "offset", message_id, ctime, status',
+            runner_ids,
+        ).where(F.col("status") == "failed")
+        if req.since:
+            rows = rows.where(F.col("ctime") >= F.lit(req.since))
+        if req.until:
+            rows = rows.where(F.col("ctime") < F.lit(req.until))
+        buses = spark.createDataFrame(
+            [(r.runner_id, r.bus_id) for r in scope.runners] or [],
+            "runner_id INT, bus_id INT",
+        )
+        rows = rows.join(F.broadcast(buses), "runner_id")
+    else:
+        rows = classify(spark, db_url, scope, req.since, req.until, from_start=req.what == "all")
+        if req.what == "missing":
+            rows = rows.where(F.col("state") == "missing")
+    if req.message_ids:
+        rows = rows.where(F.col("message_id").isin(list(req.message_ids)))
+    rows = rows.select(*SELECTION_COLUMNS).orderBy("ctime", "runner_id", "queue_id", "offset")
+    if req.max_count is not None:
+        rows = rows.limit(req.max_count)
+    return rows
+
+
+def push_partition(db_url: str, replay_id: int, what: str, rate_per_partition: float | None):
+    """The function each executor partition runs: push, then record, in one transaction."""
+
+    def run(rows):
+        rows = list(rows)
+        if not rows:
+            return iter([])
+        import asyncio
+
+        return iter(asyncio.run(_push(db_url, replay_id, what, rate_per_partition, rows)))
+
+    return run
+
+
+async def _push(db_url, replay_id, what, rate, rows) -> list[tuple[str, int]]:
+    import asyncio
+    import time
+
+    import psycopg2.extras
+
+    from eventpush.db import connect
+    from eventpush.delivery import DELIVERED, Record, deliver, load_targets, new_session
+    from eventpush.transforms import compile_transform
+
+    conn = connect(db_url, application_name="eventpush-replay")
+    try:
+        with transaction(conn) as cur:
+            ids = sorted({r["runner_id"] for r in rows})
+            targets = {t.runner_id: t for t in load_targets(cur, "r.id = ANY(%s)", (ids,))}
+            keys = [(r["runner_id"], r["bus_id"], r["queue_id"], r["offset"]) for r in rows]
+            cur.execute(
+                'SELECT k.runner_id, e.queue_id, e."offset", e.body::text '
+                "FROM unnest(%s::int[], %s::int[], %s::int[], %s::bigint[]) "
+                "AS k(runner_id, bus_id, queue_id, off) "
+                "JOIN bus_event e ON e.bus_id = k.bus_id AND e.queue_id = k.queue_id "
+                'AND e."offset" = k.off',
+                [list(col) for col in zip(*keys, strict=True)],
+            )
+            bodies = {(rid, q, o): body for rid, q, o, body in cur.fetchall()}
+            already = set()
+            if what != "all":
+                cur.execute(
+                    'SELECT DISTINCT d.runner_id, d.queue_id, d."offset" '
+                    "FROM unnest(%s::int[], %s::int[], %s::bigint[]) AS k(runner_id, q, off) "
+                    "JOIN event_push_delivery d ON d.runner_id = k.runner_id "
+                    'AND d.queue_id = k.q AND d."offset" = k.off',
+                    ([k[0] for k in keys], [k[2] for k in keys], [k[3] for k in keys]),
+                )
+                already = {tuple(row) for row in cur.fetchall()}
+        transforms = {
+            rid: compile_transform(t.transform_kind, t.transform_spec) for rid, t in targets.items()
+        }
+        gate = asyncio.Semaphore(PUSH_CONCURRENCY)
+        interval = 1.0 / rate if rate else 0.0
+        start = time.monotonic()
+        outcomes: list = []
+        skipped = 0
+
+        async def one(i, row, session):
+            async with gate:
+                if interval:  # paced starts: record i goes no earlier than i / rate
+                    delay = start + i * interval - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                target = targets[row["runner_id"]]
+                raw = bodies[(row["runner_id"], row["queue_id"], row["offset"])]
+                record = Record(
+                    row["queue_id"], row["offset"], row["message_id"], json.loads(raw), raw
+                )
+                outcome = await deliver(session, target, [record], transforms[target.runner_id])
+                outcomes.append((row, target, record, outcome))
+
+        todo = []
+        for row in rows:
+            key = (row["runner_id"], row["queue_id"], row["offset"])
+            if key in already or key not in bodies or row["runner_id"] not in targets:
+                skipped += 1
+            else:
+                todo.append(row)
+        async with new_session() as session:
+            await asyncio.gather(*(one(i, row, session) for i, row in enumerate(todo)))
+
+        delivered = [o for o in outcomes if o[3].kind == DELIVERED]
+        failed = [o for o in outcomes if o[3].kind != DELIVERED]
+        with transaction(conn) as cur:
+            psycopg2.extras.execute_values(
+                cur,
+                "INSERT INTO event_push_delivery (runner_id, consumer_group, topic_name, "
+                'queue_id, "offset", message_id, attempts, http_status, latency_ms, origin, '
+                "replay_id) VALUES %s",
+                [
+                    (
+                        t.runner_id,
+                        t.runner,
+                        t.bus,
+                        rec.queue_id,
+                        rec.offset,
+                        rec.message_id,
+                        rec.attempts,
+                        out.http_status,
+                        out.latency_ms,
+                        "replay",
+                        replay_id,
+                    )
+                    for _, t, rec, out in delivered
+                ],
+            )
+            if delivered:
+                cur.execute(
+                    "UPDATE event_push_failure f SET status = 'replayed', replay_id = %s, "
+                    "mtime = now() FROM unnest(%s::int[], %s::int[], %s::bigint[]) "
+                    "AS k(runner_id, q, off) WHERE f.runner_id = k.runner_id "
+                    'AND f.queue_id = k.q AND f."offset" = k.off',
+                    (
+                        replay_id,
+                        [t.runner_id for _, t, _, _ in delivered],
+                        [rec.queue_id for _, _, rec, _ in delivered],
+                        [rec.offset for _, _, rec, _ in delivered],
+                    ),
+                )
+            psycopg2.extras.execute_values(
+                cur,
+                "INSERT INTO event_push_failure (runner_id, consumer_group, topic_name, "
+                'queue_id, "offset", message_id, attempts, http_status, last_error, status, '
+                'replay_id) VALUES %s ON CONFLICT (runner_id, queue_id, "offset") DO UPDATE '
+                "SET status = 'dead', attempts = event_push_failure.attempts + "
+                "EXCLUDED.attempts, http_status = EXCLUDED.http_status, "
+                "last_error = EXCLUDED.last_error, replay_id = EXCLUDED.replay_id, mtime = now()",
+                [
+                    (
+                        t.runner_id,
+                        t.runner,
+                        t.bus,
+                        rec.queue_id,
+                        rec.offset,
+                        rec.message_id,
+                        rec.attempts,
+                        out.http_status,
+                        out.error or "failed",
+                        "dead",
+                        replay_id,
+                    )
+                    for _, t, rec, out in failed
+                ],
+            )
+    finally:
+        conn.close()
+    return [("delivered", len(delivered)), ("failed", len(failed)), ("skipped", skipped)]
+
+
+def start_run(db_url: str, req: ReplayRequest) -> int:
+    with connection(db_url) as conn, transaction(conn) as cur:
+        cur.execute(
+            "INSERT INTO event_replay_run (request, what, dry_run) VALUES (%s, %s, %s) "
+            "RETURNING id",
+            (json.dumps(req.to_json()), req.what, req.dry_run),
+        )
+        return cur.fetchone()[0]
+
+
+def finish_run(db_url: str, result: ReplayResult, error: str | None = None) -> None:
+    with connection(db_url) as conn, transaction(conn) as cur:
+        cur.execute(
+            "UPDATE event_replay_run SET status = %s, selected = %s, delivered = %s, "
+            "failed = %s, error = %s, finished_at = now() WHERE id = %s",
+            (
+                "failed" if error else "succeeded",
+                result.selected,
+                result.delivered,
+                result.failed,
+                error,
+                result.replay_id,
+            ),
+        )
+
+
+def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -> ReplayResult:
+    """Check, select, GX-check the selection, push (unless dry run), GX-check the result."""
+    from eventpush import quality
+
+    with connection(db_url) as conn, transaction(conn) as cur:
+        runner_ids = check_request(req, cur)
+    replay_id = start_run(db_url, req)
+    result = ReplayResult(replay_id=replay_id, selected=0, dry_run=req.dry_run)
+    try:
+        selection = select(spark, db_url, req, runner_ids).cache()
+        keys = selection.select("runner_id", "queue_id", "offset", "message_id").toPandas()
+        result.selected = len(keys)
+        names = _runner_names(db_url, runner_ids)
+        counts = keys["runner_id"].value_counts().to_dict() if len(keys) else {}
+        result.runners = {names[int(r)]: int(n) for r, n in counts.items()}
+        label = f"{run_label} replay {replay_id}"
+        quality.check_replay_selection(keys, runner_ids, req.max_count, label, db_url)
+        if not req.dry_run and result.selected:
+            parts = max(1, min(result.selected, spark.sparkContext.defaultParallelism))
+            rate = req.rate_limit / parts if req.rate_limit else None
+            totals = (
+                selection.repartition(parts, "runner_id", "queue_id")
+                .rdd.mapPartitions(push_partition(db_url, replay_id, req.what, rate))
+                .reduceByKey(lambda a, b: a + b)
+                .collectAsMap()
+            )
+            result.delivered = int(totals.get("delivered", 0))
+            result.failed = int(totals.get("failed", 0))
+            result.skipped = int(totals.get("skipped", 0))
+            quality.check_replay_result(
+                result.selected, result.delivered, result.failed, result.skipped, label, db_url
+            )
+        selection.unpersist()
+    except Exception as exc:
+        finish_run(db_url, result, error=str(exc).splitlines()[0][:500] or type(exc).__name__)
+        raise
+    finish_run(db_url, result)
+    return result
+
+
+def _runner_names(db_url: str, runner_ids: list[int]) -> dict[int, str]:
+    with connection(db_url) as conn, transaction(conn) as cur:
+        cur.execute("SELECT id, name FROM event_target_runner WHERE id = ANY(%s)", (runner_ids,))
+        return dict(cur.fetchall())

@@ -1,0 +1,147 @@
+"""Replay against real PostgreSQL, Spark local mode and a real HTTP receiver on loopback."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from batch_support import events, make_runner, publish_lines, simulate_push, spark  # noqa: F401
+from click.testing import CliRunner
+
+from eventpush.receiver import Receiver
+from eventpush.sparkjobs.audit import run_audit
+from eventpush.sparkjobs.replay import ReplayRequest, ReplayRequestError, check_request, run_replay
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    with Receiver() as r:
+        yield r
+
+
+def audit_of(spark, db_url, runner):  # noqa: F811
+    return next(r for r in run_audit(spark, db_url).runners if r.runner == runner)
+
+
+def test_missing_replay_repairs_the_gap_and_second_audit_is_clean(
+    db_url,
+    conn,
+    spark,
+    receiver,  # noqa: F811
+):
+    runner = make_runner(
+        conn, "orders", "all", "crm", {"source": ["app.orders"]}, url=f"{receiver.url}/ok"
+    )
+    publish_lines(conn, "orders", events(12))
+    simulate_push(conn, runner)
+    with conn.cursor() as cur:
+        cur.execute(
+            "DELETE FROM event_push_delivery WHERE id IN (SELECT id FROM event_push_delivery "
+            "ORDER BY id LIMIT 4) RETURNING message_id"
+        )
+        lost = {row[0] for row in cur.fetchall()}
+    conn.commit()
+    assert audit_of(spark, db_url, runner).missing == 4
+
+    result = run_replay(spark, db_url, ReplayRequest(what="missing", bus="orders"))
+    assert (result.selected, result.delivered, result.failed) == (4, 4, 0)
+    got = {r.headers.get("webhook-id") for r in receiver.state.delivered("/ok")}
+    assert {f"msg_{m}" for m in lost} <= got
+    after = audit_of(spark, db_url, runner)
+    assert after.missing == 0 and after.delivered == 12 and after.duplicates == 0
+
+    again = run_replay(spark, db_url, ReplayRequest(what="missing", bus="orders"))
+    assert again.selected == 0 and again.delivered == 0
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT count(*), min(replay_id) FROM event_push_delivery WHERE origin = 'replay'"
+        )
+        assert cur.fetchone() == (4, result.replay_id)
+        cur.execute("SELECT status, selected, delivered, failed FROM event_replay_run ORDER BY id")
+        assert cur.fetchall() == [("succeeded", 4, 4, 0), ("succeeded", 0, 0, 0)]
+
+
+def test_failed_replay_after_target_recovers(db_url, conn, spark, receiver):  # noqa: F811
+    runner = make_runner(
+        conn,
+        "orders",
+        "all",
+        "flaky",
+        {"source": ["app.orders"]},
+        url=f"{receiver.url}/down",
+        max_attempts=2,
+        backoff_ms=1,
+    )
+    publish_lines(conn, "orders", events(6))
+    simulate_push(conn, runner, fail={1, 2, 3})
+    with conn.cursor() as cur:
+        cur.execute("SELECT message_id FROM bus_event WHERE (body->'detail'->>'n')::int = 1")
+        first = cur.fetchone()[0]
+    conn.rollback()
+
+    # Still down: the chosen record fails again and is marked dead.
+    down = run_replay(spark, db_url, ReplayRequest(what="failed", message_ids=(first,)))
+    assert (down.selected, down.delivered, down.failed) == (1, 0, 1)
+
+    receiver.state.recover("/down")
+    up = run_replay(spark, db_url, ReplayRequest(what="failed", bus="orders"))
+    assert (up.selected, up.delivered, up.failed) == (2, 2, 0)
+    with conn.cursor() as cur:
+        cur.execute("SELECT status, count(*) FROM event_push_failure GROUP BY status ORDER BY 1")
+        assert cur.fetchall() == [("dead", 1), ("replayed", 2)]
+    conn.rollback()
+    assert run_replay(spark, db_url, ReplayRequest(what="failed")).selected == 0
+    audit = audit_of(spark, db_url, runner)
+    assert (audit.delivered, audit.failed, audit.missing) == (5, 1, 0)
+
+
+def test_all_dry_run_max_count_and_rate_limit(db_url, conn, spark, receiver):  # noqa: F811
+    make_runner(
+        conn, "orders", "all", "archive", {"source": ["app.orders"]}, url=f"{receiver.url}/ok"
+    )
+    publish_lines(conn, "orders", events(5) + events(3, source="app.other"))
+    dry = run_replay(spark, db_url, ReplayRequest(what="all", bus="orders", dry_run=True))
+    assert dry.selected == 5 and dry.delivered == 0
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM event_push_delivery")
+        assert cur.fetchone()[0] == 0
+    conn.rollback()
+    some = run_replay(spark, db_url, ReplayRequest(what="all", max_count=3, rate_limit=50.0))
+    assert (some.selected, some.delivered) == (3, 3)
+
+
+@pytest.mark.parametrize(
+    "request_kw, message",
+    [
+        (
+            {"since": datetime(2024, 2, 1, tzinfo=UTC), "until": datetime(2024, 1, 1, tzinfo=UTC)},
+            "until .* must be after since",
+        ),
+        ({"max_count": 0}, "max count must be a positive number"),
+        ({"rate_limit": -1.0}, "rate limit must be a positive"),
+        ({"bus": "nope"}, "unknown bus 'nope'"),
+        ({"bus": "orders", "rule": "nope"}, "unknown rule 'nope' on bus 'orders'"),
+        ({"target": "nope"}, "unknown target 'nope'"),
+        ({"what": "everything"}, "what must be one of failed, missing, all"),
+        ({"message_ids": ("",)}, "message ids must be non-empty"),
+    ],
+)
+def test_impossible_requests_refused(db_url, conn, request_kw, message):
+    make_runner(conn, "orders", "all", "crm", {"source": ["app.orders"]})
+    with pytest.raises(ReplayRequestError, match=message), conn.cursor() as cur:
+        check_request(ReplayRequest(**request_kw), cur)
+
+
+def test_replay_cli_json(db_url, conn, spark, receiver):  # noqa: F811
+    from eventpush.cli_batch import replay
+
+    make_runner(conn, "orders", "all", "crm", {"source": ["app.orders"]}, url=f"{receiver.url}/ok")
+    publish_lines(conn, "orders", events(2))
+    since = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
+    result = CliRunner().invoke(replay, ["--what", "all", "--since", since, "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["selected"], doc["delivered"], doc["failed"]) == (2, 2, 0)
+    bad = CliRunner().invoke(replay, ["--max-count", "0"])
+    assert bad.exit_code == 2 and "max count" in bad.output
