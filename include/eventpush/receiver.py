@@ -12,6 +12,10 @@ Each path behaves like a kind of target:
 | ``/ratelimit?after=S`` | 429 with ``Retry-After: S`` on each id's first attempt, then 200 |
 | ``/hang`` | never answers (until the client gives up) |
 | ``/reset`` | closes the connection without an answer |
+| ``/latency`` | 200, recording now minus each event's ``detail.sent`` |
+
+A path's first segment picks its behaviour (``/ok/a`` is ``/ok``); counts are per full path,
+and ``GET /_stats`` returns them with the latency percentiles.
 
 Every request is recorded (path, webhook headers, body) so a test can check what arrived.
 """
@@ -19,6 +23,8 @@ Every request is recorded (path, webhook headers, body) so a test can check what
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import threading
 import time
 from collections import Counter
@@ -42,6 +48,7 @@ class ReceiverState:
     attempts: Counter = field(default_factory=Counter)
     count: Counter = field(default_factory=Counter)
     recovered: set = field(default_factory=set)
+    latencies: list = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def recover(self, path: str) -> None:
@@ -51,6 +58,11 @@ class ReceiverState:
         """Requests to ``path`` that were answered 2xx."""
         with self.lock:
             return [r for r in self.requests if r.path == path and r.headers.get("status") == 200]
+
+
+def _events_of(body: bytes) -> list[dict]:
+    doc = json.loads(body)
+    return doc if isinstance(doc, list) else [doc]
 
 
 def make_app(state: ReceiverState) -> web.Application:
@@ -64,20 +76,26 @@ def make_app(state: ReceiverState) -> web.Application:
             attempt = state.attempts[(path, hook_id)]
             state.count[path] += 1
         status, headers = 200, {}
-        if path == "/slow":
+        kind = "/" + path.split("/", 2)[1]  # /ok/a behaves as /ok, counted on its own
+        if kind == "/latency":
+            # The sender stamps detail.sent (epoch seconds): record publish-to-arrival time.
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                for event in _events_of(body):
+                    state.latencies.append(time.time() - float(event["detail"]["sent"]))
+        elif kind == "/slow":
             await asyncio.sleep(int(request.query.get("ms", "100")) / 1000)
-        elif path == "/flaky":
+        elif kind == "/flaky":
             status = 500 if attempt <= int(request.query.get("fail", "2")) else 200
-        elif path == "/down":
+        elif kind == "/down":
             status = 200 if path in state.recovered else 500
-        elif path == "/gone":
+        elif kind == "/gone":
             status = 410
-        elif path == "/ratelimit":
+        elif kind == "/ratelimit":
             if attempt == 1:
                 status, headers = 429, {"Retry-After": request.query.get("after", "1")}
-        elif path == "/hang":
+        elif kind == "/hang":
             await asyncio.sleep(3600)
-        elif path == "/reset":
+        elif kind == "/reset":
             request.transport.close()
             return web.Response(status=500)
         if state.keep_bodies or status != 200:
@@ -87,7 +105,16 @@ def make_app(state: ReceiverState) -> web.Application:
                 state.requests.append(Received(path, record, body, arrived))
         return web.Response(status=status, headers=headers)
 
+    async def stats(request: web.Request) -> web.Response:
+        with state.lock:
+            lat = sorted(state.latencies)
+            doc = {"count": dict(state.count), "latencies": len(lat)}
+        if lat:
+            doc.update(p50_ms=lat[len(lat) // 2] * 1000, p99_ms=lat[int(len(lat) * 0.99)] * 1000)
+        return web.json_response(doc)
+
     app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_route("GET", "/_stats", stats)
     app.router.add_route("POST", "/{tail:.*}", handle)
     return app
 

@@ -1,0 +1,248 @@
+"""Push engine benchmarks: throughput beside wrk, batching, latency, isolation, memory.
+
+    .venv/bin/python bench/push.py [all|throughput|batch|latency|isolation|memory]
+
+The receiver (``python -m eventpush.receiver``) runs in a process of its own on loopback;
+wrk hits the same receiver in the same run, so the ratio compares like with like.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import psutil  # noqa: E402
+import psycopg2  # noqa: E402
+from common import machine, scratch_database  # noqa: E402
+
+from eventpush import catalog  # noqa: E402
+from eventpush.publish import publish  # noqa: E402
+from eventpush.push import run_worker  # noqa: E402
+
+PYTHON = sys.executable
+EXE = str(Path(sys.executable).with_name("eventpush"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ReceiverProcess:
+    def __enter__(self):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [PYTHON, "-m", "eventpush.receiver", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(100):
+            try:
+                self.stats()
+                return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("receiver did not start")
+
+    def stats(self) -> dict:
+        with urllib.request.urlopen(self.url + "/_stats", timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def events(n: int, start: int = 0) -> list[str]:
+    return [
+        json.dumps(
+            {
+                "source": "shop.orders",
+                "detail-type": "OrderPlaced",
+                "detail": {"order": i, "customer": f"c{i % 977}", "total": i * 1.5},
+            }
+        )
+        for i in range(start, start + n)
+    ]
+
+
+def topology(conn, url: str, paths: list[str], queues: int = 4, **spec) -> None:
+    catalog.create_bus(conn, "orders", queues)
+    catalog.create_rule(conn, "orders", "all", {"source": ["shop.orders"]})
+    for i, path in enumerate(paths):
+        catalog.create_target(
+            conn, "orders", "all", catalog.TargetSpec(name=f"t{i}", url=url + path, **spec)
+        )
+    catalog.create_worker(conn, "w1")
+    catalog.assign(conn)
+
+
+def wrk_rate(url: str, seconds: int = 5, connections: int = 64) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp, "post.lua")
+        script.write_text(
+            'wrk.method = "POST"\n'
+            'wrk.body = \'{"source":"shop.orders","detail":{"order":1}}\'\n'
+            'wrk.headers["Content-Type"] = "application/json"\n'
+        )
+        out = subprocess.run(
+            ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "-s", str(script), url],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+
+
+def bench_throughput(n: int = 20_000) -> None:
+    with ReceiverProcess() as rx, scratch_database() as url:
+        conn = psycopg2.connect(url)
+        topology(conn, rx.url, ["/ok/a", "/ok/b", "/ok/c", "/ok/d"], concurrency=64)
+        for i in range(0, n, 50_000):
+            publish(conn, "orders", events(min(50_000, n - i), i))
+        started = time.perf_counter()
+        report = run_worker("w1", until_idle=True, max_seconds=600)
+        elapsed = time.perf_counter() - started
+        rate = report.delivered / elapsed
+        ceiling = wrk_rate(rx.url + "/ok/wrk")
+    print(
+        f"throughput, 1 event/request, 4 targets: {report.delivered:,} deliveries in "
+        f"{elapsed:.1f} s = {rate:,.0f}/s; wrk on the same receiver {ceiling:,.0f} req/s; "
+        f"ratio {rate / ceiling:.2f} (goal 0.50)"
+    )
+
+
+def bench_batch(n: int = 200_000) -> None:
+    with ReceiverProcess() as rx, scratch_database() as url:
+        conn = psycopg2.connect(url)
+        topology(conn, rx.url, ["/ok/a", "/ok/b", "/ok/c", "/ok/d"], batch_size=100)
+        for i in range(0, n, 50_000):
+            publish(conn, "orders", events(min(50_000, n - i), i))
+        started = time.perf_counter()
+        report = run_worker("w1", until_idle=True, max_seconds=600)
+        elapsed = time.perf_counter() - started
+    rate = report.delivered / elapsed
+    print(
+        f"throughput, batches of 100, 4 targets: {report.delivered:,} event deliveries in "
+        f"{elapsed:.1f} s = {rate:,.0f} events/s (goal 50,000: {rate / 50_000:.2f}x)"
+    )
+
+
+def bench_latency(rate: int = 1000, seconds: int = 20) -> None:
+    with ReceiverProcess() as rx, scratch_database() as url:
+        conn = psycopg2.connect(url)
+        topology(conn, rx.url, ["/latency"])
+        worker = subprocess.Popen([EXE, "worker", "run", "w1", "--max-seconds", str(seconds + 8)])
+        time.sleep(3)  # the worker is up and waiting
+        tick = 0.05
+        per_tick = int(rate * tick)
+        started = time.perf_counter()
+        sent = 0
+        while time.perf_counter() - started < seconds:
+            batch = [
+                json.dumps(
+                    {
+                        "source": "shop.orders",
+                        "detail-type": "o",
+                        "detail": {"n": sent + i, "sent": time.time()},
+                    }
+                )
+                for i in range(per_tick)
+            ]
+            publish(conn, "orders", batch)
+            sent += per_tick
+            time.sleep(max(0.0, started + (sent / rate) - time.perf_counter()))
+        time.sleep(3)
+        stats = rx.stats()
+        worker.terminate()
+        worker.wait(30)
+    print(
+        f"latency at {rate:,} events/s for {seconds} s ({stats['latencies']:,} events): "
+        f"p50 {stats['p50_ms']:.1f} ms, p99 {stats['p99_ms']:.1f} ms (publish commit to arrival)"
+    )
+
+
+def _time_until(rx: ReceiverProcess, paths: list[str], n: int, started: float) -> float:
+    while True:
+        counts = rx.stats()["count"]
+        if all(counts.get(p, 0) >= n for p in paths):
+            return time.perf_counter() - started
+        time.sleep(0.05)
+
+
+def bench_isolation(n: int = 5_000) -> None:
+    healthy = ["/slow/a?ms=20", "/slow/b?ms=20", "/slow/c?ms=20"]
+    keys = ["/slow/a", "/slow/b", "/slow/c"]
+    results = {}
+    for label, fourth in (("all healthy", "/slow/d?ms=20"), ("one hanging", "/hang/d")):
+        with ReceiverProcess() as rx, scratch_database() as url:
+            conn = psycopg2.connect(url)
+            topology(conn, rx.url, [*healthy, fourth], concurrency=32, timeout_ms=2000)
+            publish(conn, "orders", events(n))
+            thread = threading.Thread(
+                target=run_worker, args=("w1",), kwargs={"max_seconds": 120}, daemon=True
+            )
+            started = time.perf_counter()
+            thread.start()
+            elapsed = _time_until(rx, keys, n, started)
+            results[label] = 3 * n / elapsed
+            # the worker thread stops at its time budget; the process moves on
+    ratio = results["one hanging"] / results["all healthy"]
+    print(
+        f"isolation: 3 healthy targets {results['all healthy']:,.0f} deliveries/s with the 4th "
+        f"healthy, {results['one hanging']:,.0f}/s with the 4th hanging: {ratio:.2f} (goal 0.90)"
+    )
+
+
+def bench_memory(n: int = 1_000_000, seconds: int = 30) -> None:
+    with ReceiverProcess() as rx, scratch_database() as url:
+        conn = psycopg2.connect(url)
+        topology(conn, rx.url, ["/hang"], timeout_ms=30_000)
+        for i in range(0, n, 50_000):
+            publish(conn, "orders", events(50_000, i))
+        worker = subprocess.Popen([EXE, "worker", "run", "w1", "--max-seconds", str(seconds)])
+        proc = psutil.Process(worker.pid)
+        peak = 0
+        while worker.poll() is None:
+            try:
+                peak = max(peak, proc.memory_info().rss)
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.2)
+    print(
+        f"memory: {n:,} events waiting, stalled target, {seconds} s: peak RSS "
+        f"{peak / 2**20:.0f} MiB (ceiling 300 MiB)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "which",
+        nargs="?",
+        default="all",
+        choices=["all", "throughput", "batch", "latency", "isolation", "memory"],
+    )
+    args = parser.parse_args()
+    print(f"machine: {machine()}")
+    for name in ("throughput", "batch", "latency", "isolation", "memory"):
+        if args.which in ("all", name):
+            globals()[f"bench_{name}"]()
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
