@@ -16,6 +16,7 @@ from rich.table import Table
 
 from eventpush import catalog
 from eventpush.config import ConfigError
+from eventpush.controls import ControlError
 from eventpush.db import StoreError, connection
 
 EXIT_INPUT = 2
@@ -38,7 +39,7 @@ def handles_errors(func):
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
-        except (catalog.CatalogError, MalformedEventError) as exc:
+        except (catalog.CatalogError, MalformedEventError, ControlError) as exc:
             fail(str(exc))
         except (ConfigError, StoreError) as exc:
             fail(str(exc), EXIT_STORE)
@@ -280,6 +281,83 @@ def worker_run(name: str, until_idle: bool, max_seconds: float | None, as_json: 
     out.print(table)
 
 
+@worker.command("pause")
+@click.argument("name")
+@handles_errors
+def worker_pause(name: str) -> None:
+    """Pause worker NAME: it stops pulling and sending until resumed (no restart needed)."""
+    _set_paused("worker", name, True)
+
+
+@worker.command("resume")
+@click.argument("name")
+@handles_errors
+def worker_resume(name: str) -> None:
+    """Resume worker NAME."""
+    _set_paused("worker", name, False)
+
+
+@worker.command("adjust")
+@click.argument("name")
+@click.option("--pool-core", type=int, help="Request slots kept for steady load.")
+@click.option("--pool-max", type=int, help="Most requests in flight at once.")
+@click.option("--buffer-records", type=int, help="Backpressure: in-flight records per queue.")
+@click.option("--buffer-bytes", type=int, help="Backpressure: in-flight bytes per queue.")
+@click.option("--buffer-span", type=int, help="Backpressure: offset span per queue.")
+@handles_errors
+def worker_adjust(name: str, **settings: int | None) -> None:
+    """Adjust worker NAME's pool and queue limits; a running worker picks them up."""
+    _adjust("worker", name, settings)
+
+
+@main.group()
+def runner() -> None:
+    """Runners (rule-target pairs): pause, resume, adjust."""
+
+
+@runner.command("pause")
+@click.argument("name")
+@handles_errors
+def runner_pause(name: str) -> None:
+    """Pause runner NAME (BUS/RULE/TARGET)."""
+    _set_paused("runner", name, True)
+
+
+@runner.command("resume")
+@click.argument("name")
+@handles_errors
+def runner_resume(name: str) -> None:
+    """Resume runner NAME."""
+    _set_paused("runner", name, False)
+
+
+@runner.command("adjust")
+@click.argument("name")
+@click.option("--lane-limit", type=int, help="Most records in the runner's lane.")
+@click.option("--concurrency", type=int, help="Most requests in flight to its target.")
+@handles_errors
+def runner_adjust(name: str, **settings: int | None) -> None:
+    """Adjust runner NAME's lane limit and concurrency; a running worker picks them up."""
+    _adjust("runner", name, settings)
+
+
+def _set_paused(scope: str, name: str, paused: bool) -> None:
+    from eventpush.controls import set_paused
+
+    with connection() as conn:
+        set_paused(conn, scope, name, paused)
+    out.print(f"{scope} {name} {'paused' if paused else 'resumed'}")
+
+
+def _adjust(scope: str, name: str, settings: dict) -> None:
+    from eventpush.controls import adjust
+
+    changes = {k: v for k, v in settings.items() if v is not None}
+    with connection() as conn:
+        in_force = adjust(conn, scope, name, changes)
+    out.print(f"{scope} {name}: " + ", ".join(f"{k}={v}" for k, v in sorted(in_force.items())))
+
+
 @main.command("assign")
 @handles_errors
 def assign_cmd() -> None:
@@ -365,6 +443,15 @@ def status_cmd(as_json: bool) -> None:
     out.print(workers)
     out.print(runners)
 
+
+def _register_batch_commands() -> None:
+    from eventpush.cli_batch import audit, rebalance, replay
+
+    for command in (audit, replay, rebalance):
+        main.add_command(command)
+
+
+_register_batch_commands()
 
 if __name__ == "__main__":
     main()
