@@ -224,3 +224,17 @@ def test_database_connections_killed_mid_run_lose_nothing(conn, rx, db_url):
     }
     assert len(delivered) == 400
     assert committed_everything(conn)
+
+
+def test_dead_target_opens_the_breaker_and_ages_out_without_hammering(conn, rx):
+    setup_runner(conn, rx, "/down", max_attempts=100, backoff_ms=10, max_age_s=3, queues=1)
+    publish(conn, "orders", events(300))
+    started = time.monotonic()
+    report = run_worker("w1", until_idle=True, max_seconds=60)
+    assert report.failed == 300
+    assert time.monotonic() - started < 20
+    # The breaker opened: far fewer requests than 300 records x 100 attempts.
+    assert rx.state.count["/down"] < 600
+    errors = rows(conn, "SELECT DISTINCT split_part(last_error, ';', 1) FROM event_push_failure")
+    assert ("target unavailable (circuit open) past max age 3 s",) in errors
+    assert committed_everything(conn)

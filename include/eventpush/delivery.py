@@ -65,7 +65,7 @@ class Record:
     message_id: str
     event: dict
     raw: str
-    first_seen: float = 0.0  # monotonic time of the first attempt's scheduling
+    first_seen: float = 0.0  # monotonic time it was pulled: max_age_s counts from here
     attempts: int = 0
 
 

@@ -123,6 +123,7 @@ class Runner:
         self.tasks: list[asyncio.Task] = []
         self.paused = False
         self.lane_limit = 10_000
+        self.last_outcome: Outcome | None = None
         self.apply(settings)
 
     def apply(self, settings: tuple) -> None:
@@ -494,12 +495,15 @@ class Engine:
                 continue
             cursor.at_end = False
             taken = 0
+            pulled_at = time.monotonic()  # a record's age (max_age_s) counts from here
             for ev in events:
                 if cursor.over(s.buffer_records, s.buffer_bytes, s.buffer_span):
                     break
                 if runner.id in ev.matches:
                     cursor.take(ev.offset, ev.size)
-                    record = Record(cursor.queue_id, ev.offset, ev.message_id, ev.event, ev.raw)
+                    record = Record(
+                        cursor.queue_id, ev.offset, ev.message_id, ev.event, ev.raw, pulled_at
+                    )
                     if ordered_line is None:
                         runner.fresh.append(record)
                     else:
@@ -522,6 +526,7 @@ class Engine:
     async def _dispatch(self, runner: Runner) -> None:
         """Drain the runner's lane: fresh first, one retry batch every FRESH_PER_RETRY."""
         fresh_streak = 0
+        last_sweep = 0.0
         size = runner.target.batch_size
         while True:
             now = time.monotonic()
@@ -542,6 +547,9 @@ class Engine:
                 self.sends.add(task)
                 task.add_done_callback(self.sends.discard)
                 continue
+            if runner.breaker.is_open and now - last_sweep >= 1.0:
+                last_sweep = now
+                self._expire(runner, now)
             timeout = 0.5
             if runner.delayed:
                 timeout = min(timeout, max(runner.delayed[0][0] - now, 0.001))
@@ -550,11 +558,41 @@ class Engine:
             runner.wake.clear()
             await _wait(runner.wake, timeout)
 
+    @staticmethod
+    def _unavailable(runner: Runner) -> Outcome:
+        last = runner.last_outcome
+        return Outcome(
+            delivery.FINAL,
+            last.http_status if last else None,
+            f"target unavailable (circuit open) past max age {runner.target.max_age_s} s; "
+            f"last error: {last.error if last else 'none'}",
+            0.0,
+        )
+
+    def _expire(self, runner: Runner, now: float) -> None:
+        """While the breaker keeps a dead target closed off, records past the target's age
+        limit go to the failure store without another attempt, so the lane drains."""
+        max_age = runner.target.max_age_s
+        outcome = self._unavailable(runner)
+        kept: deque[Record] = deque()
+        for record in runner.fresh:
+            if now - record.first_seen > max_age:
+                self._finish(runner, [record], outcome)
+            else:
+                kept.append(record)
+        runner.fresh = kept
+        for batch in list(runner.retry):
+            if now - batch[0].first_seen > max_age:
+                runner.retry.remove(batch)
+                self._finish(runner, batch, outcome)
+        expired = [d for d in runner.delayed if now - d[2][0].first_seen > max_age]
+        if expired:
+            runner.delayed = [d for d in runner.delayed if d not in expired]
+            heapq.heapify(runner.delayed)
+            for _, _, batch in expired:
+                self._finish(runner, batch, outcome)
+
     async def _attempt(self, runner: Runner, batch: list[Record]) -> Outcome:
-        now = time.monotonic()
-        for r in batch:
-            if not r.first_seen:
-                r.first_seen = now
         if batch[0].attempts:
             self.report.retried += 1
         try:
@@ -565,6 +603,7 @@ class Engine:
             outcome = await delivery.attempt(self.session, runner.target, body, headers)
         for r in batch:
             r.attempts += 1
+        runner.last_outcome = outcome
         if outcome.kind == delivery.RETRY:
             runner.breaker.failure()
         else:
@@ -603,8 +642,16 @@ class Engine:
                 continue
             batch = [line.popleft() for _ in range(min(size, len(line)))]
             while True:
-                while not (runner.breaker.allows() and runner.limiter.try_acquire()):
-                    await asyncio.sleep(max(runner.breaker.wait_s(), 0.01))
+                outcome = None
+                while not runner.breaker.allows():
+                    if time.monotonic() - batch[0].first_seen > runner.target.max_age_s:
+                        outcome = self._unavailable(runner)
+                        break
+                    await asyncio.sleep(max(runner.breaker.wait_s(), 0.05))
+                if outcome is not None:
+                    break
+                while not runner.limiter.try_acquire():
+                    await runner.limiter.changed(0.05)
                 while not self.pool.try_acquire():
                     await self.pool.changed(0.05)
                 try:
