@@ -42,6 +42,7 @@ class ReplayRequest:
     max_count: int | None = None
     rate_limit: float | None = None  # records per second over the whole replay
     dry_run: bool = False
+    label: str | None = None  # who asked: e.g. the Airflow run id, to find the run again
 
     def to_json(self) -> dict:
         doc = asdict(self)
@@ -368,3 +369,67 @@ def _runner_names(db_url: str, runner_ids: list[int]) -> dict[int, str]:
     with connection(db_url) as conn, transaction(conn) as cur:
         cur.execute("SELECT id, name FROM event_target_runner WHERE id = ANY(%s)", (runner_ids,))
         return dict(cur.fetchall())
+
+
+def _form_time(params: dict, key: str) -> datetime | None:
+    value = params.get(key)
+    if value in (None, ""):
+        return None
+    if isinstance(value, datetime):
+        parsed = value
+    else:
+        try:
+            parsed = datetime.fromisoformat(str(value))
+        except ValueError:
+            raise ReplayRequestError(f"{key} {value!r} is not an ISO 8601 time") from None
+    from datetime import UTC
+
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def request_from_form(params: dict, label: str | None = None) -> ReplayRequest:
+    """A request from the replay DAG's form (empty fields mean "any")."""
+
+    def text(key: str) -> str | None:
+        value = params.get(key)
+        return str(value).strip() or None if value is not None else None
+
+    ids = params.get("message_ids") or ()
+    if isinstance(ids, str):
+        ids = [line for line in ids.replace(",", "\n").splitlines() if line.strip()]
+    return ReplayRequest(
+        what=str(params.get("what") or "failed"),
+        bus=text("bus"),
+        rule=text("rule"),
+        target=text("target"),
+        since=_form_time(params, "since"),
+        until=_form_time(params, "until"),
+        message_ids=tuple(str(m).strip() for m in ids),
+        max_count=params.get("max_count"),
+        rate_limit=params.get("rate_limit"),
+        dry_run=bool(params.get("dry_run")),
+        label=label,
+    )
+
+
+def job_args(req: ReplayRequest) -> list[str]:
+    """The spark-submit arguments of ``spark_jobs/replay.py`` for a checked request."""
+    args = ["--what", req.what]
+    for flag, value in (("--bus", req.bus), ("--rule", req.rule), ("--target", req.target)):
+        if value:
+            args += [flag, value]
+    if req.since:
+        args += ["--since", req.since.isoformat()]
+    if req.until:
+        args += ["--until", req.until.isoformat()]
+    for message_id in req.message_ids:
+        args += ["--message-id", message_id]
+    if req.max_count is not None:
+        args += ["--max-count", str(req.max_count)]
+    if req.rate_limit is not None:
+        args += ["--rate-limit", str(req.rate_limit)]
+    if req.dry_run:
+        args.append("--dry-run")
+    if req.label:
+        args += ["--label", req.label]
+    return args

@@ -139,3 +139,15 @@ def get_spark(master: str | None = None, app_name: str = "eventpush", shuffle_pa
     spark.sparkContext.setLogLevel("WARN")
     spark.sparkContext.addPyFile(package_zip())
     return spark
+
+
+def require_airflow_master(conn_id: str = DEFAULT_CONN_ID) -> str:
+    """The master of Airflow connection ``conn_id``; a missing connection is an error here,
+    because the Spark provider would quietly submit to YARN instead."""
+    master = airflow_master(conn_id)
+    if master is None:
+        raise SparkSetupError(
+            f"Airflow connection {conn_id!r} is missing: create it (type spark, host "
+            "local[*] or spark://HOST:7077), e.g. AIRFLOW_CONN_SPARK_DEFAULT='spark://local[*]'"
+        )
+    return master

@@ -1,0 +1,154 @@
+"""
+### eventpush_audit: is every event accounted for?
+
+Hourly over its data interval, and on demand for any window (the form's `since` and
+`until`; empty means the run's data interval).
+
+1. **window**: the window and bus to audit, checked (until after since, the bus exists).
+2. **audit_job**: `spark_jobs/audit.py` through SparkSubmitOperator (connection
+   `spark_default`): per runner, the events its rule matches in the window against delivery
+   rows, failure rows and committed offsets: expected, delivered, failed, pending, missing,
+   duplicates. Writes an `event_audit_report` row.
+3. **report**: reads that report back.
+4. **check**: a Great Expectations suite: no runner has a missing record and the counts add
+   up. Any missing record fails the run.
+5. **gap_to_replay** / **trigger_replay**: when the form's `replay_missing` is on and records
+   are missing, triggers `eventpush_replay` with `what=missing` for the same window and bus.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_context, task
+
+from eventpush.sparkjobs.airflow_ops import EventpushSparkSubmitOperator
+
+JOBS = Path(__file__).resolve().parents[1] / "spark_jobs"
+
+
+@dag(
+    dag_id="eventpush_audit",
+    description="Delivery-completeness audit per runner and window (Spark + GX)",
+    doc_md=__doc__,
+    # Data intervals (not trigger times): each hourly run audits the hour before it.
+    schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"),
+    start_date=datetime(2024, 1, 1, tzinfo=UTC),
+    catchup=False,
+    max_active_runs=1,
+    tags=["eventpush", "audit", "spark"],
+    default_args={"owner": "eventpush", "retries": 0},
+    render_template_as_native_obj=True,
+    params={
+        "bus": Param(None, type=["null", "string"], title="Bus", description="empty for every bus"),
+        "since": Param(
+            None,
+            type=["null", "string"],
+            format="date-time",
+            title="Since",
+            description="window start (ISO 8601); empty: the run's data interval",
+        ),
+        "until": Param(
+            None,
+            type=["null", "string"],
+            format="date-time",
+            title="Until",
+            description="window end (ISO 8601), exclusive; empty: the run's data interval",
+        ),
+        "replay_missing": Param(
+            False,
+            type="boolean",
+            title="Replay the gap",
+            description="trigger eventpush_replay (what=missing) when records are missing",
+        ),
+    },
+)
+def eventpush_audit() -> None:
+    @task
+    def window() -> dict[str, Any]:
+        """The window and bus to audit, and the job's arguments."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from eventpush.airflow_support import database_url
+        from eventpush.db import connection, transaction
+
+        context = get_current_context()
+        params = context["params"]
+        since = params.get("since") or context["data_interval_start"].isoformat()
+        until = params.get("until") or context["data_interval_end"].isoformat()
+        bus = params.get("bus") or None
+        if datetime.fromisoformat(until) <= datetime.fromisoformat(since):
+            raise AirflowFailException(f"until ({until}) must be after since ({since})")
+        if bus:
+            with connection(database_url()) as conn, transaction(conn) as cur:
+                cur.execute("SELECT 1 FROM event_bus WHERE name = %s", (bus,))
+                if cur.fetchone() is None:
+                    raise AirflowFailException(f"unknown bus {bus!r}")
+        args = ["--since", since, "--until", until] + (["--bus", bus] if bus else [])
+        return {"since": since, "until": until, "bus": bus, "args": args}
+
+    spec = window()
+    job = EventpushSparkSubmitOperator(
+        task_id="audit_job",
+        application=str(JOBS / "audit.py"),
+        conn_id="spark_default",
+        name="eventpush-audit",
+        application_args="{{ ti.xcom_pull(task_ids='window')['args'] }}",
+    )
+
+    @task
+    def report(spec: dict[str, Any]) -> dict[str, Any]:
+        """The report the job wrote for this window."""
+        from eventpush.airflow_support import database_url
+        from eventpush.db import connection, transaction
+
+        with connection(database_url()) as conn, transaction(conn) as cur:
+            cur.execute(
+                "SELECT id, expected, missing, runners FROM event_audit_report "
+                "WHERE window_start = %s AND window_end = %s AND bus IS NOT DISTINCT FROM %s "
+                "ORDER BY id DESC LIMIT 1",
+                (spec["since"], spec["until"], spec["bus"]),
+            )
+            row = cur.fetchone()
+        if row is None:
+            raise RuntimeError("the audit job wrote no report for this window")
+        report_id, expected, missing, runners = row
+        print(f"audit report {report_id}: {expected} expected, {missing} missing")
+        return {**spec, "report_id": report_id, "missing": missing, "runners": runners}
+
+    @task
+    def check(report: dict[str, Any]) -> dict[str, Any]:
+        """Great Expectations: no missing record, counts add up. Fails the run otherwise."""
+        from eventpush.airflow_support import database_url
+        from eventpush.quality import check_audit
+
+        label = f"{get_current_context()['dag_run'].run_id} report {report['report_id']}"
+        return check_audit(report["runners"], label, database_url()).statistics
+
+    @task.short_circuit
+    def gap_to_replay(report: dict[str, Any]) -> bool:
+        """Go on to the replay only when asked to and something is missing."""
+        return bool(get_current_context()["params"].get("replay_missing")) and report["missing"] > 0
+
+    trigger = TriggerDagRunOperator(
+        task_id="trigger_replay",
+        trigger_dag_id="eventpush_replay",
+        conf={
+            "what": "missing",
+            "bus": "{{ ti.xcom_pull(task_ids='report')['bus'] }}",
+            "since": "{{ ti.xcom_pull(task_ids='report')['since'] }}",
+            "until": "{{ ti.xcom_pull(task_ids='report')['until'] }}",
+        },
+        wait_for_completion=False,
+    )
+
+    reported = report(spec)
+    spec >> job >> reported
+    check(reported)
+    gap_to_replay(reported) >> trigger
+
+
+eventpush_audit()

@@ -1,0 +1,109 @@
+"""
+### eventpush_rebalance: who pushes what
+
+Every 10 minutes, and on demand.
+
+1. **check_inputs**: there are enabled workers when there are runners to place.
+2. **rebalance_job**: `spark_jobs/rebalance.py` through SparkSubmitOperator (connection
+   `spark_default`): each runner's load (rate x latency) from the delivery log in Spark, a
+   sticky assignment balanced relative to worker capacity (even by count without load
+   data), a Great Expectations check of the proposal (every enabled runner exactly once,
+   only enabled workers, spread and moves within bound), then one transaction that applies
+   it with a new generation. A refused proposal fails the job and changes nothing.
+3. **report**: the check's outcome and the generation; push workers re-read their runners
+   and pick the change up without a restart.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import Param, dag, get_current_context, task
+
+from eventpush.sparkjobs.airflow_ops import EventpushSparkSubmitOperator
+
+JOBS = Path(__file__).resolve().parents[1] / "spark_jobs"
+
+
+@dag(
+    dag_id="eventpush_rebalance",
+    description="Balance runners over push workers by load and capacity (Spark + GX)",
+    doc_md=__doc__,
+    schedule=timedelta(minutes=10),
+    start_date=datetime(2024, 1, 1, tzinfo=UTC),
+    catchup=False,
+    max_active_runs=1,
+    tags=["eventpush", "rebalance", "spark"],
+    default_args={"owner": "eventpush", "retries": 0},
+    render_template_as_native_obj=True,
+    params={
+        "window_minutes": Param(
+            15,
+            type="integer",
+            minimum=1,
+            maximum=1440,
+            title="Load window (minutes)",
+            description="how far back the delivery log is read for each runner's load",
+        ),
+        "dry_run": Param(
+            False, type="boolean", title="Dry run", description="propose and check only"
+        ),
+    },
+)
+def eventpush_rebalance() -> None:
+    @task
+    def check_inputs() -> list[str]:
+        """Workers and runners are there to balance; the job's arguments."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from eventpush.airflow_support import database_url
+        from eventpush.db import connection, transaction
+
+        context = get_current_context()
+        with connection(database_url()) as conn, transaction(conn) as cur:
+            cur.execute("SELECT count(*) FILTER (WHERE enabled), count(*) FROM event_push_worker")
+            enabled, workers = cur.fetchone()
+            cur.execute("SELECT count(*) FROM event_target_runner")
+            runners = cur.fetchone()[0]
+        print(f"{runners} runners, {enabled} of {workers} workers enabled")
+        if runners and not enabled:
+            raise AirflowFailException("no enabled worker to place runners on")
+        params = context["params"]
+        args = ["--label", context["dag_run"].run_id]
+        args += ["--window-minutes", str(params["window_minutes"])]
+        return args + (["--dry-run"] if params["dry_run"] else [])
+
+    job = EventpushSparkSubmitOperator(
+        task_id="rebalance_job",
+        application=str(JOBS / "rebalance.py"),
+        conn_id="spark_default",
+        name="eventpush-rebalance",
+        application_args="{{ ti.xcom_pull(task_ids='check_inputs') }}",
+    )
+
+    @task
+    def report() -> dict[str, Any]:
+        """The proposal check's outcome and the assignment's current generation."""
+        from eventpush.airflow_support import database_url
+        from eventpush.db import connection, transaction
+
+        run_id = get_current_context()["dag_run"].run_id
+        with connection(database_url()) as conn, transaction(conn) as cur:
+            cur.execute(
+                "SELECT success, statistics FROM event_check_result "
+                "WHERE suite = 'rebalance' AND run_label = %s ORDER BY id DESC LIMIT 1",
+                (run_id,),
+            )
+            row = cur.fetchone()
+            cur.execute("SELECT max(generation) FROM event_assignment")
+            generation = cur.fetchone()[0]
+        if row is None or not row[0]:
+            raise RuntimeError(f"no passing rebalance check recorded for {run_id}")
+        return {"generation": generation, "check": row[1]}
+
+    check_inputs() >> job >> report()
+
+
+eventpush_rebalance()

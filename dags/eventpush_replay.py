@@ -1,0 +1,145 @@
+"""
+### eventpush_replay: re-push records, on demand
+
+Trigger it from the form. **What**: `failed` re-pushes the open failure records (those still
+`failed`; the window is when they failed), `missing` the audit's gaps (committed past but
+never delivered nor recorded), `all` every event of the window the rule matches, as an
+archive replay does. Narrow it by bus, rule, target, window and message ids; cap it with a
+maximum count and a rate limit; a dry run only selects and checks.
+
+1. **check_request**: refuses impossible forms (until before since, unknown bus, ...) with
+   a message naming the field.
+2. **replay_job**: `spark_jobs/replay.py` through SparkSubmitOperator (connection
+   `spark_default`): Spark selects, Great Expectations checks the selection, the executors
+   re-push with the engine's delivery code (same signing, retries and `webhook-id`), then GX
+   checks that the counts add up.
+3. **report**: the run's counts from `event_replay_run`.
+
+Safe to run twice: what the first run delivered is not pushed again by a second `failed` or
+`missing` replay. The audit DAG triggers this DAG with `what=missing` for its gaps.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import Param, dag, get_current_context, task
+
+from eventpush.sparkjobs.airflow_ops import EventpushSparkSubmitOperator
+
+JOBS = Path(__file__).resolve().parents[1] / "spark_jobs"
+
+
+def optional(kind: str, title: str, description: str, **schema: Any) -> Param:
+    return Param(None, type=["null", kind], title=title, description=description, **schema)
+
+
+@dag(
+    dag_id="eventpush_replay",
+    description="Re-push failed records, audit gaps or a window's events (Spark)",
+    doc_md=__doc__,
+    schedule=None,
+    start_date=datetime(2024, 1, 1, tzinfo=UTC),
+    catchup=False,
+    tags=["eventpush", "replay", "spark"],
+    default_args={"owner": "eventpush", "retries": 0},
+    render_template_as_native_obj=True,
+    params={
+        "what": Param(
+            "failed",
+            type="string",
+            enum=["failed", "missing", "all"],
+            title="What to replay",
+            description="failed records, audit gaps (missing), or every matching event (all)",
+        ),
+        "bus": optional("string", "Bus", "only runners of this bus; empty for every bus"),
+        "rule": optional("string", "Rule", "only runners of this rule"),
+        "target": optional("string", "Target", "only this target's runner"),
+        "since": optional(
+            "string", "Since", "window start (ISO 8601), inclusive", format="date-time"
+        ),
+        "until": optional(
+            "string", "Until", "window end (ISO 8601), exclusive", format="date-time"
+        ),
+        "message_ids": Param(
+            [],
+            type="array",
+            items={"type": "string", "minLength": 1},
+            title="Message ids",
+            description="only these events (their ids); empty for any",
+        ),
+        "max_count": optional(
+            "integer", "Maximum count", "replay at most this many records", minimum=1
+        ),
+        "rate_limit": optional(
+            "number", "Rate limit", "at most this many records per second", exclusiveMinimum=0
+        ),
+        "dry_run": Param(
+            False, type="boolean", title="Dry run", description="select and check only"
+        ),
+    },
+)
+def eventpush_replay() -> None:
+    @task
+    def check_request() -> list[str]:
+        """Refuse impossible requests with a clear message; the job's arguments otherwise."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from eventpush.airflow_support import database_url
+        from eventpush.db import connection, transaction
+        from eventpush.sparkjobs.replay import (
+            ReplayRequestError,
+            check_request,
+            job_args,
+            request_from_form,
+        )
+
+        context = get_current_context()
+        try:
+            request = request_from_form(dict(context["params"]), context["dag_run"].run_id)
+            with connection(database_url()) as conn, transaction(conn) as cur:
+                check_request(request, cur)
+        except ReplayRequestError as exc:
+            raise AirflowFailException(f"replay request refused: {exc}") from None
+        return job_args(request)
+
+    args = check_request()
+    job = EventpushSparkSubmitOperator(
+        task_id="replay_job",
+        application=str(JOBS / "replay.py"),
+        conn_id="spark_default",
+        name="eventpush-replay",
+        application_args="{{ ti.xcom_pull(task_ids='check_request') }}",
+    )
+
+    @task
+    def report() -> dict[str, Any]:
+        """The counts of this run's replay, as recorded by the job."""
+        from eventpush.airflow_support import database_url
+        from eventpush.db import connection, transaction
+
+        run_id = get_current_context()["dag_run"].run_id
+        with connection(database_url()) as conn, transaction(conn) as cur:
+            cur.execute(
+                "SELECT id, status, selected, delivered, failed, dry_run, error "
+                "FROM event_replay_run WHERE request->>'label' = %s ORDER BY id DESC LIMIT 1",
+                (run_id,),
+            )
+            row = cur.fetchone()
+        if row is None:
+            raise RuntimeError(f"the replay job recorded no run for {run_id}")
+        keys = ("replay_id", "status", "selected", "delivered", "failed", "dry_run", "error")
+        result = dict(zip(keys, row, strict=True))
+        if result["status"] != "succeeded":
+            raise RuntimeError(
+                f"replay {result['replay_id']} {result['status']}: {result['error']}"
+            )
+        print(f"replay {result['replay_id']}: {result}")
+        return result
+
+    args >> job >> report()
+
+
+eventpush_replay()
