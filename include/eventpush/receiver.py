@@ -7,7 +7,7 @@ Each path behaves like a kind of target:
 | ``/ok`` | 200 at once |
 | ``/slow?ms=N`` | 200 after N milliseconds |
 | ``/flaky?fail=N`` | 500 for the first N attempts of each webhook-id, then 200 |
-| ``/down`` | 500 until ``state.recover("/down")`` is called, then 200 |
+| ``/down`` | 500 until recovered (``state.recover`` or ``POST /_recover?path=/down``) |
 | ``/gone`` | 410, for good |
 | ``/ratelimit?after=S`` | 429 with ``Retry-After: S`` on each id's first attempt, then 200 |
 | ``/hang`` | never answers (until the client gives up) |
@@ -113,8 +113,13 @@ def make_app(state: ReceiverState) -> web.Application:
             doc.update(p50_ms=lat[len(lat) // 2] * 1000, p99_ms=lat[int(len(lat) * 0.99)] * 1000)
         return web.json_response(doc)
 
+    async def recover(request: web.Request) -> web.Response:
+        state.recover(request.query.get("path", ""))
+        return web.json_response({"recovered": sorted(state.recovered)})
+
     app = web.Application(client_max_size=64 * 2**20)
     app.router.add_route("GET", "/_stats", stats)
+    app.router.add_route("POST", "/_recover", recover)
     app.router.add_route("POST", "/{tail:.*}", handle)
     return app
 
