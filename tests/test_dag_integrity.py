@@ -1,0 +1,102 @@
+"""Every DAG in dags/ loads in the real DagBag, is documented and owned, and parses fast."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.airflow_fixtures import ENV, REPO
+
+DAG_FILES = sorted((REPO / "dags").glob("*.py"))
+# modules a DAG file must not pull in at parse time (heavy, or work that belongs in tasks)
+HEAVY = ["great_expectations", "pandas", "pyspark", "psycopg2", "aiohttp", "eventpush.push"]
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO / "dags"))
+
+
+def test_no_import_errors(dagbag):
+    assert dagbag.import_errors == {}
+    assert dagbag.dags, "no DAG found in dags/"
+
+
+def test_every_dag_is_documented_tagged_and_owned(dagbag):
+    for dag_id, dag in dagbag.dags.items():
+        assert dag.doc_md and len(dag.doc_md.strip()) > 40, f"{dag_id}: no doc_md"
+        assert dag.tags, f"{dag_id}: no tags"
+        owners = {task.owner for task in dag.tasks}
+        assert owners and "airflow" not in owners, f"{dag_id}: default owner {owners}"
+        stem = os.path.splitext(os.path.basename(dag.fileloc))[0]
+        assert dag_id == stem, f"{dag_id}: not named after its file {stem}.py"
+
+
+def test_push_dag_shape(dagbag):
+    dag = dagbag.dags["eventpush_push"]
+    assert type(dag.timetable).__name__ == "ContinuousTimetable"
+    assert dag.max_active_runs == 1
+    assert dag.is_paused_upon_creation is False
+    assert dag.catchup is False
+    assert {t.task_id for t in dag.tasks} == {
+        "list_workers",
+        "worker.wait_for_work",
+        "worker.push",
+        "worker.check",
+    }
+    sensor = dag.get_task("worker.wait_for_work")
+    assert type(sensor).__module__ == "eventpush.triggers"  # the trigger is not in dags/
+    assert dag.get_task("worker.check").upstream_task_ids == {"worker.push"}
+    assert dag.get_task("worker.push").upstream_task_ids == {"worker.wait_for_work", "list_workers"}
+
+
+PROBE = textwrap.dedent(
+    """
+    import importlib.util, json, os, sys, time
+    import airflow.sdk  # the DAG processor has Airflow loaded already
+    import airflow.triggers.base
+    for path in sys.argv[1:]:
+        sys.stdout.flush()
+        pid = os.fork()  # each file starts from the same warm interpreter, isolated
+        if pid == 0:
+            before = set(sys.modules)
+            t = time.perf_counter()
+            spec = importlib.util.spec_from_file_location("dag_under_test", path)
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+            print(json.dumps({"path": path, "seconds": time.perf_counter() - t,
+                              "modules": sorted(set(sys.modules) - before)}), flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def parse_probes() -> dict[str, dict]:
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, *map(str, DAG_FILES)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **ENV},
+        timeout=120,
+        check=True,
+    )
+    probes = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return {os.path.basename(p["path"]): p for p in probes}
+
+
+@pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
+def test_dag_file_parses_fast_without_heavy_imports(path, parse_probes):
+    probe = parse_probes.get(path.name)
+    assert probe is not None, f"{path.name} failed to import in the probe"
+    heavy = [m for m in probe["modules"] if any(m == h or m.startswith(h + ".") for h in HEAVY)]
+    assert not heavy, f"{path.name} imports {heavy} at module level"
+    assert probe["seconds"] < 1.0, f"{path.name} took {probe['seconds']:.2f}s to parse"
