@@ -238,3 +238,17 @@ def test_dead_target_opens_the_breaker_and_ages_out_without_hammering(conn, rx):
     errors = rows(conn, "SELECT DISTINCT split_part(last_error, ';', 1) FROM event_push_failure")
     assert ("target unavailable (circuit open) past max age 3 s",) in errors
     assert committed_everything(conn)
+
+
+def test_paused_worker_has_no_work_and_a_slice_ends_at_once(conn, rx):
+    from eventpush.status import has_work
+
+    setup_runner(conn, rx, "/ok")
+    publish(conn, "orders", events(5))
+    assert has_work(conn, "w1")
+    controls.set_paused(conn, "worker", "w1", True)
+    assert not has_work(conn, "w1")
+    report = run_worker("w1", until_idle=True, max_seconds=30)
+    assert report.delivered == 0 and report.seconds < 10
+    controls.set_paused(conn, "worker", "w1", False)
+    assert run_worker("w1", until_idle=True, max_seconds=30).delivered == 5

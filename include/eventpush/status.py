@@ -110,6 +110,8 @@ SELECT EXISTS (
     JOIN event_rule ru ON ru.id = t.rule_id
     JOIN event_bus_queue q ON q.bus_id = ru.bus_id AND q.queue_id = o.queue_id
     WHERE w.name = %s AND w.enabled AND r.state = 'RUNNING' AND q.next_offset > o."offset"
+      AND NOT EXISTS (SELECT 1 FROM event_runtime_control c WHERE c.scope = 'worker'
+                      AND c.name = w.name AND c.key = 'paused' AND c.value = 'true'::jsonb)
 )
 """
 

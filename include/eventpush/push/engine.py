@@ -280,6 +280,8 @@ class Engine:
     def _idle(self) -> bool:
         if self.deliveries or self.failures:
             return False
+        if self.paused:
+            return True  # nothing will move until the worker is resumed
         for runner in self.runners.values():
             if not runner.idle():
                 return False
