@@ -252,3 +252,24 @@ def test_paused_worker_has_no_work_and_a_slice_ends_at_once(conn, rx):
     assert report.delivered == 0 and report.seconds < 10
     controls.set_paused(conn, "worker", "w1", False)
     assert run_worker("w1", until_idle=True, max_seconds=30).delivered == 5
+
+
+def test_sigterm_lets_in_flight_requests_finish_and_commits(conn, rx, cli):
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    setup_runner(conn, rx, "/slow?ms=1500", concurrency=8, queues=1)
+    publish(conn, "orders", events(8))
+    exe = str(Path(sys.executable).with_name("eventpush"))
+    proc = subprocess.Popen([exe, "worker", "run", "w1", "--max-seconds", "60"])
+    deadline = time.monotonic() + 20
+    while rx.state.count["/slow"] < 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # all 8 requests are in flight, 1.5 s each
+    assert proc.wait(20) == 0
+    assert rows(conn, "SELECT count(*) FROM event_push_delivery") == [(8,)]
+    assert committed_everything(conn)
+    [(pid,)] = rows(conn, "SELECT pid FROM event_push_worker")
+    assert pid is None, "the lease is released"

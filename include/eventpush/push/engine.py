@@ -101,7 +101,7 @@ class Window:
 class Runner:
     """One rule-target pair being pushed by this worker."""
 
-    def __init__(self, target: Target, offsets: dict[int, int], settings: dict) -> None:
+    def __init__(self, target: Target, offsets: dict[int, int], settings: tuple) -> None:
         from eventpush.patterns import compile_pattern
         from eventpush.transforms import compile_transform
 
@@ -127,6 +127,7 @@ class Runner:
         self.apply(settings)
 
     def apply(self, settings: tuple) -> None:
+        """Apply (state, generation, controls) as read from the assignment."""
         state, _generation, controls = settings
         self.paused = state == "PAUSED" or bool(controls.get("paused", False))
         self.lane_limit = int(controls.get("lane_limit", 10_000))
@@ -147,9 +148,8 @@ class Runner:
 class DbSlot:
     """One database connection, used by one thread at a time, reconnected on failure."""
 
-    def __init__(self, url: str, engine: Engine, on_connect: Callable | None = None) -> None:
+    def __init__(self, url: str, on_connect: Callable | None = None) -> None:
         self.url = url
-        self.engine = engine
         self.on_connect = on_connect
         self.conn = None
         self.lock = asyncio.Lock()
@@ -241,11 +241,11 @@ class Engine:
             self.wid = await asyncio.to_thread(store.worker_id, boot, self.worker)
         finally:
             boot.close()
-        self.lease = DbSlot(self.url, self, lambda c: store.take_lease(c, self.worker, self.wid))
+        self.lease = DbSlot(self.url, lambda c: store.take_lease(c, self.worker, self.wid))
         await self.lease.call(lambda c: None, give_up_s=0)  # take the lease now or fail
-        self.aux = DbSlot(self.url, self)
+        self.aux = DbSlot(self.url)
         for _ in range(READER_CONNECTIONS):
-            self.readers.put_nowait(DbSlot(self.url, self))
+            self.readers.put_nowait(DbSlot(self.url))
         self.session = delivery.new_session()
         background = [
             asyncio.create_task(self._committer(), name="committer"),
@@ -296,8 +296,8 @@ class Engine:
         for runner in list(self.runners.values()):
             self._retire(runner)
         if self.sends:
-            grace = min(STOP_GRACE_S, max((r.target.timeout_ms for r in self.retired), default=0))
-            _, pending = await asyncio.wait(self.sends, timeout=grace / 1000 + 0.5)
+            longest_s = max((r.target.timeout_ms for r in self.retired), default=0) / 1000
+            _, pending = await asyncio.wait(self.sends, timeout=min(STOP_GRACE_S, longest_s) + 0.5)
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
