@@ -8,11 +8,14 @@ with three known users (admin, an editor with the ``user`` role, a ``viewer``). 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,7 +37,7 @@ ENV = {
     "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,editor:user,viewer:viewer",
     "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(HOME / "passwords.json"),
     "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-    "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+    "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(64),
     "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
     "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
     "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "60",
@@ -99,3 +102,33 @@ def order_events(n: int, start: int = 0, source: str = "app.orders") -> list[str
         json.dumps({"source": source, "detail-type": "created", "detail": {"n": start + i}})
         for i in range(n)
     ]
+
+
+class StandaloneWorker:
+    """``eventpush worker run``'s engine in a thread of its own, stopped on exit."""
+
+    def __init__(self, worker: str, url: str) -> None:
+        from eventpush.push import Engine
+
+        self.engine = Engine(worker, url)
+        self.loop = asyncio.new_event_loop()
+        self.report = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self.report = self.loop.run_until_complete(self.engine.run())
+
+    def __enter__(self) -> StandaloneWorker:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.loop.call_soon_threadsafe(self.engine.stop)
+        self.thread.join(30)
+
+
+def wait_for(predicate, timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 
 import pytest
 
 from eventpush.publish import publish
 from eventpush.receiver import Receiver
-from tests.airflow_fixtures import REPO, airflow_conn_env, airflow_db, order_events, seed
+from tests.airflow_fixtures import REPO, StandaloneWorker, order_events, seed, wait_for
 
-__all__ = ["airflow_conn_env", "airflow_db"]
+pytest_plugins = ["tests.airflow_fixtures"]
 
 CONF = {"slice_seconds": 30, "wait_timeout_s": 5}
 
@@ -99,45 +98,12 @@ def test_dag_run_fails_when_a_delivery_row_points_at_another_workers_runner(
     assert ("deliveries", "names_its_runner") in broken
 
 
-class _StandaloneWorker:
-    """``eventpush worker run``'s engine in a thread of its own, stopped on exit."""
-
-    def __init__(self, worker: str, url: str) -> None:
-        from eventpush.push import Engine
-
-        self.engine = Engine(worker, url)
-        self.loop = asyncio.new_event_loop()
-        self.report = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        self.report = self.loop.run_until_complete(self.engine.run())
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.loop.call_soon_threadsafe(self.engine.stop)
-        self.thread.join(30)
-
-
-def _wait_for(predicate, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def test_the_lease_holder_pushes_and_the_dag_skips_that_worker(push_dag, conn, airflow_conn_env):
-    from eventpush.controls import set_paused
-
     with Receiver() as rx:
-        seed(conn, f"{rx.url}/ok")
+        # slow targets: w1's events stay in flight in the standalone worker during the DAG run
+        seed(conn, f"{rx.url}/slow?ms=4000")
         publish(conn, "orders", order_events(5))
-        # w1 runs standalone, paused: it holds the lease and w1 visibly has work waiting
-        set_paused(conn, "worker", "w1", True)
-        with _StandaloneWorker("w1", airflow_conn_env) as standalone:
+        with StandaloneWorker("w1", airflow_conn_env) as standalone:
 
             def leased() -> bool:
                 with conn.cursor() as cur:
@@ -146,13 +112,10 @@ def test_the_lease_holder_pushes_and_the_dag_skips_that_worker(push_dag, conn, a
                 conn.rollback()
                 return held
 
-            _wait_for(leased)
+            wait_for(leased, what="the standalone worker's lease")
             run = push_dag.test(run_conf=CONF)
             states = _states(run)
-            assert len(rx.state.delivered("/ok")) == 5  # w2's, through the DAG
-            # resumed at run time, the standalone worker delivers w1's without a restart
-            set_paused(conn, "worker", "w1", False)
-            _wait_for(lambda: len(rx.state.delivered("/ok")) == 10)
+            wait_for(lambda: len(rx.state.delivered("/slow")) == 10, what="all deliveries")
         assert str(run.state) == "success", states
         # both sensors saw work; w1's push skipped (the lease is held elsewhere), w2's pushed
         assert states["worker.wait_for_work"] == ["success", "success"], states

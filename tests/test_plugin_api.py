@@ -1,0 +1,165 @@
+"""The plugin's API over HTTP, inside the real Airflow API server app, with Airflow's auth."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from eventpush.publish import publish
+from eventpush.receiver import Receiver
+from tests.airflow_fixtures import PASSWORDS, StandaloneWorker, order_events, seed, wait_for
+
+pytest_plugins = ["tests.airflow_fixtures"]
+
+
+@pytest.fixture(scope="module")
+def client(airflow_db):
+    from airflow.api_fastapi.app import create_app
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app("core")) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def tokens(client) -> dict[str, str]:
+    out = {}
+    for user, password in PASSWORDS.items():
+        r = client.post("/auth/token", json={"username": user, "password": password})
+        assert r.status_code == 201, r.text
+        out[user] = r.json()["access_token"]
+    return out
+
+
+@pytest.fixture
+def api(client, tokens, airflow_conn_env):
+    """Requests as a given user (None: no credentials), against this test's database."""
+    from eventpush import web
+
+    web._url_cache.clear()
+
+    def call(method: str, path: str, user: str | None = "viewer", **kw):
+        headers = {"Authorization": f"Bearer {tokens[user]}"} if user else {}
+        return client.request(method, f"/eventpush/api/{path}", headers=headers, **kw)
+
+    return call
+
+
+def test_reads_need_an_authenticated_user(api, conn):
+    seed(conn, "http://127.0.0.1:9/ok")
+    assert api("GET", "status", user=None).status_code == 401
+    r = api("GET", "status", user="viewer")
+    assert r.status_code == 200
+    body = r.json()
+    assert {w["worker"] for w in body["workers"]} == {"w1", "w2"}
+    runner = body["runners"][0]
+    for key in ("lag", "in_flight", "waiting", "delivered", "failed", "controls", "latest_metric"):
+        assert key in runner
+    assert "url" not in r.text and "secret" not in r.text
+    for path in ("audits", "failures", "metrics?minutes=5"):
+        assert api("GET", path).status_code == 200
+        assert api("GET", path, user=None).status_code == 401
+
+
+def test_a_forged_token_is_refused(client, airflow_conn_env):
+    r = client.get("/eventpush/api/status", headers={"Authorization": "Bearer not.a.jwt"})
+    assert r.status_code in (401, 403)
+
+
+def test_writes_need_an_editor(api, conn):
+    seed(conn, "http://127.0.0.1:9/ok")
+    body = {"scope": "worker", "name": "w1", "changes": {"pool_core": 4, "pool_max": 8}}
+    assert api("POST", "adjust", user=None, json=body).status_code == 401
+    assert api("POST", "adjust", user="viewer", json=body).status_code == 403
+    assert (
+        api("POST", "pause", user="viewer", json={"scope": "worker", "name": "w1"}).status_code
+        == 403
+    )
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM event_runtime_control")
+        assert cur.fetchone()[0] == 0  # nothing written by the refused calls
+    conn.rollback()
+    r = api("POST", "adjust", user="editor", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["controls"] == {"pool_core": 4, "pool_max": 8}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        ({"scope": "worker", "name": "w1", "changes": {"pool_core": 300}}, 422, "must not exceed"),
+        ({"scope": "worker", "name": "w1", "changes": {"pool_max": 0}}, 422, "from 1 to"),
+        ({"scope": "worker", "name": "w1", "changes": {"warp": 9}}, 422, "unknown"),
+        ({"scope": "worker", "name": "w1", "changes": {}}, 422, "nothing to adjust"),
+        ({"scope": "worker", "name": "nobody", "changes": {"pool_max": 4}}, 404, "unknown worker"),
+        (
+            {"scope": "runner", "name": "orders/orders-rule/t0", "changes": {"lane_limit": -1}},
+            422,
+            "lane_limit",
+        ),
+        ({"scope": "galaxy", "name": "w1", "changes": {"pool_max": 4}}, 422, "scope"),
+    ],
+)
+def test_impossible_adjustments_are_refused_with_the_reason(api, conn, body, status, says):
+    seed(conn, "http://127.0.0.1:9/ok")
+    r = api("POST", "adjust", user="admin", json=body)
+    assert r.status_code == status, r.text
+    assert says in r.text
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM event_runtime_control")
+        assert cur.fetchone()[0] == 0
+    conn.rollback()
+
+
+def test_adjust_pause_and_resume_reach_a_running_worker(api, conn, airflow_conn_env):
+    with Receiver() as rx:
+        runners = seed(conn, f"{rx.url}/ok", workers=("w1",))
+        from eventpush import catalog
+        from eventpush.catalog import TargetSpec
+
+        slow = catalog.create_target(
+            conn, "orders", "orders-rule", TargetSpec(name="slow", url=f"{rx.url}/slow?ms=1")
+        )
+        catalog.assign(conn)
+        with StandaloneWorker("w1", airflow_conn_env) as worker:
+            wait_for(lambda: worker.engine.runners, what="the worker to start")
+            # a pool adjustment reaches the running engine
+            r = api(
+                "POST",
+                "adjust",
+                user="editor",
+                json={"scope": "worker", "name": "w1", "changes": {"pool_core": 2, "pool_max": 4}},
+            )
+            assert r.status_code == 200, r.text
+            wait_for(lambda: worker.engine.settings.pool_max == 4, what="pool_max to reach it")
+            assert worker.engine.settings.pool_core == 2
+            # pausing one runner stops its deliveries; the other keeps going
+            r = api("POST", "pause", user="editor", json={"scope": "runner", "name": slow})
+            assert r.status_code == 200, r.text
+            time.sleep(3)  # past the engine's control interval
+            publish(conn, "orders", order_events(5))
+            wait_for(lambda: len(rx.state.delivered("/ok")) == 5, what="the running runner")
+            time.sleep(1)
+            assert rx.state.delivered("/slow") == []
+            status = api("GET", "status").json()
+            paused = {r["runner"]: r["state"] for r in status["runners"]}
+            assert paused == {runners["w1"]: "RUNNING", slow: "PAUSED"}
+            # resumed: the held-back events go out, no restart
+            assert (
+                api(
+                    "POST", "resume", user="editor", json={"scope": "runner", "name": slow}
+                ).status_code
+                == 200
+            )
+            wait_for(lambda: len(rx.state.delivered("/slow")) == 5, what="the resumed runner")
+
+
+def test_the_plugin_is_registered_with_its_nav_link(client, tokens):
+    r = client.get("/api/v2/plugins", headers={"Authorization": f"Bearer {tokens['admin']}"})
+    assert r.status_code == 200, r.text
+    (plugin,) = [p for p in r.json()["plugins"] if p["name"] == "eventpush"]
+    assert plugin["fastapi_apps"][0]["url_prefix"] == "/eventpush"
+    (view,) = plugin["external_views"]
+    assert view["destination"] == "nav" and view["href"] == "eventpush/dashboard"
+    assert client.get("/eventpush/dashboard").status_code == 401
