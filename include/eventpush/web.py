@@ -198,7 +198,8 @@ def svg_chart(
         f'<text x="{left}" y="16" class="title">{esc(title)}</text>'
     )
     if not pts:
-        return head + f'<text x="{left}" y="{height // 2}" class="empty">no data yet</text></svg>'
+        empty = f'<text x="{left}" y="{height // 2}" class="empty">no data yet</text></svg>'
+        return f'<div class="card">{head}{empty}</div>'
     x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
     x1 = x1 if x1 > x0 else x0 + 1
     ymax = _nice(max(p[1] for p in pts))
@@ -242,7 +243,7 @@ def svg_chart(
         f"{esc(label)}</span>"
         for i, label in enumerate(sorted(series))
     )
-    return "".join(parts) + f'<div class="legend">{legend}</div>'
+    return f'<div class="card">{"".join(parts)}<div class="legend">{legend}</div></div>'
 
 
 # --------------------------------------------------------------------------- page
@@ -257,7 +258,7 @@ th,td{padding:4px 10px;border-bottom:1px solid #eef1f4;text-align:right}
 th:first-child,td:first-child{text-align:left} th{background:#f6f8fa}
 .chart text{font:11px system-ui,sans-serif;fill:#555}.chart .title{font-size:13px;fill:#1d2733}
 .chart .grid{stroke:#eef1f4}.chart .empty{fill:#999}
-.legend{font-size:12px}.key{margin-right:12px}
+.legend{font-size:12px;max-width:640px}.key{margin-right:12px;white-space:nowrap}
 .key i{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
 .bad{color:#b3261e;font-weight:600}.ok{color:#1e7b34}
 button{font-size:12px;padding:2px 8px}
@@ -306,9 +307,9 @@ def render_dashboard(conn, minutes: int = 60) -> str:
         }
 
     charts = (
-        svg_chart("Lag per runner", points("lag"), "events")
-        + svg_chart("Throughput per runner", points("throughput"), "delivered/s")
-        + svg_chart("Failures per runner (total)", points("failed"), "records")
+        svg_chart("Lag per runner", points("lag"), "events", 430)
+        + svg_chart("Throughput per runner", points("throughput"), "delivered/s", 430)
+        + svg_chart("Failures per runner (total)", points("failed"), "records", 430)
     )
     worker_rows = [
         [
@@ -381,7 +382,7 @@ def render_dashboard(conn, minutes: int = 60) -> str:
 <meta http-equiv="refresh" content="15"><title>eventpush</title><style>{STYLE}</style>
 <script>{SCRIPT}</script></head><body>
 <h1>eventpush</h1><p class="muted">push progress, last {minutes} min · {now}</p>
-<div class="grid2 card" id="charts">{charts}</div>
+<div class="grid2" id="charts">{charts}</div>
 <h2>Workers</h2>{
         _table(["worker", "enabled", "heartbeat", "runners", "state", ""], worker_rows, {2, 5})
     }

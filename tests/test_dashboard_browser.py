@@ -1,0 +1,235 @@
+"""The dashboard in a real headless browser (Debian's chromium), served by the real Airflow API
+server app over loopback HTTP, logged in with the UI's session cookie. The screenshot is kept
+as artifacts/dashboard.png."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from eventpush import catalog
+from eventpush.catalog import TargetSpec
+from eventpush.publish import publish
+from eventpush.receiver import Receiver
+from tests.airflow_fixtures import PASSWORDS, REPO, order_events, seed, wait_for
+
+pytest_plugins = ["tests.airflow_fixtures"]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACT = REPO / "artifacts" / "dashboard.png"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
+
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(),
+    reason="chromium is not installed (apt-get install -y chromium)",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def api_server(airflow_db):
+    """The Airflow API server app (with the plugin) under uvicorn on a loopback port."""
+    import uvicorn
+    from airflow.api_fastapi.app import create_app
+
+    port = _free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app("core"), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, timeout=30, what="the API server")
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+class Browser:
+    """Headless chromium driven over the DevTools protocol (aiohttp websocket)."""
+
+    def __init__(self, profile: str) -> None:
+        self.proc = subprocess.Popen(
+            [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        port_file = Path(profile) / "DevToolsActivePort"
+        wait_for(port_file.exists, timeout=30, what="chromium to start")
+        wait_for(lambda: port_file.read_text().strip(), timeout=10, what="the DevTools port")
+        self.port = int(port_file.read_text().split()[0])
+        self.ids = iter(range(1, 1_000_000))
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    async def session(self, run):
+        import aiohttp
+
+        async with aiohttp.ClientSession() as http:
+            async with http.put(f"http://127.0.0.1:{self.port}/json/new?about:blank") as r:
+                target = await r.json()
+            async with http.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+                events: list[dict] = []
+
+                async def call(method: str, **params):
+                    msg_id = next(self.ids)
+                    await ws.send_json({"id": msg_id, "method": method, "params": params})
+                    async for msg in ws:
+                        data = json.loads(msg.data)
+                        if data.get("id") == msg_id:
+                            if "error" in data:
+                                raise RuntimeError(f"{method}: {data['error']}")
+                            return data.get("result", {})
+                        events.append(data)
+                    raise RuntimeError("DevTools connection closed")
+
+                return await run(call, events)
+
+
+def _fill(conn, url: str) -> None:
+    """Real traffic through the engine (deliveries, a 410 failure), then a history of metric
+    rows and an audit report so the charts have a past."""
+    from eventpush.push import run_worker
+
+    runners = seed(conn, f"{url}/ok")
+    gone = catalog.create_target(
+        conn, "orders", "orders-rule", TargetSpec(name="gone", url=f"{url}/gone", max_attempts=1)
+    )
+    catalog.assign(conn)
+    publish(conn, "orders", order_events(40))
+    for worker in ("w1", "w2"):
+        run_worker(worker, until_idle=True, max_seconds=30)
+    now = datetime.now(UTC)
+    with conn.cursor() as cur:
+        cur.execute("SELECT name, id, worker_id FROM event_target_runner")
+        ids = {name: (rid, wid) for name, rid, wid in cur.fetchall()}
+        rows = []
+        for k, name in enumerate([*runners.values(), gone]):
+            rid, wid = ids[name]
+            delivered = 0
+            for i in range(30):
+                ts = now - timedelta(minutes=30 - i)
+                rate = 40 + 25 * k + 15 * ((i * (k + 3)) % 7)
+                delivered += rate * 60
+                lag = max(0, int(800 * (1 + k) * (1 - i / 20)) + 30 * ((i * 5 + k) % 4))
+                failed = i * k if name == gone else 0
+                rows.append((ts, wid, rid, delivered, failed, lag, lag // 3, lag - lag // 3))
+        cur.executemany(
+            "INSERT INTO event_push_metric (ts, worker_id, runner_id, delivered, failed, lag, "
+            "in_flight, waiting, p50_ms, p99_ms) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 2, 9)",
+            rows,
+        )
+        cur.execute(
+            "INSERT INTO event_audit_report (bus, window_start, window_end, expected, delivered, "
+            "failed, missing, pending, duplicates, runners) "
+            "VALUES ('orders', %s, %s, 120, 80, 40, 0, 0, 0, %s)",
+            (
+                now - timedelta(hours=1),
+                now,
+                json.dumps(
+                    [
+                        {
+                            "runner": n,
+                            "expected": 40,
+                            "delivered": 0 if n == gone else 40,
+                            "failed": 40 if n == gone else 0,
+                            "missing": 0,
+                            "pending": 0,
+                            "duplicates": 0,
+                        }
+                        for n in [*runners.values(), gone]
+                    ]
+                ),
+            ),
+        )
+    conn.commit()
+
+
+def test_dashboard_renders_charts_in_a_real_browser(api_server, conn, airflow_conn_env):
+    from eventpush import web
+
+    web._url_cache.clear()
+    with Receiver() as rx:
+        _fill(conn, rx.url)
+    import httpx
+
+    token = httpx.post(
+        f"{api_server}/auth/token", json={"username": "viewer", "password": PASSWORDS["viewer"]}
+    ).json()["access_token"]
+
+    async def visit(call, events):
+        await call("Network.enable")
+        await call("Page.enable")
+        await call("Network.setCookie", name="_token", value=token, url=api_server, httpOnly=True)
+        await call(
+            "Emulation.setDeviceMetricsOverride",
+            width=1360,
+            height=1200,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+        await call("Page.navigate", url=f"{api_server}/eventpush/dashboard")
+        deadline = time.monotonic() + 20
+        probe = (
+            "JSON.stringify({ready: document.readyState, title: document.title,"
+            " charts: document.querySelectorAll('svg.chart').length,"
+            " lines: document.querySelectorAll('svg.chart polyline').length,"
+            " text: document.body ? document.body.innerText : ''})"
+        )
+        while True:
+            result = await call("Runtime.evaluate", expression=probe, returnByValue=True)
+            page = json.loads(result["result"]["value"])
+            if page["ready"] == "complete" and page["charts"]:
+                break
+            assert time.monotonic() < deadline, page
+            await asyncio.sleep(0.2)
+        shot = await call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+        unauth = await call("Network.deleteCookies", name="_token", url=api_server)
+        return page, base64.b64decode(shot["data"]), unauth
+
+    with tempfile.TemporaryDirectory(prefix="eventpush-chromium-") as profile:
+        browser = Browser(profile)
+        try:
+            page, png, _ = asyncio.run(browser.session(visit))
+        finally:
+            browser.close()
+    ARTIFACT.parent.mkdir(exist_ok=True)
+    ARTIFACT.write_bytes(png)
+    assert page["title"] == "eventpush"
+    assert page["charts"] == 3
+    assert page["lines"] >= 9  # three runners in each of the three charts
+    text = page["text"]
+    assert "orders/orders-rule/gone" in text and "Open failures" in text
+    assert "410" in text  # the real failure the engine recorded
+    assert "nothing missing" in text  # the last audit
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
