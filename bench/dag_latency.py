@@ -82,12 +82,6 @@ def make_catalog(url: str, sink: str) -> tuple[str, str]:
     return bus, worker
 
 
-def event(seq: int) -> str:
-    return json.dumps(
-        {"source": "bench.latency", "detail-type": "tick", "detail": {"seq": seq, "sent": 0}}
-    )
-
-
 def publish_one(conn, bus: str, seq: int) -> None:
     line = {"source": "bench.latency", "detail-type": "tick"}
     line["detail"] = {"seq": seq, "sent": time.time()}
