@@ -1,4 +1,5 @@
-# Sourced by ./dev. Sets up, idempotently: the venv, Java and the JDBC driver, PostgreSQL.
+# Sourced by ./dev. Sets up, idempotently: the venv, Debian packages (Java, the JDBC driver,
+# chromium, curl), PostgreSQL.
 # Exports EVENTPUSH_DATABASE_URL (the demo database) and EVENTPUSH_ADMIN_URL (a URL on the
 # same server with the right to create databases, which the tests use for their own).
 
@@ -48,9 +49,15 @@ PY
   echo "$want" > "$stamp"
 }
 
-setup_java() {
-  command -v java >/dev/null || apt_install openjdk-17-jre-headless
-  [ -f "$JDBC_JAR" ] || apt_install libpostgresql-jdbc-java
+setup_system_packages() {
+  # Java and the JDBC driver for Spark; chromium for the dashboard's browser test; curl for
+  # the Airflow launcher. Only what is missing is installed, in one apt run.
+  local missing=()
+  command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
+  [ -f "$JDBC_JAR" ] || missing+=(libpostgresql-jdbc-java)
+  command -v chromium >/dev/null || missing+=(chromium)
+  command -v curl >/dev/null || missing+=(curl)
+  [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
   export EVENTPUSH_JDBC_JAR="${EVENTPUSH_JDBC_JAR:-$JDBC_JAR}"
 }
 
@@ -113,7 +120,7 @@ PY
 
 setup_all() {
   setup_venv
-  setup_java
+  setup_system_packages
   setup_postgres
   export PATH="$VENV/bin:$PATH"
 }

@@ -111,19 +111,7 @@ def push_slice(worker: str, url: str, max_seconds: float) -> dict:
 
     with connection(url) as conn:
         before = snapshot(conn, worker)
-        report = run_worker(worker, until_idle=True, max_seconds=max_seconds, **_url_kwarg(url))
+        report = run_worker(worker, until_idle=True, max_seconds=max_seconds, url=url)
         after = snapshot(conn, worker)
     return {"report": report.as_dict(), "before": before, "after": after}
 
-
-def _url_kwarg(url: str) -> dict:
-    """``run_worker``'s database argument under whichever name the engine gives it."""
-    import inspect
-
-    from eventpush.push import run_worker
-
-    params = inspect.signature(run_worker).parameters
-    for name in ("database_url", "database_url_", "url"):
-        if name in params:
-            return {name: url}
-    raise TypeError("eventpush.push.run_worker takes no database URL argument")
