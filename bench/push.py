@@ -11,13 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,41 +27,10 @@ from common import machine, scratch_database  # noqa: E402
 from eventpush import catalog  # noqa: E402
 from eventpush.publish import publish  # noqa: E402
 from eventpush.push import run_worker  # noqa: E402
+from eventpush.receiver import ReceiverProcess  # noqa: E402
 
 PYTHON = sys.executable
 EXE = str(Path(sys.executable).with_name("eventpush"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ReceiverProcess:
-    def __enter__(self):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [PYTHON, "-m", "eventpush.receiver", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for _ in range(100):
-            try:
-                self.stats()
-                return self
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("receiver did not start")
-
-    def stats(self) -> dict:
-        with urllib.request.urlopen(self.url + "/_stats", timeout=5) as resp:
-            return json.loads(resp.read())
-
-    def __exit__(self, *exc):
-        self.proc.terminate()
-        self.proc.wait(10)
 
 
 def events(n: int, start: int = 0) -> list[str]:
@@ -107,37 +74,38 @@ def wrk_rate(url: str, seconds: int = 5, connections: int = 64) -> float:
     return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
 
 
-def bench_throughput(n: int = 20_000) -> None:
+def _drain(n: int, **spec) -> tuple[float, float, int]:
+    """Publish n events for four targets and push them all with one worker; returns the
+    receiver's wrk ceiling (same run), seconds and deliveries."""
     with ReceiverProcess() as rx, scratch_database() as url:
         conn = psycopg2.connect(url)
-        topology(conn, rx.url, ["/ok/a", "/ok/b", "/ok/c", "/ok/d"], concurrency=64)
+        topology(conn, rx.url, ["/ok/a", "/ok/b", "/ok/c", "/ok/d"], **spec)
         for i in range(0, n, 50_000):
             publish(conn, "orders", events(min(50_000, n - i), i))
         started = time.perf_counter()
         report = run_worker("w1", until_idle=True, max_seconds=600)
         elapsed = time.perf_counter() - started
-        rate = report.delivered / elapsed
         ceiling = wrk_rate(rx.url + "/ok/wrk")
+    return ceiling, elapsed, report.delivered
+
+
+def bench_throughput(n: int = 20_000) -> None:
+    ceiling, elapsed, delivered = _drain(n, concurrency=64)
+    rate = delivered / elapsed
     print(
-        f"throughput, 1 event/request, 4 targets: {report.delivered:,} deliveries in "
+        f"throughput, 1 event/request, 4 targets: {delivered:,} deliveries in "
         f"{elapsed:.1f} s = {rate:,.0f}/s; wrk on the same receiver {ceiling:,.0f} req/s; "
         f"ratio {rate / ceiling:.2f} (goal 0.50)"
     )
 
 
 def bench_batch(n: int = 200_000) -> None:
-    with ReceiverProcess() as rx, scratch_database() as url:
-        conn = psycopg2.connect(url)
-        topology(conn, rx.url, ["/ok/a", "/ok/b", "/ok/c", "/ok/d"], batch_size=100)
-        for i in range(0, n, 50_000):
-            publish(conn, "orders", events(min(50_000, n - i), i))
-        started = time.perf_counter()
-        report = run_worker("w1", until_idle=True, max_seconds=600)
-        elapsed = time.perf_counter() - started
-    rate = report.delivered / elapsed
+    ceiling, elapsed, delivered = _drain(n, batch_size=100)
+    rate = delivered / elapsed
     print(
-        f"throughput, batches of 100, 4 targets: {report.delivered:,} event deliveries in "
-        f"{elapsed:.1f} s = {rate:,.0f} events/s (goal 50,000: {rate / 50_000:.2f}x)"
+        f"throughput, batches of 100, 4 targets: {delivered:,} event deliveries in "
+        f"{elapsed:.1f} s = {rate:,.0f} events/s (goal 50,000: {rate / 50_000:.2f}x); "
+        f"requests/s {rate / 100:,.0f} vs wrk {ceiling:,.0f}"
     )
 
 

@@ -18,7 +18,6 @@ import random
 import subprocess
 import sys
 import time
-import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from rich.table import Table
 
 from eventpush import catalog
 from eventpush.publish import publish
+from eventpush.receiver import ReceiverProcess
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_DB = "eventpush_demo"
@@ -130,37 +130,6 @@ def demo_database() -> str:
 
     migrate(url)
     return url
-
-
-class ReceiverProcess:
-    """The demo receiver in a process of its own, so Airflow's task processes reach it."""
-
-    def __init__(self, port: int) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "eventpush.receiver", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for _ in range(100):
-            try:
-                self.stats()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("the demo receiver did not start")
-
-    def stats(self) -> dict:
-        with urllib.request.urlopen(self.url + "/_stats", timeout=5) as resp:
-            return json.loads(resp.read())
-
-    def recover(self, path: str) -> None:
-        req = urllib.request.Request(self.url + f"/_recover?path={path}", method="POST")
-        urllib.request.urlopen(req, timeout=5).close()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
 
 
 def airflow_env(url: str) -> dict[str, str]:

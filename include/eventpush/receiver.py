@@ -158,6 +158,58 @@ class Receiver:
         self._thread.join(10)
 
 
+class ReceiverProcess:
+    """The receiver in a process of its own (``python -m eventpush.receiver PORT``), for the
+    demo and benchmarks: Airflow's task processes reach it, and it does not share our GIL."""
+
+    def __init__(self, port: int | None = None) -> None:
+        import subprocess
+        import sys
+
+        if port is None:
+            import socket
+
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "eventpush.receiver", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(100):
+            try:
+                self.stats()
+                return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"the receiver did not start on port {port}")
+
+    def stats(self) -> dict:
+        import urllib.request
+
+        with urllib.request.urlopen(self.url + "/_stats", timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def recover(self, path: str) -> None:
+        import urllib.request
+
+        req = urllib.request.Request(self.url + f"/_recover?path={path}", method="POST")
+        urllib.request.urlopen(req, timeout=5).close()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+    def __enter__(self) -> ReceiverProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 def main() -> None:
     """``python -m eventpush.receiver [PORT]``: serve in the foreground."""
     import sys
