@@ -152,13 +152,19 @@ def propose(inputs: Inputs, tolerance: float = TOLERANCE) -> Proposal:
         pool.extend(sorted(shed))
         held[w] = [r for r in rs if r not in shed]
     placement = {r: w for w, rs in held.items() for r in rs}
-    heap = [(load[w] / capacity[w], w) for w in capacity]
-    heapq.heapify(heap)
+    # One heap per capacity: the best worker for a runner is the one whose relative load is
+    # lowest *after* taking it, and within one capacity that is the least loaded one.
+    heaps: dict[int, list] = {}
+    for w, c in capacity.items():
+        heaps.setdefault(c, []).append((load[w], w))
+    for heap in heaps.values():
+        heapq.heapify(heap)
     for r in sorted(pool, key=lambda r: (-weight[r], r)):
-        _, w = heapq.heappop(heap)
+        c = min(heaps, key=lambda c: ((heaps[c][0][0] + weight[r]) / c, heaps[c][0][1]))
+        _, w = heapq.heappop(heaps[c])
         placement[r] = w
         load[w] += weight[r]
-        heapq.heappush(heap, (load[w] / capacity[w], w))
+        heapq.heappush(heaps[c], (load[w], w))
     moves = sum(1 for r, w in placement.items() if current.get(r) != w)
     return Proposal(
         assignment=placement,
