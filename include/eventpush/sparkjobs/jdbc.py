@@ -80,7 +80,13 @@ def offset_predicates(ranges: list[QueueRange], slice_size: int = DEFAULT_SLICE)
     return predicates
 
 
-EVENT_COLUMNS = 'bus_id, queue_id, "offset", message_id, ctime, body::text AS body'
+# ``nested``: the body holds an array directly inside an array, which only the Python rule
+# engine evaluates (see pattern_sql); PostgreSQL tells, so Spark can split rows without
+# reading the bus twice.
+EVENT_COLUMNS = (
+    'bus_id, queue_id, "offset", message_id, ctime, body::text AS body, '
+    "body::text ~ '[\\[,]\\s*\\[' AS nested"
+)
 
 
 def read_events(
@@ -98,7 +104,7 @@ def read_events(
     if not predicates:
         schema = (
             "bus_id INT, queue_id INT, offset BIGINT, message_id STRING, "
-            "ctime TIMESTAMP, body STRING"
+            "ctime TIMESTAMP, body STRING, nested BOOLEAN"
         )
         return spark.createDataFrame([], schema)
     df = read_query(spark, db, f"SELECT {EVENT_COLUMNS} FROM bus_event", predicates)

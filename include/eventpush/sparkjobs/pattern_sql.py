@@ -278,9 +278,11 @@ def _field(ev, path: str, values: list, cache: dict):
     from pyspark.sql import functions as F
 
     preds, exists_true, exists_false = _leaf_matchers(values)
-    if path not in cache:  # rules share paths (source, detail-type): build each one once
-        cache[path] = _variant_leaves(ev, tuple(path.split(".")))
-    leaves = cache[path]
+    if path not in cache:
+        # Each path's leaves become a column of their own, computed once per row however
+        # many rules and tests read them (rules share paths: source, detail-type, ...).
+        cache[path] = (f"_leaves{len(cache)}", _variant_leaves(ev, tuple(path.split("."))))
+    leaves = F.col(cache[path][0])
     present = F.size(leaves) > 0
     if exists_true:
         return present | F.lit(exists_false)
@@ -322,8 +324,10 @@ def _object(ev, obj: dict, prefix: str, cache: dict):
 
 def compile_pattern_sql(pattern, ev, cache: dict | None = None):
     """A boolean Column for ``pattern`` over the VARIANT column ``ev``, or None when the
-    pattern needs the Python engine. Invalid patterns raise InvalidPatternError. Patterns
-    compiled with one ``cache`` share the leaf extraction of their common paths."""
+    pattern needs the Python engine. Invalid patterns raise InvalidPatternError.
+
+    The Column reads one column per field path, which ``cache`` (path -> (column name,
+    leaves expression)) tells the caller to add first: see ``with_matching_runners``."""
     compiled = compile_pattern(pattern)  # validation, with the engine's messages
     doc = json.loads(compiled.source_json)
     if _has_non_finite(doc):
@@ -403,15 +407,19 @@ def with_matching_runners(
         ),
         lambda x: x.isNotNull(),
     )
-    nested = F.col(body).rlike(NESTED_ARRAYS)
+    # A ``nested`` column computed at the source (jdbc.read_events) lets a pushed-down filter
+    # split the rows; otherwise the same test runs here.
+    nested = F.col("nested") if "nested" in events.columns else F.col(body).rlike(NESTED_ARRAYS)
+    leaf_columns = [expr.alias(name) for name, expr in cache.values()]
     simple = (
         events.where(~nested)
         .withColumn("_ev", F.try_parse_json(F.col(body)))
+        .select("*", *leaf_columns)
         .withColumn(
             "runner_ids",
             F.concat(sql_ids, python_udf(py_rules)) if py_rules else sql_ids,
         )
-        .drop("_ev")
+        .drop("_ev", *(name for name, _ in cache.values()))
     )
     all_rules = sql_rules + py_rules
     complex_rows = events.where(nested).withColumn("runner_ids", python_udf(all_rules))
