@@ -47,6 +47,16 @@ def test_audit_finds_exactly_the_deleted_deliveries(db_url, conn, spark):  # noq
     assert got[b].expected == 15 and got[b].delivered == 15 and got[b].missing == 0
     assert got[b].duplicates == 1 and got[a].duplicates == 0
 
+    # exactly the deleted records, no others
+    from eventpush.db import connection, transaction
+    from eventpush.sparkjobs.audit import classify, load_scope
+
+    with connection(db_url) as c, transaction(c) as cur:
+        scope = load_scope(cur)
+    records = classify(spark, db_url, scope).where("state = 'missing'").collect()
+    assert sorted((r["queue_id"], r["offset"]) for r in records) == deleted
+    assert {r["runner_id"] for r in records} == {scope.runners[0].runner_id}
+
     with conn.cursor() as cur:
         cur.execute(
             "SELECT missing, expected, runners FROM event_audit_report WHERE id = %s",
