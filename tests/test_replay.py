@@ -27,8 +27,8 @@ def audit_of(spark, db_url, runner):  # noqa: F811
 def test_missing_replay_repairs_the_gap_and_second_audit_is_clean(
     db_url,
     conn,
-    spark,
-    receiver,  # noqa: F811
+    spark,  # noqa: F811
+    receiver,
 ):
     runner = make_runner(
         conn, "orders", "all", "crm", {"source": ["app.orders"]}, url=f"{receiver.url}/ok"
