@@ -1,54 +1,19 @@
 """The ``eventpush`` command. The commands and their meaning are a contract (DESIGN.md).
 
-Exit codes: 0 success; 1 the audit found missing deliveries; 2 refused input (the message
-says what and where); 3 the database or configuration is unusable.
+Exit codes are in ``cli_common``: 0 success, 1 missing deliveries, 2 refused input, 3 the
+database or configuration is unusable.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from eventpush import catalog
-from eventpush.config import ConfigError
-from eventpush.controls import ControlError
-from eventpush.db import StoreError, connection
-
-EXIT_INPUT = 2
-EXIT_STORE = 3
-
-out = Console()
-err = Console(stderr=True)
-
-
-def fail(message: str, code: int = EXIT_INPUT) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    sys.exit(code)
-
-
-def handles_errors(func):
-    """One-line errors instead of tracebacks for everything a user can get wrong."""
-    from eventpush.publish import MalformedEventError
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except (catalog.CatalogError, MalformedEventError, ControlError) as exc:
-            fail(str(exc))
-        except (ConfigError, StoreError) as exc:
-            fail(str(exc), EXIT_STORE)
-
-    return wrapper
-
-
-def print_json(doc: object) -> None:
-    click.echo(json.dumps(doc, indent=2, default=str))
+from eventpush.cli_common import EXIT_STORE, fail, handles_errors, out, print_json
+from eventpush.db import connection
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

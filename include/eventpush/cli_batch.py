@@ -2,27 +2,18 @@
 
 Each runs its Spark job in-process (local mode unless ``EVENTPUSH_SPARK_MASTER`` or the
 ``spark_default`` connection says otherwise). Registered on the main group by ``cli.py``.
-Exit codes as ``cli.py``: 0 success; 1 the audit found missing deliveries; 2 refused input;
-3 the database or configuration is unusable.
+Exit codes are in ``cli_common``.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import sys
 from datetime import UTC, datetime
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-EXIT_MISSING = 1
-EXIT_INPUT = 2
-EXIT_STORE = 3
-
-out = Console()
-err = Console(stderr=True)
+from eventpush.cli_common import EXIT_MISSING, err, fail, handles_errors, out, print_json
 
 
 class IsoTime(click.ParamType):
@@ -43,40 +34,11 @@ class IsoTime(click.ParamType):
 ISO_TIME = IsoTime()
 
 
-def fail(message: str, code: int = EXIT_INPUT) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    sys.exit(code)
-
-
-def handles_errors(func):
-    """One-line errors for what a user can get wrong; no secret ever reaches the message."""
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        from eventpush.catalog import CatalogError
-        from eventpush.config import ConfigError
-        from eventpush.db import StoreError
-        from eventpush.sparkjobs.session import SparkSetupError
-
-        try:
-            return func(*args, **kwargs)
-        except (CatalogError, ValueError) as exc:
-            fail(str(exc))
-        except (ConfigError, StoreError, SparkSetupError) as exc:
-            fail(str(exc), EXIT_STORE)
-
-    return wrapper
-
-
 def check_window(since: datetime | None, until: datetime | None) -> None:
     if since and until and until <= since:
         raise ValueError(
             f"--until ({until.isoformat()}) must be after --since ({since.isoformat()})"
         )
-
-
-def print_json(doc: object) -> None:
-    click.echo(json.dumps(doc, indent=2, default=str))
 
 
 def _spark():

@@ -1,0 +1,52 @@
+"""What every ``eventpush`` command shares: consoles, exit codes, one-line errors, JSON output.
+
+Exit codes: 0 success; 1 the audit found missing deliveries (or a check refused a result);
+2 refused input (the message says what and where); 3 the database, Spark or the
+configuration is unusable.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+from rich.console import Console
+
+EXIT_MISSING = 1
+EXIT_INPUT = 2
+EXIT_STORE = 3
+
+out = Console()
+err = Console(stderr=True)
+
+
+def fail(message: str, code: int = EXIT_INPUT) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def handles_errors(func):
+    """One-line errors instead of tracebacks for everything a user can get wrong. Input
+    errors are ValueErrors (catalog, patterns, events, controls, replay requests); the
+    messages carry no secret."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        from eventpush.config import ConfigError
+        from eventpush.db import StoreError
+        from eventpush.sparkjobs.session import SparkSetupError
+
+        try:
+            return func(*args, **kwargs)
+        except ValueError as exc:
+            fail(str(exc))
+        except (ConfigError, StoreError, SparkSetupError) as exc:
+            fail(str(exc), EXIT_STORE)
+
+    return wrapper
+
+
+def print_json(doc: object) -> None:
+    click.echo(json.dumps(doc, indent=2, default=str))
