@@ -273,3 +273,29 @@ def test_sigterm_lets_in_flight_requests_finish_and_commits(conn, rx, cli):
     assert committed_everything(conn)
     [(pid,)] = rows(conn, "SELECT pid FROM event_push_worker")
     assert pid is None, "the lease is released"
+
+
+def test_a_running_worker_picks_up_a_new_assignment_without_restart(conn, rx):
+    setup_runner(conn, rx, "/ok/a")
+    catalog.create_worker(conn, "w2")
+    result = {}
+    thread = threading.Thread(
+        target=lambda: result.update(report=run_worker("w2", max_seconds=10)), daemon=True
+    )
+    thread.start()
+    publish(conn, "orders", events(10))
+    time.sleep(1.0)
+    assert rx.state.count["/ok/a"] == 0, "w2 has no runner yet"
+    with conn.cursor() as cur:  # what a rebalance applies: the runner moves to w2
+        cur.execute(
+            "UPDATE event_target_runner SET worker_id = "
+            "(SELECT id FROM event_push_worker WHERE name = 'w2'), generation = generation + 1"
+        )
+    conn.commit()
+    deadline = time.monotonic() + 6
+    while rx.state.count["/ok/a"] < 10 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rx.state.count["/ok/a"] == 10
+    thread.join(20)
+    assert result["report"].delivered == 10
+    assert committed_everything(conn)

@@ -146,7 +146,6 @@ class Receiver:
         self._runner = runner
         self._started.set()
         self._loop.run_forever()
-        self._loop.run_until_complete(runner.cleanup())
 
     def __enter__(self) -> Receiver:
         self._thread.start()
@@ -154,8 +153,13 @@ class Receiver:
         return self
 
     def __exit__(self, *exc) -> None:
+        # Clean up on the receiver's own loop (cancelling handlers such as /hang), then stop it.
+        done = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        with contextlib.suppress(Exception):
+            done.result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()
 
 
 class ReceiverProcess:
