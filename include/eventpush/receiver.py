@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -167,7 +168,6 @@ class ReceiverProcess:
     demo and benchmarks: Airflow's task processes reach it, and it does not share our GIL."""
 
     def __init__(self, port: int | None = None) -> None:
-        import subprocess
         import sys
 
         if port is None:
@@ -205,7 +205,11 @@ class ReceiverProcess:
 
     def stop(self) -> None:
         self.proc.terminate()
-        self.proc.wait(10)
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:  # handlers such as /hang hold a graceful stop up
+            self.proc.kill()
+            self.proc.wait(5)
 
     def __enter__(self) -> ReceiverProcess:
         return self
