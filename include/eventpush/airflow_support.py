@@ -114,4 +114,3 @@ def push_slice(worker: str, url: str, max_seconds: float) -> dict:
         report = run_worker(worker, until_idle=True, max_seconds=max_seconds, url=url)
         after = snapshot(conn, worker)
     return {"report": report.as_dict(), "before": before, "after": after}
-
