@@ -59,8 +59,9 @@ def test_push_dag_shape(dagbag):
 PROBE = textwrap.dedent(
     """
     import importlib.util, json, os, sys, time
-    import airflow.sdk  # the DAG processor has Airflow loaded already
+    import airflow.sdk  # the DAG processor has Airflow loaded already,
     import airflow.triggers.base
+    import airflow.models.dagrun  # its models included (TriggerDagRunOperator needs them)
     for path in sys.argv[1:]:
         sys.stdout.flush()
         pid = os.fork()  # each file starts from the same warm interpreter, isolated
