@@ -49,3 +49,17 @@ def connection(url: str | None = None) -> Iterator[Connection]:
         yield conn
     finally:
         conn.close()
+
+
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def copy_text(value: object) -> str:
+    """A field for COPY's text format: NULL as \\N, escapes only when a field needs them
+    (JSON bodies rarely do, and this sits on the publish and commit hot paths)."""
+    if value is None:
+        return "\\N"
+    text = str(value)
+    if "\\" in text or "\t" in text or "\n" in text or "\r" in text:
+        return text.translate(_COPY_ESCAPES)
+    return text

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from eventpush.db import Connection, transaction
+from eventpush.db import Connection, copy_text, transaction
 
 MAX_EVENT_BYTES = 256 * 1024  # EventBridge's PutEvents entry limit
 
@@ -120,14 +120,6 @@ def prepare_event(
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
-_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-
-
-def _copy(text: str) -> str:
-    """Text for COPY's text format; JSON bodies rarely hold a backslash, so check first."""
-    if "\\" in text or "\t" in text or "\n" in text or "\r" in text:
-        return text.translate(_COPY_ESCAPES)
-    return text
 
 
 def iter_events(
@@ -224,9 +216,9 @@ def publish(
                 next_offset[event.queue_id] = offset + 1
                 per_queue[event.queue_id] = per_queue.get(event.queue_id, 0) + 1
                 chunk.append(
-                    f"{bus_id}\t{event.queue_id}\t{offset}\t{_copy(event.message_id)}"
-                    f"\t{_copy(event.source)}\t{_copy(event.detail_type)}\t{event.time}"
-                    f"\t{event.size}\t{_copy(event.body)}\n"
+                    f"{bus_id}\t{event.queue_id}\t{offset}\t{copy_text(event.message_id)}"
+                    f"\t{copy_text(event.source)}\t{copy_text(event.detail_type)}\t{event.time}"
+                    f"\t{event.size}\t{copy_text(event.body)}\n"
                 )
                 if len(chunk) == 1000:
                     yield "".join(chunk)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import psycopg2
 import psycopg2.extras
 
-from eventpush.db import Connection, connect, transaction
+from eventpush.db import Connection, connect, copy_text, transaction
 from eventpush.delivery import Target, load_targets
 
 LEASE_NAMESPACE = 0x45_50  # first key of the advisory lock; the worker id is the second
@@ -166,13 +166,6 @@ def read_window(conn: Connection, bus_id: int, queue_id: int, start: int, stop: 
         return cur.fetchall()
 
 
-_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-
-
-def _copy_text(value: object) -> str:
-    return "\\N" if value is None else str(value).translate(_COPY_ESCAPES)
-
-
 def commit(
     conn: Connection,
     wid: int,
@@ -195,8 +188,8 @@ def commit(
             buf = io.StringIO()
             for d in deliveries:
                 buf.write(
-                    f"{d.runner_id}\t{_copy_text(d.runner)}\t{_copy_text(d.bus)}\t{d.queue_id}\t"
-                    f"{d.offset}\t{_copy_text(d.message_id)}\t{d.attempts}\t{d.http_status}\t"
+                    f"{d.runner_id}\t{copy_text(d.runner)}\t{copy_text(d.bus)}\t{d.queue_id}\t"
+                    f"{d.offset}\t{copy_text(d.message_id)}\t{d.attempts}\t{d.http_status}\t"
                     f"{d.latency_ms:.3f}\n"
                 )
             buf.seek(0)
