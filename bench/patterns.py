@@ -2,7 +2,7 @@
 
 Two workloads, compile time excluded from both:
 
-1. The conformance corpus (``../shared/conformance/event-patterns``, or
+1. The conformance corpus (``tests/conformance/event-patterns``, or
    ``EVENTPUSH_CONFORMANCE_DIR``): every valid pattern matched against every event of the
    corpus, and each pattern against its own event.
 2. 500 rules against one event: naively (every rule evaluated) and through ``RuleIndex``.
@@ -28,14 +28,14 @@ import json5
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "include"))
 
-from eventpush.patterns import InvalidPatternError, RuleIndex, compile_pattern  # noqa: E402
+from eventpush.rules.patterns import InvalidPatternError, RuleIndex, compile_pattern  # noqa: E402
 
 REFERENCE_EVALS_PER_SECOND = 58_000
 GOAL_FACTOR = 3
 
 
 def conformance_dir() -> Path:
-    default = Path(__file__).resolve().parents[1].parent / "shared" / "conformance"
+    default = Path(__file__).resolve().parents[1] / "tests" / "conformance"
     return Path(os.environ.get("EVENTPUSH_CONFORMANCE_DIR", default / "event-patterns"))
 
 

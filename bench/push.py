@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/push.py [all|throughput|batch|latency|isolation|memory]
 
-The receiver (``python -m eventpush.receiver``) runs in a process of its own on loopback;
+The receiver (``python -m eventpush.demo.receiver``) runs in a process of its own on loopback;
 wrk hits the same receiver in the same run, so the ratio compares like with like.
 """
 
@@ -24,9 +24,9 @@ import psycopg2  # noqa: E402
 from common import machine, scratch_database  # noqa: E402
 
 from eventpush import catalog  # noqa: E402
+from eventpush.demo.receiver import ReceiverProcess  # noqa: E402
 from eventpush.publish import publish  # noqa: E402
 from eventpush.push import run_worker  # noqa: E402
-from eventpush.receiver import ReceiverProcess  # noqa: E402
 
 PYTHON = sys.executable
 EXE = str(Path(sys.executable).with_name("eventpush"))

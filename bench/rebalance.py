@@ -73,7 +73,7 @@ def placement(runners: int, workers: int) -> None:
 def full(runners: int, workers: int) -> None:
     import psycopg2
 
-    from eventpush import quality
+    from eventpush.quality import batch as quality
     from eventpush.sparkjobs.session import get_spark
 
     spark = get_spark("local[*]", app_name="bench-rebalance")

@@ -69,7 +69,7 @@ def main() -> None:
 
     port = free_port()
     receiver = subprocess.Popen(
-        [sys.executable, "-m", "eventpush.receiver", str(port)],
+        [sys.executable, "-m", "eventpush.demo.receiver", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

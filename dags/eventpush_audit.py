@@ -19,15 +19,12 @@ Hourly over its data interval, and on demand for any window (the form's `since` 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_context, task
 
-from eventpush.sparkjobs.airflow_ops import EventpushSparkSubmitOperator
-
-JOBS = Path(__file__).resolve().parents[1] / "spark_jobs"
+from eventpush.airflow.spark_submit import spark_job
 
 
 @dag(
@@ -72,7 +69,7 @@ def eventpush_audit() -> None:
         """The window and bus to audit, and the job's arguments."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from eventpush.airflow_support import database_url
+        from eventpush.airflow.connection import database_url
         from eventpush.db import connection, transaction
 
         context = get_current_context()
@@ -91,18 +88,12 @@ def eventpush_audit() -> None:
         return {"since": since, "until": until, "bus": bus, "args": args}
 
     spec = window()
-    job = EventpushSparkSubmitOperator(
-        task_id="audit_job",
-        application=str(JOBS / "audit.py"),
-        conn_id="spark_default",
-        name="eventpush-audit",
-        application_args="{{ ti.xcom_pull(task_ids='window')['args'] }}",
-    )
+    job = spark_job("audit", "ti.xcom_pull(task_ids='window')['args']")
 
     @task
     def report(spec: dict[str, Any]) -> dict[str, Any]:
         """The report the job wrote for this window."""
-        from eventpush.airflow_support import database_url
+        from eventpush.airflow.connection import database_url
         from eventpush.db import connection, transaction
 
         with connection(database_url()) as conn, transaction(conn) as cur:
@@ -122,8 +113,8 @@ def eventpush_audit() -> None:
     @task
     def check(report: dict[str, Any]) -> dict[str, Any]:
         """Great Expectations: no missing record, counts add up. Fails the run otherwise."""
-        from eventpush.airflow_support import database_url
-        from eventpush.quality import check_audit
+        from eventpush.airflow.connection import database_url
+        from eventpush.quality.batch import check_audit
 
         label = f"{get_current_context()['dag_run'].run_id} report {report['report_id']}"
         return check_audit(report["runners"], label, database_url()).statistics

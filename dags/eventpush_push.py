@@ -6,7 +6,7 @@ Runs continuously, one run at a time. Each run:
 1. **list_workers**: the enabled push workers that have runners assigned.
 2. For each of them (dynamic task mapping over the task group `worker`):
    - **wait_for_work**: a deferrable sensor. It checks once, then hands the wait to
-     `eventpush.triggers.WorkerWorkTrigger` in the triggerer (no worker slot held) until the
+     `eventpush.airflow.triggers.WorkerWorkTrigger` in the triggerer (no worker slot held) until the
      worker's runners have new events or retries due. After `wait_timeout_s` (a run param,
      300 s by default) without work it skips, the run ends quietly and the next one starts.
    - **push**: the push engine for that worker for one bounded slice (until idle, or the
@@ -27,7 +27,7 @@ from typing import Any
 
 from airflow.sdk import Param, dag, get_current_context, task, task_group
 
-from eventpush.triggers import WorkerWorkSensor
+from eventpush.airflow.triggers import WorkerWorkSensor
 
 WAIT_TIMEOUT_S = 300.0
 POLL_INTERVAL_S = 5.0
@@ -64,7 +64,8 @@ def eventpush_push() -> None:
         empty deployment does not spin the continuous schedule."""
         import time
 
-        from eventpush.airflow_support import database_url, push_workers
+        from eventpush.airflow.connection import database_url
+        from eventpush.airflow.push_slice import push_workers
 
         url = database_url()
         deadline = time.monotonic() + NO_WORKERS_BACKOFF_S
@@ -78,7 +79,8 @@ def eventpush_push() -> None:
         and after snapshots the check compares."""
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from eventpush.airflow_support import database_url, push_slice
+        from eventpush.airflow.connection import database_url
+        from eventpush.airflow.push_slice import push_slice
         from eventpush.push import WorkerBusyError
 
         budget = float(get_current_context()["params"]["slice_seconds"])
@@ -92,8 +94,8 @@ def eventpush_push() -> None:
     @task
     def check(result: dict[str, Any]) -> dict[str, Any]:
         """The Great Expectations check of the slice; raises ``CheckFailed`` when it breaks."""
-        from eventpush.airflow_support import database_url
-        from eventpush.push_checks import check_push_slice
+        from eventpush.airflow.connection import database_url
+        from eventpush.quality.push_slice import check_push_slice
 
         label = f"{get_current_context()['dag_run'].run_id}/{result['before']['worker']}"
         outcome = check_push_slice(

@@ -17,14 +17,11 @@ Every 10 minutes, and on demand.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from eventpush.sparkjobs.airflow_ops import EventpushSparkSubmitOperator
-
-JOBS = Path(__file__).resolve().parents[1] / "spark_jobs"
+from eventpush.airflow.spark_submit import spark_job
 
 
 @dag(
@@ -58,7 +55,7 @@ def eventpush_rebalance() -> None:
         """Workers and runners are there to balance; the job's arguments."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from eventpush.airflow_support import database_url
+        from eventpush.airflow.connection import database_url
         from eventpush.db import connection, transaction
 
         context = get_current_context()
@@ -75,18 +72,12 @@ def eventpush_rebalance() -> None:
         args += ["--window-minutes", str(params["window_minutes"])]
         return args + (["--dry-run"] if params["dry_run"] else [])
 
-    job = EventpushSparkSubmitOperator(
-        task_id="rebalance_job",
-        application=str(JOBS / "rebalance.py"),
-        conn_id="spark_default",
-        name="eventpush-rebalance",
-        application_args="{{ ti.xcom_pull(task_ids='check_inputs') }}",
-    )
+    job = spark_job("rebalance", "ti.xcom_pull(task_ids='check_inputs')")
 
     @task
     def report() -> dict[str, Any]:
         """The proposal check's outcome and the assignment's current generation."""
-        from eventpush.airflow_support import database_url
+        from eventpush.airflow.connection import database_url
         from eventpush.db import connection, transaction
 
         run_id = get_current_context()["dag_run"].run_id

@@ -22,14 +22,11 @@ Safe to run twice: what the first run delivered is not pushed again by a second 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from eventpush.sparkjobs.airflow_ops import EventpushSparkSubmitOperator
-
-JOBS = Path(__file__).resolve().parents[1] / "spark_jobs"
+from eventpush.airflow.spark_submit import spark_job
 
 
 def optional(kind: str, title: str, description: str, **schema: Any) -> Param:
@@ -87,7 +84,7 @@ def eventpush_replay() -> None:
         """Refuse impossible requests with a clear message; the job's arguments otherwise."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from eventpush.airflow_support import database_url
+        from eventpush.airflow.connection import database_url
         from eventpush.db import connection, transaction
         from eventpush.sparkjobs.replay import (
             ReplayRequestError,
@@ -106,18 +103,12 @@ def eventpush_replay() -> None:
         return job_args(request)
 
     args = check_request()
-    job = EventpushSparkSubmitOperator(
-        task_id="replay_job",
-        application=str(JOBS / "replay.py"),
-        conn_id="spark_default",
-        name="eventpush-replay",
-        application_args="{{ ti.xcom_pull(task_ids='check_request') }}",
-    )
+    job = spark_job("replay", "ti.xcom_pull(task_ids='check_request')")
 
     @task
     def report() -> dict[str, Any]:
         """The counts of this run's replay, as recorded by the job."""
-        from eventpush.airflow_support import database_url
+        from eventpush.airflow.connection import database_url
         from eventpush.db import connection, transaction
 
         run_id = get_current_context()["dag_run"].run_id

@@ -18,3 +18,4 @@ RUN pip install --no-cache-dir -r /opt/eventpush/requirements.lock \
 COPY --chown=airflow:root dags /opt/airflow/dags
 COPY --chown=airflow:root plugins /opt/airflow/plugins
 COPY --chown=airflow:root spark_jobs /opt/eventpush/spark_jobs
+ENV EVENTPUSH_SPARK_JOBS=/opt/eventpush/spark_jobs

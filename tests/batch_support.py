@@ -15,8 +15,8 @@ import pytest
 
 from eventpush import catalog
 from eventpush.catalog import TargetSpec
-from eventpush.patterns import compile_pattern
 from eventpush.publish import publish
+from eventpush.rules.patterns import compile_pattern
 
 
 @pytest.fixture(scope="session")

@@ -86,7 +86,7 @@ def test_audit_pending_window_and_start_offset(db_url, conn, spark):  # noqa: F8
 
 
 def test_audit_cli_json_and_exit_code(db_url, conn, spark):  # noqa: F811
-    from eventpush.cli_batch import audit
+    from eventpush.cli.batch import audit
 
     a = make_runner(conn, "orders", "created", "crm", {"source": ["app.orders"]})
     publish_lines(conn, "orders", events(6))

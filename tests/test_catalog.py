@@ -2,7 +2,8 @@
 
 import pytest
 
-from eventpush import catalog, controls
+from eventpush import catalog
+from eventpush.push import controls
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 

@@ -51,7 +51,7 @@ def test_push_dag_shape(dagbag):
         "worker.check",
     }
     sensor = dag.get_task("worker.wait_for_work")
-    assert type(sensor).__module__ == "eventpush.triggers"  # the trigger is not in dags/
+    assert type(sensor).__module__ == "eventpush.airflow.triggers"  # the trigger is not in dags/
     assert dag.get_task("worker.check").upstream_task_ids == {"worker.push"}
     assert dag.get_task("worker.push").upstream_task_ids == {"worker.wait_for_work", "list_workers"}
 

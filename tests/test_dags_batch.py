@@ -11,7 +11,7 @@ import pytest
 from batch_support import events, make_runner, publish_lines, simulate_push
 
 from eventpush import catalog
-from eventpush.receiver import Receiver
+from eventpush.demo.receiver import Receiver
 from tests.airflow_fixtures import REPO, airflow_conn_env, airflow_db
 
 __all__ = ["airflow_conn_env", "airflow_db"]

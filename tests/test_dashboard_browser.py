@@ -20,8 +20,8 @@ import pytest
 
 from eventpush import catalog
 from eventpush.catalog import TargetSpec
+from eventpush.demo.receiver import Receiver
 from eventpush.publish import publish
-from eventpush.receiver import Receiver
 from tests.airflow_fixtures import PASSWORDS, REPO, order_events, seed, wait_for
 
 pytest_plugins = ["tests.airflow_fixtures"]
@@ -176,7 +176,7 @@ def _fill(conn, url: str) -> None:
 
 
 def test_dashboard_renders_charts_in_a_real_browser(api_server, conn, airflow_conn_env):
-    from eventpush import web
+    from eventpush.airflow import web
 
     web._url_cache.clear()
     with Receiver() as rx:

@@ -1,5 +1,5 @@
 """Spark SQL evaluation of event patterns equals the Python engine: on every case of the
-shared conformance corpus, on the corpus's patterns crossed with all its events, and on
+conformance corpus (tests/conformance), on the corpus's patterns crossed with all its events, and on
 cases built to stress the parts SQL finds hard (dotted keys, arrays, types)."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import json5
 import pytest
 from batch_support import spark  # noqa: F401
 
-from eventpush.patterns import InvalidPatternError, compile_pattern
+from eventpush.rules.patterns import InvalidPatternError, compile_pattern
 from eventpush.sparkjobs.pattern_sql import compile_pattern_sql, with_matching_runners
 
 CONFORMANCE_DIR = Path(
     os.environ.get(
         "EVENTPUSH_CONFORMANCE_DIR",
-        Path(__file__).resolve().parents[1].parent / "shared" / "conformance" / "event-patterns",
+        Path(__file__).resolve().parent / "conformance" / "event-patterns",
     )
 )
 

@@ -1,4 +1,5 @@
-"""The event-pattern engine: the shared conformance corpus, AWS-documented cases, the rule index."""
+"""The event-pattern engine: the conformance corpus (tests/conformance), AWS-documented
+cases, the rule index."""
 
 from __future__ import annotations
 
@@ -10,12 +11,17 @@ from pathlib import Path
 import json5
 import pytest
 
-from eventpush.patterns import CompiledPattern, InvalidPatternError, RuleIndex, compile_pattern
+from eventpush.rules.patterns import (
+    CompiledPattern,
+    InvalidPatternError,
+    RuleIndex,
+    compile_pattern,
+)
 
 CONFORMANCE_DIR = Path(
     os.environ.get(
         "EVENTPUSH_CONFORMANCE_DIR",
-        Path(__file__).resolve().parents[1].parent / "shared" / "conformance" / "event-patterns",
+        Path(__file__).resolve().parent / "conformance" / "event-patterns",
     )
 )
 # A missing folder must fail the run, not quietly parametrise over nothing.
@@ -64,7 +70,7 @@ def ev(detail: dict, **top) -> dict:
     return {"source": "test", "detail-type": "t", **top, "detail": detail}
 
 
-# (pattern, event, expected) built from the EventBridge user guide, beyond the shared corpus.
+# (pattern, event, expected) built from the EventBridge user guide, beyond the conformance corpus.
 DOC_CASES = [
     # matching values and arrays
     (
@@ -398,3 +404,13 @@ def test_rule_index_refuses_invalid_patterns():
     with pytest.raises(InvalidPatternError):
         index.add("bad", {"a": []})
     assert len(index) == 0
+
+
+def test_public_names_stay_at_eventpush_patterns():
+    """Scripts import the engine as ``eventpush.patterns``; the move to ``rules/`` kept that."""
+    import eventpush.patterns as public
+
+    assert public.compile_pattern is compile_pattern
+    assert public.RuleIndex is RuleIndex
+    assert issubclass(public.InvalidPatternError, ValueError)
+    assert public.compile_pattern({"source": ["a"]}).matches({"source": "a"})

@@ -13,7 +13,7 @@ from functools import cache
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from eventpush.patterns import RuleIndex, compile_pattern
+from eventpush.rules.patterns import RuleIndex, compile_pattern
 
 SETTINGS = settings(max_examples=300, deadline=None)
 

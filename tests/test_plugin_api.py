@@ -6,8 +6,8 @@ import time
 
 import pytest
 
+from eventpush.demo.receiver import Receiver
 from eventpush.publish import publish
-from eventpush.receiver import Receiver
 from tests.airflow_fixtures import PASSWORDS, StandaloneWorker, order_events, seed, wait_for
 
 pytest_plugins = ["tests.airflow_fixtures"]
@@ -35,7 +35,7 @@ def tokens(client) -> dict[str, str]:
 @pytest.fixture
 def api(client, tokens, airflow_conn_env):
     """Requests as a given user (None: no credentials), against this test's database."""
-    from eventpush import web
+    from eventpush.airflow import web
 
     web._url_cache.clear()
 

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from eventpush import catalog
+from eventpush.demo.receiver import Receiver
 from eventpush.publish import publish
-from eventpush.receiver import Receiver
 
 KILLS = 6
 EVENTS = 3000

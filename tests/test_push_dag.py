@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from eventpush.demo.receiver import Receiver
 from eventpush.publish import publish
-from eventpush.receiver import Receiver
 from tests.airflow_fixtures import REPO, StandaloneWorker, order_events, seed, wait_for
 
 pytest_plugins = ["tests.airflow_fixtures"]
@@ -125,7 +125,7 @@ def test_the_lease_holder_pushes_and_the_dag_skips_that_worker(push_dag, conn, a
 
 def test_check_names_an_offset_that_moved_backwards(conn, db_url):
     from eventpush.push import run_worker
-    from eventpush.push_checks import CheckFailed, check_push_slice, snapshot
+    from eventpush.quality.push_slice import CheckFailed, check_push_slice, snapshot
 
     with Receiver() as rx:
         seed(conn, f"{rx.url}/ok", workers=("w1",))
@@ -145,11 +145,11 @@ def test_check_names_an_offset_that_moved_backwards(conn, db_url):
 
 
 def test_trigger_wakes_on_publish_and_ends_quietly_without_work(conn, airflow_conn_env):
-    from eventpush.triggers import WorkerWorkSensor, WorkerWorkTrigger
+    from eventpush.airflow.triggers import WorkerWorkSensor, WorkerWorkTrigger
 
     seed(conn, "http://127.0.0.1:9/ok", workers=("w1",))
     classpath, kwargs = WorkerWorkTrigger("w1", timeout=1, poll_interval=30).serialize()
-    assert classpath == "eventpush.triggers.WorkerWorkTrigger"
+    assert classpath == "eventpush.airflow.triggers.WorkerWorkTrigger"
 
     async def first_event(trigger):
         async for event in trigger.run():

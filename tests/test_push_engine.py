@@ -10,10 +10,10 @@ import psycopg2
 import pytest
 from standardwebhooks import Webhook
 
-from eventpush import catalog, controls
+from eventpush import catalog
+from eventpush.demo.receiver import Receiver
 from eventpush.publish import publish
-from eventpush.push import WorkerBusyError, run_worker
-from eventpush.receiver import Receiver
+from eventpush.push import WorkerBusyError, controls, run_worker
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 

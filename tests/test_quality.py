@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from eventpush import quality
+from eventpush.quality import batch as quality
 
 
 def rows(conn):

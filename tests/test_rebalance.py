@@ -10,7 +10,7 @@ from batch_support import make_runner, spark  # noqa: F401
 from click.testing import CliRunner
 
 from eventpush import catalog
-from eventpush.quality import CheckFailed
+from eventpush.quality.batch import CheckFailed
 from eventpush.sparkjobs import rebalance as rb
 
 
@@ -145,7 +145,7 @@ def test_propose_scales_and_stays_balanced():
 
 
 def test_rebalance_cli_json(db_url, conn, spark):  # noqa: F811
-    from eventpush.cli_batch import rebalance
+    from eventpush.cli.batch import rebalance
 
     names = setup_runners(conn, 4, workers=("w1", "w2"))
     result = CliRunner().invoke(rebalance, ["--json"])

@@ -9,7 +9,7 @@ import pytest
 from batch_support import events, make_runner, publish_lines, simulate_push, spark  # noqa: F401
 from click.testing import CliRunner
 
-from eventpush.receiver import Receiver
+from eventpush.demo.receiver import Receiver
 from eventpush.sparkjobs.audit import run_audit
 from eventpush.sparkjobs.replay import ReplayRequest, ReplayRequestError, check_request, run_replay
 
@@ -134,7 +134,7 @@ def test_impossible_requests_refused(db_url, conn, request_kw, message):
 
 
 def test_replay_cli_json(db_url, conn, spark, receiver):  # noqa: F811
-    from eventpush.cli_batch import replay
+    from eventpush.cli.batch import replay
 
     make_runner(conn, "orders", "all", "crm", {"source": ["app.orders"]}, url=f"{receiver.url}/ok")
     publish_lines(conn, "orders", events(2))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from eventpush.targets import InvalidTargetUrlError, check_address, validate_url
+from eventpush.push.targets import InvalidTargetUrlError, check_address, validate_url
 
 
 @pytest.mark.parametrize(

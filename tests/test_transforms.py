@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from eventpush.transforms import (
+from eventpush.rules.transforms import (
     MAX_INPUT_PATHS,
     InvalidTransformError,
     Transform,

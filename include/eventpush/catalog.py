@@ -17,7 +17,7 @@ import psycopg2.extras
 from psycopg2 import sql
 
 from eventpush.db import Connection, transaction
-from eventpush.targets import InvalidTargetUrlError, validate_url
+from eventpush.push.targets import InvalidTargetUrlError, validate_url
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TRANSFORM_KINDS = ("ORIGINAL", "CONSTANT", "JSONPATH", "TEMPLATE")
@@ -81,7 +81,7 @@ def create_rule(
     conn: Connection, bus: str, name: str, pattern: str | dict, description: str = ""
 ) -> int:
     """A rule on ``bus``; the pattern is compiled first and refused when invalid."""
-    from eventpush.patterns import InvalidPatternError, compile_pattern
+    from eventpush.rules.patterns import InvalidPatternError, compile_pattern
 
     check_name("rule", name)
     if isinstance(pattern, str):
@@ -163,7 +163,7 @@ def check_target(spec: TargetSpec) -> None:
     kind = spec.transform_kind.upper()
     if kind not in TRANSFORM_KINDS:
         raise CatalogError(f"transform must be one of {', '.join(TRANSFORM_KINDS)}, got {kind}")
-    from eventpush.transforms import InvalidTransformError, compile_transform
+    from eventpush.rules.transforms import InvalidTransformError, compile_transform
 
     try:
         compile_transform(kind, spec.transform_spec)

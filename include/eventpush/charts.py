@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from html import escape
 
 PALETTE = ("#2563eb", "#16a34a", "#dc2626", "#d97706", "#7c3aed", "#0891b2", "#db2777")
@@ -58,37 +59,72 @@ def bar_chart(
     return "".join(parts)
 
 
+def _nice(top: float) -> float:
+    if top <= 0:
+        return 1.0
+    step = 10 ** len(str(int(top))) / 10
+    for m in (1, 2, 2.5, 5, 10):
+        if top <= step * m:
+            return step * m
+    return top
+
+
 def line_chart(
-    title: str, series: dict[str, list[tuple[float, float]]], width: int = 640, height: int = 220
+    title: str, series: dict[str, list[tuple[float, float]]], unit: str, width: int = 640
 ) -> str:
-    """Lines over a shared x axis (e.g. seconds); each series is a list of (x, y)."""
-    left, right, top, bottom = 50, 120, 30, 30
-    points = [p for values in series.values() for p in values]
-    if not points:
-        points = [(0.0, 0.0), (1.0, 1.0)]
-    x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
-    y1 = max(max(p[1] for p in points), 1)
-    sx = (width - left - right) / ((x1 - x0) or 1)
-    sy = (height - top - bottom) / y1
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'role="img" aria-label="{escape(title)}" font-family="sans-serif" font-size="11">',
-        f'<text x="0" y="16" font-size="14" font-weight="bold">{escape(title)}</text>',
-        f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" y2="{height - bottom}" '
-        'stroke="#999"/>',
-        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#999"/>',
-        f'<text x="{left - 4}" y="{top + 4}" text-anchor="end">{y1:,.0f}</text>',
-        f'<text x="{left - 4}" y="{height - bottom}" text-anchor="end">0</text>',
-    ]
-    for j, (name, values) in enumerate(series.items()):
-        color = _color(name, j)
-        path = " ".join(
-            f"{left + (x - x0) * sx:.1f},{height - bottom - y * sy:.1f}" for x, y in values
-        )
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{path}"/>')
+    """Lines over time as inline SVG in a card with its legend: ``series`` maps a label to
+    (unix time, value) points. The dashboard's stylesheet gives the classes their look."""
+    height, left, right, top, bottom = 220, 56, 12, 28, 30
+    pts = [p for points in series.values() for p in points if p[1] is not None]
+    esc = escape
+    head = (
+        f'<svg class="chart" role="img" aria-label="{esc(title)}" width="{width}" '
+        f'height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">'
+        f'<text x="{left}" y="16" class="title">{esc(title)}</text>'
+    )
+    if not pts:
+        empty = f'<text x="{left}" y="{height // 2}" class="empty">no data yet</text></svg>'
+        return f'<div class="card">{head}{empty}</div>'
+    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
+    x1 = x1 if x1 > x0 else x0 + 1
+    ymax = _nice(max(p[1] for p in pts))
+    pw, ph = width - left - right, height - top - bottom
+
+    def sx(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * pw
+
+    def sy(y: float) -> float:
+        return top + ph - (y / ymax) * ph
+
+    parts = [head]
+    for i in range(5):
+        v = ymax * i / 4
+        y = sy(v)
+        label = f"{v:,.0f}" if ymax >= 10 else f"{v:.2g}"
         parts.append(
-            f'<text x="{width - right + 6}" y="{top + 14 * j + 10}" fill="{color}">'
-            f"{escape(name)}</text>"
+            f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
+            f'<text x="{left - 6}" y="{y + 4:.1f}" class="axis" text-anchor="end">{label}</text>'
         )
+    for x, anchor in ((x0, "start"), (x1, "end")):
+        stamp = datetime.fromtimestamp(x, UTC).strftime("%H:%M:%S")
+        parts.append(
+            f'<text x="{sx(x):.1f}" y="{height - 10}" class="axis" text-anchor="{anchor}">'
+            f"{stamp} UTC</text>"
+        )
+    parts.append(
+        f'<text x="{width - right}" y="16" class="axis" text-anchor="end">{esc(unit)}</text>'
+    )
+    for i, (label, points) in enumerate(sorted(series.items())):
+        color = _color(label, i)
+        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points if y is not None)
+        if coords:
+            parts.append(
+                f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{coords}" '
+                f'data-series="{esc(label)}"><title>{esc(label)}</title></polyline>'
+            )
     parts.append("</svg>")
-    return "".join(parts)
+    legend = "".join(
+        f'<span class="key"><i style="background:{_color(label, i)}"></i>{esc(label)}</span>'
+        for i, label in enumerate(sorted(series))
+    )
+    return f'<div class="card">{"".join(parts)}<div class="legend">{legend}</div></div>'

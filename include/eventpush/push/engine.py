@@ -38,13 +38,12 @@ from dataclasses import asdict, dataclass, field
 
 import psycopg2
 
-from eventpush import delivery
 from eventpush.config import database_url
-from eventpush.controls import WorkerSettings, worker_settings
 from eventpush.db import StoreError, connect
-from eventpush.delivery import Outcome, Record, Target
-from eventpush.push import store
+from eventpush.push import delivery, store
+from eventpush.push.controls import WorkerSettings, worker_settings
 from eventpush.push.cursor import QueueCursor
+from eventpush.push.delivery import Outcome, Record, Target
 from eventpush.push.limits import CircuitBreaker, Limiter
 
 log = logging.getLogger("eventpush.push")
@@ -102,8 +101,8 @@ class Runner:
     """One rule-target pair being pushed by this worker."""
 
     def __init__(self, target: Target, offsets: dict[int, int], settings: tuple) -> None:
-        from eventpush.patterns import compile_pattern
-        from eventpush.transforms import compile_transform
+        from eventpush.rules.patterns import compile_pattern
+        from eventpush.rules.transforms import compile_transform
 
         self.target = target
         self.id = target.runner_id
@@ -396,7 +395,7 @@ class Engine:
     # --- reading --------------------------------------------------------------------------
 
     def _rules(self, bus_id: int):
-        from eventpush.patterns import RuleIndex
+        from eventpush.rules.patterns import RuleIndex
 
         index = self.indexes.get(bus_id)
         if index is None:

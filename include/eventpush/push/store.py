@@ -18,7 +18,7 @@ import psycopg2
 import psycopg2.extras
 
 from eventpush.db import Connection, connect, copy_text, transaction
-from eventpush.delivery import Target, load_targets
+from eventpush.push.delivery import Target, load_targets
 
 LEASE_NAMESPACE = 0x45_50  # first key of the advisory lock; the worker id is the second
 NOTIFY_CHANNEL = "eventpush_publish"

@@ -2,7 +2,7 @@
 
 A pattern compiles to one boolean Column over the event parsed as a VARIANT (types kept:
 ``"5"`` is a string, ``5`` a number, ``true`` a boolean, ``null`` a null). The semantics are
-those of ``eventpush.patterns`` (see its docstring): a field's leaves are collected along
+those of ``eventpush.rules.patterns`` (see its docstring): a field's leaves are collected along
 every way of grouping its dotted path into keys (``a.b`` reads ``{"a": {"b": ..}}`` and
 ``{"a.b": ..}``), arrays met on the way or at the end are flattened, objects are not values;
 the field matches if any leaf satisfies any matcher, ``exists`` tests presence, and absent
@@ -26,7 +26,7 @@ import json
 import math
 from functools import lru_cache
 
-from eventpush.patterns import compile_pattern
+from eventpush.rules.patterns import compile_pattern
 
 # An array whose element is an array: "[ [" or ", [" outside strings (inside strings it only
 # makes us take the safe, slower path).

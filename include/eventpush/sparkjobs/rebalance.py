@@ -266,7 +266,7 @@ def run_rebalance(
     propose_fn=propose,
 ) -> RebalanceResult:
     """Inputs, proposal, GX check, then (unless told not to) the atomic apply."""
-    from eventpush import quality
+    from eventpush.quality import batch as quality
 
     inputs = load_inputs(spark, db_url, window)
     check_inputs(inputs)

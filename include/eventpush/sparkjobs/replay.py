@@ -170,8 +170,8 @@ async def _push(db_url, replay_id, what, rate, rows) -> list[tuple[str, int]]:
     import psycopg2.extras
 
     from eventpush.db import connect
-    from eventpush.delivery import DELIVERED, Record, deliver, load_targets, new_session
-    from eventpush.transforms import compile_transform
+    from eventpush.push.delivery import DELIVERED, Record, deliver, load_targets, new_session
+    from eventpush.rules.transforms import compile_transform
 
     conn = connect(db_url, application_name="eventpush-replay")
     try:
@@ -327,7 +327,7 @@ def finish_run(db_url: str, result: ReplayResult, error: str | None = None) -> N
 
 def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -> ReplayResult:
     """Check, select, GX-check the selection, push (unless dry run), GX-check the result."""
-    from eventpush import quality
+    from eventpush.quality import batch as quality
 
     with connection(db_url) as conn, transaction(conn) as cur:
         runner_ids = check_request(req, cur)

@@ -1,0 +1,192 @@
+"""The push DAG's wait: an async trigger and the deferrable sensor that hands off to it.
+
+``WorkerWorkTrigger`` runs in the triggerer. It fires as soon as a running runner of its worker
+has something to do (``status.has_work``: new events or records handed back for retry), and
+otherwise ends quietly with a ``timeout`` event after ``timeout`` seconds. No database call
+blocks the event loop: connecting and querying go through ``asyncio.to_thread``, and publish
+notifications (``pg_notify('eventpush_publish', bus_id)``) are read from the socket with
+``loop.add_reader``, so a publish wakes the trigger at once; ``poll_interval`` is the
+fallback for due retries and missed notifications.
+
+``WorkerWorkSensor`` checks once in the worker slot (cheap, and free when work is already
+waiting) and otherwise defers to the trigger; on a timeout it skips, so the run ends quietly
+and the continuous schedule starts the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator
+from airflow.sdk.exceptions import AirflowSkipException
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from eventpush.airflow.connection import CONN_ID
+
+NOTIFY_CHANNEL = "eventpush_publish"
+DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_POLL_S = 5.0
+
+log = logging.getLogger(__name__)
+
+
+def _has_work(url: str, worker: str) -> bool:
+    from eventpush.db import connection
+    from eventpush.status import has_work
+
+    with connection(url) as conn:
+        return has_work(conn, worker)
+
+
+def _listen(url: str):
+    from eventpush.db import connect
+
+    conn = connect(url)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f"LISTEN {NOTIFY_CHANNEL}")
+    return conn
+
+
+class WorkerWorkTrigger(BaseTrigger):
+    """Fires ``{"status": "work", "worker": W}`` once ``W`` has work, or
+    ``{"status": "timeout", ...}`` after ``timeout`` seconds without any."""
+
+    def __init__(
+        self,
+        worker: str,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        poll_interval: float = DEFAULT_POLL_S,
+        conn_id: str = CONN_ID,
+    ) -> None:
+        super().__init__()
+        self.worker = worker
+        self.timeout = float(timeout)
+        self.poll_interval = float(poll_interval)
+        self.conn_id = conn_id
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            "eventpush.airflow.triggers.WorkerWorkTrigger",
+            {
+                "worker": self.worker,
+                "timeout": self.timeout,
+                "poll_interval": self.poll_interval,
+                "conn_id": self.conn_id,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from eventpush.airflow.connection import adatabase_url
+
+        started = time.monotonic()
+        deadline = started + self.timeout
+        url = await adatabase_url(self.conn_id)
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+        listener = None
+        try:
+            listener = await asyncio.to_thread(_listen, url)
+
+            def on_readable() -> None:
+                try:
+                    listener.poll()
+                except Exception:  # a broken socket: fall back to polling
+                    loop.remove_reader(listener.fileno())
+                listener.notifies.clear()
+                woken.set()
+
+            loop.add_reader(listener.fileno(), on_readable)
+        except Exception as exc:
+            log.warning("no publish notifications (%s): polling every %ss", exc, self.poll_interval)
+        try:
+            while True:
+                woken.clear()
+                if await asyncio.to_thread(_has_work, url, self.worker):
+                    yield TriggerEvent(
+                        {
+                            "status": "work",
+                            "worker": self.worker,
+                            "waited_s": round(time.monotonic() - started, 3),
+                        }
+                    )
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    yield TriggerEvent(
+                        {"status": "timeout", "worker": self.worker, "waited_s": self.timeout}
+                    )
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), min(self.poll_interval, left))
+        finally:
+            if listener is not None:
+                with contextlib.suppress(Exception):
+                    loop.remove_reader(listener.fileno())
+                with contextlib.suppress(Exception):
+                    listener.close()
+
+
+class WorkerWorkSensor(BaseSensorOperator):
+    """Wait, without holding a worker slot, until ``worker`` has something to push.
+
+    Succeeds (returning the trigger's event) when there is work; skips when ``wait_timeout``
+    passes without any, which ends the DAG run quietly.
+    """
+
+    template_fields = ("worker", "wait_timeout")
+    ui_color = "#e8f4ff"
+
+    def __init__(
+        self,
+        *,
+        worker: str,
+        wait_timeout: float | str = DEFAULT_TIMEOUT_S,
+        poll_interval: float = DEFAULT_POLL_S,
+        conn_id: str = CONN_ID,
+        deferrable: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        # In poke mode (deferrable=False) the same timeout skips rather than fails.
+        if isinstance(wait_timeout, int | float):
+            kwargs.setdefault("timeout", wait_timeout)
+        kwargs.setdefault("poke_interval", poll_interval)
+        kwargs.setdefault("soft_fail", True)
+        super().__init__(**kwargs)
+        self.deferrable = deferrable
+        self.worker = worker
+        self.wait_timeout = wait_timeout
+        self.poll_interval = poll_interval
+        self.conn_id = conn_id
+
+    def poke(self, context: Any) -> bool:
+        from eventpush.airflow.connection import database_url
+
+        return _has_work(database_url(self.conn_id), self.worker)
+
+    def execute(self, context: Any) -> Any:
+        if self.poke(context):
+            return {"status": "work", "worker": self.worker, "waited_s": 0.0}
+        if not self.deferrable:
+            return super().execute(context)
+        self.defer(
+            trigger=WorkerWorkTrigger(
+                worker=self.worker,
+                timeout=float(self.wait_timeout),
+                poll_interval=self.poll_interval,
+                conn_id=self.conn_id,
+            ),
+            method_name="execute_complete",
+        )
+
+    def execute_complete(self, context: Any, event: dict | None = None) -> dict:
+        if not event or event.get("status") != "work":
+            raise AirflowSkipException(
+                f"no work for worker {self.worker!r} within {float(self.wait_timeout):g}s"
+            )
+        return event

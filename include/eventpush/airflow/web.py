@@ -1,0 +1,418 @@
+"""The control plugin's web app: a JSON API and a dashboard, mounted in Airflow's API server.
+
+Routes (under the plugin's ``/eventpush`` prefix):
+
+| route | does | who |
+| --- | --- | --- |
+| ``GET api/status`` | workers and runners: progress, lag, controls, latest metrics | reader |
+| ``GET api/metrics?runner=R&minutes=M`` | one runner's metric series | reader |
+| ``GET api/failures?limit=N`` | latest open failures | reader |
+| ``GET api/audits?limit=N`` | latest audit reports | reader |
+| ``POST api/adjust`` ``{"scope", "name", "changes"}`` | validated runtime adjustment | editor |
+| ``POST api/pause`` / ``api/resume`` ``{"scope", "name"}`` | pause or resume | editor |
+| ``GET dashboard`` | charts of lag and throughput, failures, the last audit | reader |
+
+Authentication is Airflow's own (``airflow.api_fastapi.core_api.security``): a JWT bearer
+token or the UI's session cookie. Readers need read access to the ``eventpush_push`` DAG,
+editors edit access to it; anyone else gets 401 (no credentials) or 403. Refused adjustments
+answer 422 with the reason. Target URLs and secrets are never shown.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from eventpush.charts import line_chart
+from eventpush.db import transaction
+
+DAG_ID = "eventpush_push"
+URL_CACHE_S = 30.0
+_url_cache: dict[str, tuple[float, str]] = {}
+
+
+def _url() -> str:
+    """The eventpush database (Airflow connection or env), resolved at most every 30 s."""
+    from eventpush.airflow.connection import database_url
+
+    hit = _url_cache.get("url")
+    if hit and time.monotonic() - hit[0] < URL_CACHE_S:
+        return hit[1]
+    url = database_url()
+    _url_cache["url"] = (time.monotonic(), url)
+    return url
+
+
+def _conn():
+    from eventpush.db import connection
+
+    return connection(_url())
+
+
+# --------------------------------------------------------------------------- data
+
+
+METRICS_SQL = """
+SELECT r.name, m.ts, m.delivered, m.failed, m.lag, m.in_flight, m.waiting, m.p50_ms, m.p99_ms
+FROM event_push_metric m JOIN event_target_runner r ON r.id = m.runner_id
+WHERE m.ts > now() - make_interval(mins => %s) AND (%s::text IS NULL OR r.name = %s)
+ORDER BY r.name, m.ts
+"""
+
+LATEST_METRIC_SQL = """
+SELECT DISTINCT ON (m.runner_id) r.name, m.ts, m.p50_ms, m.p99_ms
+FROM event_push_metric m JOIN event_target_runner r ON r.id = m.runner_id
+ORDER BY m.runner_id, m.ts DESC
+"""
+
+FAILURES_SQL = """
+SELECT consumer_group, queue_id, "offset", message_id, attempts, http_status, last_error, mtime
+FROM event_push_failure WHERE status = 'failed' ORDER BY mtime DESC, id DESC LIMIT %s
+"""
+
+AUDITS_SQL = """
+SELECT id, bus, window_start, window_end, expected, delivered, failed, missing, pending,
+       duplicates, runners, created_at
+FROM event_audit_report ORDER BY created_at DESC, id DESC LIMIT %s
+"""
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def progress(conn) -> dict:
+    """``read_status`` with each item's runtime controls and its latest latency metrics."""
+    from eventpush.status import read_status
+
+    status = read_status(conn)
+    with transaction(conn) as cur:
+        cur.execute("SELECT scope, name, key, value FROM event_runtime_control")
+        controls: dict[tuple[str, str], dict] = {}
+        for scope, name, key, value in cur.fetchall():
+            controls.setdefault((scope, name), {})[key] = value
+        cur.execute(LATEST_METRIC_SQL)
+        latest = {name: (ts, p50, p99) for name, ts, p50, p99 in cur.fetchall()}
+    for w in status["workers"]:
+        w["controls"] = controls.get(("worker", w["worker"]), {})
+    for r in status["runners"]:
+        r["controls"] = controls.get(("runner", r["runner"]), {})
+        ts, p50, p99 = latest.get(r["runner"], (None, None, None))
+        r["latest_metric"] = {"ts": _iso(ts), "p50_ms": p50, "p99_ms": p99}
+    return status
+
+
+def metric_series(conn, runner: str | None, minutes: int) -> dict[str, list[dict]]:
+    """Per runner, its metric points of the last ``minutes``, with throughput (delivered per
+    second since the previous point)."""
+    with transaction(conn) as cur:
+        cur.execute(METRICS_SQL, (minutes, runner, runner))
+        rows = cur.fetchall()
+    series: dict[str, list[dict]] = {}
+    for name, ts, delivered, failed, lag, in_flight, waiting, p50, p99 in rows:
+        points = series.setdefault(name, [])
+        rate = None
+        if points:
+            prev = points[-1]
+            dt = (ts - prev["_ts"]).total_seconds()
+            if dt > 0:
+                rate = max(delivered - prev["delivered"], 0) / dt
+        points.append(
+            {
+                "_ts": ts,
+                "ts": ts.isoformat(),
+                "delivered": delivered,
+                "failed": failed,
+                "lag": lag,
+                "in_flight": in_flight,
+                "waiting": waiting,
+                "throughput": rate,
+                "p50_ms": p50,
+                "p99_ms": p99,
+            }
+        )
+    for points in series.values():
+        for p in points:
+            p.pop("_ts")
+    return series
+
+
+def latest_failures(conn, limit: int) -> list[dict]:
+    with transaction(conn) as cur:
+        cur.execute(FAILURES_SQL, (limit,))
+        rows = cur.fetchall()
+    keys = ("runner", "queue_id", "offset", "message_id", "attempts", "http_status", "error", "at")
+    return [dict(zip(keys, map(_iso, row), strict=True)) for row in rows]
+
+
+def latest_audits(conn, limit: int) -> list[dict]:
+    with transaction(conn) as cur:
+        cur.execute(AUDITS_SQL, (limit,))
+        rows = cur.fetchall()
+    keys = (
+        "id",
+        "bus",
+        "window_start",
+        "window_end",
+        "expected",
+        "delivered",
+        "failed",
+        "missing",
+        "pending",
+        "duplicates",
+        "runners",
+        "created_at",
+    )
+    return [dict(zip(keys, map(_iso, row), strict=True)) for row in rows]
+
+
+# --------------------------------------------------------------------------- page
+
+STYLE = """
+body{font:14px system-ui,sans-serif;margin:16px 24px;color:#1d2733;background:#fff}
+h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:22px 0 8px}
+.muted{color:#667}.grid2{display:flex;flex-wrap:wrap;gap:16px}
+.card{border:1px solid #dde3ea;border-radius:8px;padding:10px 12px}
+table{border-collapse:collapse;font-size:13px}
+th,td{padding:4px 10px;border-bottom:1px solid #eef1f4;text-align:right}
+th:first-child,td:first-child{text-align:left} th{background:#f6f8fa}
+.chart text{font:11px system-ui,sans-serif;fill:#555}.chart .title{font-size:13px;fill:#1d2733}
+.chart .grid{stroke:#eef1f4}.chart .empty{fill:#999}
+.legend{font-size:12px;max-width:640px}.key{margin-right:12px;white-space:nowrap}
+.key i{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
+.bad{color:#b3261e;font-weight:600}.ok{color:#1e7b34}
+button{font-size:12px;padding:2px 8px}
+td.err{text-align:left;max-width:420px;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+"""
+
+SCRIPT = """
+async function control(action, scope, name) {
+  const r = await fetch('api/' + action, {method: 'POST',
+    headers: {'Content-Type': 'application/json'}, body: JSON.stringify({scope, name})});
+  if (!r.ok) { alert((await r.json()).detail || r.statusText); return; }
+  location.reload();
+}
+"""
+
+
+def _table(headers: list[str], rows: list[list[Any]], raw: set[int] = frozenset()) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td>{cell}</td>" if i in raw else f"<td>{html.escape(str(cell))}</td>"
+            for i, cell in enumerate(row)
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _button(action: str, scope: str, name: str) -> str:
+    args = html.escape(json.dumps([action, scope, name])[1:-1], quote=True)
+    return f'<button onclick="control({args})">{action}</button>'
+
+
+def render_dashboard(conn, minutes: int = 60) -> str:
+    status = progress(conn)
+    series = metric_series(conn, None, minutes)
+    failures = latest_failures(conn, 20)
+    audits = latest_audits(conn, 1)
+
+    def points(key: str) -> dict[str, list[tuple[float, float]]]:
+        return {
+            name: [(datetime.fromisoformat(p["ts"]).timestamp(), p[key]) for p in pts]
+            for name, pts in series.items()
+        }
+
+    charts = (
+        line_chart("Lag per runner", points("lag"), "events", 430)
+        + line_chart("Throughput per runner", points("throughput"), "delivered/s", 430)
+        + line_chart("Failures per runner (total)", points("failed"), "records", 430)
+    )
+    worker_rows = [
+        [
+            w["worker"],
+            "yes" if w["enabled"] else "no",
+            '<span class="ok">alive</span>' if w["alive"] else '<span class="muted">idle</span>',
+            w["runners"],
+            "paused" if w["controls"].get("paused") else "running",
+            _button("resume" if w["controls"].get("paused") else "pause", "worker", w["worker"]),
+        ]
+        for w in status["workers"]
+    ]
+    runner_rows = [
+        [
+            r["runner"],
+            r["worker"] or "-",
+            r["state"],
+            r["lag"],
+            r["in_flight"],
+            r["waiting"],
+            r["delivered"],
+            f'<span class="bad">{r["failed"]}</span>' if r["failed"] else "0",
+            "-" if r["latest_metric"]["p99_ms"] is None else f"{r['latest_metric']['p99_ms']:.1f}",
+            _button("resume" if r["state"] == "PAUSED" else "pause", "runner", r["runner"]),
+        ]
+        for r in status["runners"]
+    ]
+    failure_rows = [
+        [
+            f["runner"],
+            f["queue_id"],
+            f["offset"],
+            f["attempts"],
+            f["http_status"] or "-",
+            f'<span title="{html.escape(f["error"])}">{html.escape(f["error"][:120])}</span>',
+            f["at"][:19],
+        ]
+        for f in failures
+    ]
+    if audits:
+        a = audits[0]
+        verdict = (
+            f'<span class="bad">{a["missing"]} missing</span>'
+            if a["missing"]
+            else '<span class="ok">nothing missing</span>'
+        )
+        audit_html = (
+            f"<p>{html.escape(str(a['created_at'])[:19])} · bus {html.escape(a['bus'] or 'all')}"
+            f" · {verdict}</p>"
+            + _table(
+                ["runner", "expected", "delivered", "failed", "missing", "pending", "duplicates"],
+                [
+                    [
+                        r.get("runner"),
+                        r.get("expected"),
+                        r.get("delivered"),
+                        r.get("failed"),
+                        r.get("missing"),
+                        r.get("pending"),
+                        r.get("duplicates"),
+                    ]
+                    for r in (a["runners"] or [])
+                ],
+            )
+        )
+    else:
+        audit_html = '<p class="muted">no audit yet</p>'
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"""<!doctype html><html><head><meta charset="utf-8">
+<meta http-equiv="refresh" content="15"><title>eventpush</title><style>{STYLE}</style>
+<script>{SCRIPT}</script></head><body>
+<h1>eventpush</h1><p class="muted">push progress, last {minutes} min · {now}</p>
+<div class="grid2" id="charts">{charts}</div>
+<h2>Workers</h2>{
+        _table(["worker", "enabled", "heartbeat", "runners", "state", ""], worker_rows, {2, 5})
+    }
+<h2>Runners</h2>{
+        _table(
+            [
+                "runner",
+                "worker",
+                "state",
+                "lag",
+                "in flight",
+                "waiting",
+                "delivered",
+                "failed",
+                "p99 ms",
+                "",
+            ],
+            runner_rows,
+            {7, 9},
+        )
+    }
+<h2>Open failures</h2>{
+        _table(["runner", "queue", "offset", "attempts", "http", "error", "at"], failure_rows, {5})
+        if failure_rows
+        else '<p class="muted">none</p>'
+    }
+<h2>Last audit</h2>{audit_html}
+</body></html>"""
+
+
+# --------------------------------------------------------------------------- app
+
+
+class Target(BaseModel):
+    scope: Literal["worker", "runner"]
+    name: str = Field(min_length=1, max_length=200)
+
+
+class Adjustment(Target):
+    changes: dict[str, Any]
+
+
+def create_app():
+    """The FastAPI app the plugin mounts at ``/eventpush``."""
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+    from fastapi import Depends, FastAPI, HTTPException, Query
+    from fastapi.responses import HTMLResponse
+
+    from eventpush.push.controls import ControlError, adjust, set_paused
+
+    read = [Depends(requires_access_dag("GET", param_dag_id=DAG_ID))]
+    write = [Depends(requires_access_dag("PUT", param_dag_id=DAG_ID))]
+    app = FastAPI(
+        title="eventpush",
+        description="Progress and runtime controls of the eventpush push workers.",
+        docs_url=None,
+        redoc_url=None,
+    )
+
+    @app.get("/api/status", dependencies=read)
+    def get_status() -> dict:
+        with _conn() as conn:
+            return progress(conn)
+
+    @app.get("/api/metrics", dependencies=read)
+    def get_metrics(runner: str | None = None, minutes: int = Query(60, ge=1, le=10080)) -> dict:
+        with _conn() as conn:
+            return {"minutes": minutes, "runners": metric_series(conn, runner, minutes)}
+
+    @app.get("/api/failures", dependencies=read)
+    def get_failures(limit: int = Query(50, ge=1, le=1000)) -> dict:
+        with _conn() as conn:
+            return {"failures": latest_failures(conn, limit)}
+
+    @app.get("/api/audits", dependencies=read)
+    def get_audits(limit: int = Query(10, ge=1, le=500)) -> dict:
+        with _conn() as conn:
+            return {"audits": latest_audits(conn, limit)}
+
+    def _control(fn, *args) -> Any:
+        try:
+            with _conn() as conn:
+                return fn(conn, *args)
+        except ControlError as exc:
+            code = 404 if str(exc).startswith("unknown ") else 422
+            raise HTTPException(status_code=code, detail=str(exc)) from None
+
+    @app.post("/api/adjust", dependencies=write)
+    def post_adjust(body: Adjustment) -> dict:
+        controls = _control(adjust, body.scope, body.name, body.changes)
+        return {"scope": body.scope, "name": body.name, "controls": controls}
+
+    @app.post("/api/pause", dependencies=write)
+    def post_pause(body: Target) -> dict:
+        _control(set_paused, body.scope, body.name, True)
+        return {"scope": body.scope, "name": body.name, "paused": True}
+
+    @app.post("/api/resume", dependencies=write)
+    def post_resume(body: Target) -> dict:
+        _control(set_paused, body.scope, body.name, False)
+        return {"scope": body.scope, "name": body.name, "paused": False}
+
+    @app.get("/dashboard", response_class=HTMLResponse, dependencies=read)
+    def dashboard(minutes: int = Query(60, ge=1, le=10080)) -> str:
+        with _conn() as conn:
+            return render_dashboard(conn, minutes)
+
+    return app

@@ -1,0 +1,41 @@
+"""The ``eventpush`` command, one module per command group. The commands and their meaning
+are a contract (docs/ARCHITECTURE.md, "Command line").
+
+Exit codes are in ``common``: 0 success, 1 missing deliveries, 2 refused input, 3 the
+database or configuration is unusable.
+"""
+
+from __future__ import annotations
+
+import click
+
+from eventpush.cli.batch import audit, rebalance, replay
+from eventpush.cli.catalog import assign_cmd, bus, db, rule, target
+from eventpush.cli.publish import publish_cmd
+from eventpush.cli.status import status_cmd
+from eventpush.cli.workers import runner, worker
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """eventpush: push events from buses to HTTP targets, matched by EventBridge patterns."""
+
+
+for _command in (
+    db,
+    bus,
+    rule,
+    target,
+    worker,
+    runner,
+    assign_cmd,
+    publish_cmd,
+    status_cmd,
+    audit,
+    replay,
+    rebalance,
+):
+    main.add_command(_command)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""The batch commands of ``eventpush``: ``audit``, ``replay`` and ``rebalance``.
+
+Each runs its Spark job in-process (local mode unless ``EVENTPUSH_SPARK_MASTER`` or the
+``spark_default`` connection says otherwise). Registered on the main group by ``cli.py``.
+Exit codes are in ``cli_common``.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+
+import click
+from rich.table import Table
+
+from eventpush.cli.common import EXIT_MISSING, err, fail, handles_errors, out, print_json
+
+
+class IsoTime(click.ParamType):
+    """An ISO 8601 time; without an offset it is UTC."""
+
+    name = "TIME"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, datetime):
+            return value
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            self.fail(f"{value!r} is not an ISO 8601 time", param, ctx)
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+ISO_TIME = IsoTime()
+
+
+def check_window(since: datetime | None, until: datetime | None) -> None:
+    if since and until and until <= since:
+        raise ValueError(
+            f"--until ({until.isoformat()}) must be after --since ({since.isoformat()})"
+        )
+
+
+def _spark():
+    from eventpush.sparkjobs.session import get_spark
+
+    return get_spark()
+
+
+@click.command("audit")
+@click.option("--bus", help="Audit only this bus's runners.")
+@click.option("--since", type=ISO_TIME, help="Window start (event creation time), inclusive.")
+@click.option("--until", type=ISO_TIME, help="Window end, exclusive.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@handles_errors
+def audit(bus, since, until, as_json) -> None:
+    """Per runner: expected, delivered, failed, missing, pending, duplicated. Exit 1 on missing."""
+    from eventpush.config import database_url
+    from eventpush.sparkjobs.audit import run_audit
+
+    check_window(since, until)
+    url = database_url()
+    with err.status("auditing deliveries with Spark..."):
+        result = run_audit(_spark(), url, bus=bus, since=since, until=until)
+    if as_json:
+        print_json(result.to_json())
+    else:
+        table = Table(title=f"audit report {result.report_id}")
+        table.add_column("runner")
+        keys = ("expected", "delivered", "failed", "missing", "pending", "duplicates")
+        for key in keys:
+            table.add_column(key, justify="right")
+        for r in result.runners:
+            style = "bold red" if r.missing else None
+            table.add_row(r.runner, *(str(getattr(r, k)) for k in keys), style=style)
+        out.print(table)
+        missing = result.totals()["missing"]
+        out.print(f"{missing} missing" if missing else "nothing missing")
+    if result.totals()["missing"]:
+        sys.exit(EXIT_MISSING)
+
+
+@click.command("rebalance")
+@click.option(
+    "--window-minutes",
+    type=click.IntRange(1, 24 * 60),
+    default=15,
+    show_default=True,
+    help="How far back the delivery log is read for each runner's load.",
+)
+@click.option("--dry-run", is_flag=True, help="Propose and check, but do not apply.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@handles_errors
+def rebalance(window_minutes, dry_run, as_json) -> None:
+    """Balance runners over enabled workers by load and capacity; applied at once."""
+    from datetime import timedelta
+
+    from eventpush.config import database_url
+    from eventpush.quality.batch import CheckFailed
+    from eventpush.sparkjobs.rebalance import StaleProposalError, run_rebalance
+
+    url = database_url()
+    try:
+        with err.status("rebalancing runners with Spark..."):
+            result = run_rebalance(
+                _spark(), url, timedelta(minutes=window_minutes), apply_it=not dry_run
+            )
+    except (CheckFailed, StaleProposalError) as exc:
+        fail(str(exc), EXIT_MISSING)
+    doc = result.to_json()
+    if as_json:
+        print_json(doc)
+        return
+    table = Table(title="assignment")
+    table.add_column("runner")
+    table.add_column("worker")
+    for runner, worker in doc["assignment"].items():
+        table.add_row(runner, worker or "-")
+    out.print(table)
+    applied = "not applied (dry run)" if dry_run else f"generation {result.generation}"
+    out.print(f"{doc['moves']} moves, spread {doc['spread']}, {applied}")
+
+
+@click.command("replay")
+@click.option("--bus", help="Only runners of this bus.")
+@click.option("--rule", help="Only runners of this rule.")
+@click.option("--target", help="Only this target's runner.")
+@click.option("--since", type=ISO_TIME, help="Window start, inclusive.")
+@click.option("--until", type=ISO_TIME, help="Window end, exclusive.")
+@click.option(
+    "--what",
+    type=click.Choice(["failed", "missing", "all"]),
+    default="failed",
+    show_default=True,
+    help="Failed records, audit gaps, or every matching event of the window.",
+)
+@click.option("--message-id", "message_ids", multiple=True, help="Only these message ids.")
+@click.option("--max-count", type=int, help="Replay at most this many records.")
+@click.option("--rate-limit", type=float, help="At most this many records per second.")
+@click.option("--dry-run", is_flag=True, help="Select and check, push nothing.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@handles_errors
+def replay(
+    bus, rule, target, since, until, what, message_ids, max_count, rate_limit, dry_run, as_json
+) -> None:
+    """Re-push failed records, audit gaps, or every matching event of a window."""
+    from eventpush.config import database_url
+    from eventpush.quality.batch import CheckFailed
+    from eventpush.sparkjobs.replay import ReplayRequest, run_replay
+
+    req = ReplayRequest(
+        what=what,
+        bus=bus,
+        rule=rule,
+        target=target,
+        since=since,
+        until=until,
+        message_ids=tuple(message_ids),
+        max_count=max_count,
+        rate_limit=rate_limit,
+        dry_run=dry_run,
+    )
+    url = database_url()
+    try:
+        with err.status(f"replaying {what} records with Spark..."):
+            result = run_replay(_spark(), url, req)
+    except CheckFailed as exc:
+        fail(str(exc), EXIT_MISSING)
+    if as_json:
+        print_json(result.to_json())
+        return
+    table = Table(title=f"replay {result.replay_id}" + (" (dry run)" if dry_run else ""))
+    table.add_column("runner")
+    table.add_column("selected", justify="right")
+    for runner, n in sorted(result.runners.items()):
+        table.add_row(runner, str(n))
+    out.print(table)
+    out.print(
+        f"selected {result.selected}, delivered {result.delivered}, failed {result.failed}, "
+        f"skipped {result.skipped}"
+    )

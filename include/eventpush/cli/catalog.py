@@ -1,0 +1,145 @@
+"""Catalog commands: ``db migrate``, ``bus create``, ``rule create``, ``target create``,
+``assign``."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from eventpush import catalog
+from eventpush.cli.common import fail, handles_errors, out
+from eventpush.db import connection
+
+
+@click.group()
+def db() -> None:
+    """The database schema."""
+
+
+@db.command("migrate")
+@handles_errors
+def db_migrate() -> None:
+    """Create or upgrade the schema (idempotent)."""
+    from eventpush.schema import migrate
+
+    before, after = migrate()
+    if before == after:
+        out.print(f"schema is up to date (revision {after})")
+    else:
+        out.print(f"schema migrated from {before or 'empty'} to revision {after}")
+
+
+# --- bus, rule, target ------------------------------------------------------------------------
+
+
+@click.group()
+def bus() -> None:
+    """Event buses."""
+
+
+@bus.command("create")
+@click.argument("name")
+@click.option("--queues", type=int, default=4, show_default=True, help="Number of queues.")
+@click.option("--description", default="")
+@handles_errors
+def bus_create(name: str, queues: int, description: str) -> None:
+    """Create bus NAME with --queues queues."""
+    with connection() as conn:
+        catalog.create_bus(conn, name, queues, description)
+    out.print(f"bus {name} created with {queues} queues")
+
+
+@click.group()
+def rule() -> None:
+    """Rules: EventBridge event patterns on a bus."""
+
+
+@rule.command("create")
+@click.option("--bus", "bus_name", required=True)
+@click.option("--name", required=True)
+@click.option("--pattern", required=True, help="The event pattern, as JSON.")
+@click.option("--description", default="")
+@handles_errors
+def rule_create(bus_name: str, name: str, pattern: str, description: str) -> None:
+    """Create a rule; an invalid pattern is refused."""
+    with connection() as conn:
+        catalog.create_rule(conn, bus_name, name, pattern, description)
+    out.print(f"rule {bus_name}/{name} created")
+
+
+@click.group()
+def target() -> None:
+    """Targets: where a rule's matches are pushed."""
+
+
+@target.command("create")
+@click.option("--bus", "bus_name", required=True)
+@click.option("--rule", "rule_name", required=True)
+@click.option("--name", required=True)
+@click.option("--url", required=True, help="http or https endpoint.")
+@click.option("--secret", default=None, help="Standard Webhooks secret, whsec_<base64>.")
+@click.option("--max-attempts", type=int, default=5, show_default=True)
+@click.option("--backoff-ms", type=int, default=200, show_default=True)
+@click.option("--max-age-s", type=int, default=3600, show_default=True)
+@click.option("--timeout-ms", type=int, default=5000, show_default=True)
+@click.option("--batch-size", type=int, default=1, show_default=True)
+@click.option("--concurrency", type=int, default=16, show_default=True)
+@click.option("--ordered", is_flag=True, help="Deliver in order per queue.")
+@click.option(
+    "--transform",
+    type=click.Choice(catalog.TRANSFORM_KINDS, case_sensitive=False),
+    default="ORIGINAL",
+    show_default=True,
+)
+@click.option("--transform-spec", default=None, help="The transform's spec, as JSON.")
+@handles_errors
+def target_create(
+    bus_name: str,
+    rule_name: str,
+    name: str,
+    url: str,
+    secret: str | None,
+    max_attempts: int,
+    backoff_ms: int,
+    max_age_s: int,
+    timeout_ms: int,
+    batch_size: int,
+    concurrency: int,
+    ordered: bool,
+    transform: str,
+    transform_spec: str | None,
+) -> None:
+    """Create a target on a rule, and its runner."""
+    spec_value = None
+    if transform_spec is not None:
+        try:
+            spec_value = json.loads(transform_spec)
+        except json.JSONDecodeError as exc:
+            fail(f"--transform-spec is not valid JSON: {exc}")
+    spec = catalog.TargetSpec(
+        name=name,
+        url=url,
+        secret=secret,
+        transform_kind=transform.upper(),
+        transform_spec=spec_value,
+        max_attempts=max_attempts,
+        backoff_ms=backoff_ms,
+        max_age_s=max_age_s,
+        timeout_ms=timeout_ms,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        ordered=ordered,
+    )
+    with connection() as conn:
+        runner = catalog.create_target(conn, bus_name, rule_name, spec)
+    out.print(f"target created; runner {runner}")
+
+
+@click.command("assign")
+@handles_errors
+def assign_cmd() -> None:
+    """Give unassigned runners to workers, evenly, without moving assigned ones."""
+    with connection() as conn:
+        placed = catalog.assign(conn)
+    out.print(f"{placed} runners assigned")

@@ -1,0 +1,3 @@
+from eventpush.demo.story import main
+
+main()

@@ -1,0 +1,1 @@
+"""Rules: EventBridge event patterns (``patterns``) and the input transforms (``transforms``)."""
