@@ -30,7 +30,7 @@ class ControlError(ValueError):
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """Engine defaults (DESIGN.md), overridden by controls."""
+    """Engine defaults (docs/ARCHITECTURE.md), overridden by controls."""
 
     pool_core: int = 64
     pool_max: int = 256

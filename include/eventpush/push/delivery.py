@@ -1,7 +1,7 @@
 """One HTTP delivery attempt to a target, and the retry policy around it.
 
 Shared by the push engine (which schedules retries itself, in a low-priority lane) and by
-replay (which retries inline with :func:`deliver`). Classification follows DESIGN.md: 2xx
+replay (which retries inline with :func:`deliver`). Classification follows docs/ARCHITECTURE.md: 2xx
 delivered; 5xx, 408, 429, timeouts and connection errors retried; any other status final.
 """
 

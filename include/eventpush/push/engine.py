@@ -1,6 +1,6 @@
 """The push engine: one worker's runners, from bus queues to HTTP targets.
 
-Shape (DESIGN.md, "Delivery semantics"):
+Shape (docs/ARCHITECTURE.md, "Delivery semantics"):
 
 - **Shared reads.** Events are read per bus queue in aligned windows of ``WINDOW`` offsets,
   parsed once and matched once against every rule of the worker on that bus; each runner
