@@ -1,7 +1,7 @@
 """The initial eventpush schema.
 
-Names and seed columns follow docs/ARCHITECTURE.md ("Tables"). Offsets are RocketMQ-style: a runner's
-committed ``offset`` for a queue is the next offset it has not finished, so
+Names and seed columns follow docs/ARCHITECTURE.md ("Tables"). Offsets are RocketMQ-style: a
+runner's committed ``offset`` for a queue is the next offset it has not finished, so
 ``lag = max offset - committed`` where a queue's max offset is ``event_bus_queue.next_offset``.
 
 Revision ID: 0001
