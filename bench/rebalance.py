@@ -115,7 +115,7 @@ def full(runners: int, workers: int) -> None:
         s_in, inputs = timed(rb.load_inputs, spark, url)
         s_in, inputs = timed(rb.load_inputs, spark, url)  # warm
         s_p, p = timed(rb.propose, inputs)
-        max_spread, max_moves = rb.bounds(inputs)
+        max_spread, max_count_spread, max_moves = rb.bounds(inputs)
         s_c, _ = timed(
             lambda: quality.check_rebalance(
                 p.assignment,
@@ -127,6 +127,8 @@ def full(runners: int, workers: int) -> None:
                 max_moves,
                 "bench",
                 url,
+                count_spread=p.count_spread,
+                max_count_spread=max_count_spread,
             )
         )
         s_a, generation = timed(rb.apply, url, inputs, p)

@@ -70,15 +70,32 @@ def test_replay_suites(db_url, conn):
 
 
 def test_rebalance_suite(db_url):
-    good = quality.check_rebalance({1: 10, 2: 11}, [1, 2], [10, 11], 1.0, 2, 1.5, 2, "ok", db_url)
+    bound = {"count_spread": 1.0, "max_count_spread": 1.5}
+    good = quality.check_rebalance(
+        {1: 10, 2: 11}, [1, 2], [10, 11], 1.0, 2, 1.5, 2, "ok", db_url, **bound
+    )
     assert good.success
-    for assignment, workers, spread, moves in [
-        ({1: 10}, [10, 11], 1.0, 1),  # a runner left out
-        ({1: 10, 2: 99}, [10, 11], 1.0, 1),  # a disabled or unknown worker
-        ({1: 10, 2: None}, [10, 11], 1.0, 1),  # unplaced
-        ({1: 10, 2: 11}, [10, 11], 2.0, 1),  # spread out of bound
-        ({1: 10, 2: 11}, [10, 11], 1.0, 9),  # too many moves
+    for assignment, workers, spread, count_spread, moves in [
+        ({1: 10}, [10, 11], 1.0, 1.0, 1),  # a runner left out
+        ({1: 10, 2: 99}, [10, 11], 1.0, 1.0, 1),  # a disabled or unknown worker
+        ({1: 10, 2: None}, [10, 11], 1.0, 1.0, 1),  # unplaced
+        ({1: 10, 2: 11}, [10, 11], 2.0, 1.0, 1),  # load spread out of bound
+        ({1: 10, 2: 10}, [10, 11], 1.0, 2.0, 1),  # count spread out of bound
+        ({1: 10, 2: 11}, [10, 11], 1.0, 1.0, 9),  # too many moves
     ]:
         with pytest.raises(quality.CheckFailed):
-            quality.check_rebalance(assignment, [1, 2], workers, spread, moves, 1.5, 2, "x", db_url)
-    assert quality.check_rebalance({}, [], [10], 1.0, 0, 1.5, 0, "empty", db_url).success
+            quality.check_rebalance(
+                assignment,
+                [1, 2],
+                workers,
+                spread,
+                moves,
+                1.5,
+                2,
+                "x",
+                db_url,
+                count_spread=count_spread,
+                max_count_spread=1.5,
+            )
+    empty = quality.check_rebalance({}, [], [10], 1.0, 0, 1.5, 0, "empty", db_url, **bound)
+    assert empty.success

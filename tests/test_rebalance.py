@@ -73,6 +73,8 @@ def test_disabled_worker_runners_move_and_nothing_else(db_url, conn, spark):  # 
 def test_load_from_delivery_log_balances_load(db_url, conn, spark):  # noqa: F811
     runners = setup_runners(conn, 6, workers=("w1", "w2"))
     with conn.cursor() as cur:
+        # Older than the load window with nothing delivered: known to be idle, not new.
+        cur.execute("UPDATE event_target_runner SET ctime = now() - interval '1 hour'")
         # One hot runner (many slow deliveries), five idle ones.
         cur.execute(
             "INSERT INTO event_push_delivery (runner_id, consumer_group, topic_name, queue_id, "
@@ -153,5 +155,101 @@ def test_rebalance_cli_json(db_url, conn, spark):  # noqa: F811
     doc = json.loads(result.stdout)
     assert set(doc["assignment"]) == set(names) and doc["moves"] == 4
     assert Counter(doc["assignment"].values()) == {"w1": 2, "w2": 2}
+    assert sorted(m["runner"] for m in doc["moved"]) == sorted(names)
+    assert {(m["from"], m["why"]) for m in doc["moved"]} == {(None, "unassigned")}
     human = CliRunner().invoke(rebalance, [])
     assert human.exit_code == 0 and "moves" in human.output
+
+
+# --- the planner on its own (no Spark): priors, fixed cost, headroom, count caps, reasons ---
+
+
+def plan(workers, runners, load):
+    inputs = rb.Inputs(workers, runners, load, {w.id: w.name for w in workers})
+    return inputs, rb.propose(inputs)
+
+
+def counts(proposal, workers):
+    held = Counter(proposal.assignment.values())
+    return {w.name: held[w.id] for w in workers}
+
+
+@pytest.mark.parametrize("start", ["unassigned", "on the old workers"])
+def test_new_runners_without_history_spread_with_a_prior(start):
+    """Five busy runners and fifteen new ones without traffic yet, four workers of which two
+    are new: no worker takes the new runners alone (count spread within 2), load in bound."""
+    workers = [rb.Worker(i, f"w{i}", 100) for i in (1, 2, 3, 4)]
+    busy = [rb.Runner(i, f"busy{i}", 1 + i % 2, bus_id=7) for i in range(5)]
+    new_worker = {"unassigned": lambda i: None, "on the old workers": lambda i: 1 + i % 2}[start]
+    fresh = [rb.Runner(10 + i, f"new{i}", new_worker(i), bus_id=7, new=True) for i in range(15)]
+    load = {r.id: 2.0 + r.id for r in busy}
+    inputs, p = plan(workers, busy + fresh, load)
+    held = counts(p, workers)
+    assert max(held.values()) - min(held.values()) <= 2, held
+    max_spread, max_count_spread, _ = rb.bounds(inputs)
+    assert p.spread <= max_spread and p.count_spread <= max_count_spread
+
+
+def test_a_new_runner_weighs_its_bus_mean_and_an_old_idle_one_only_its_fixed_cost():
+    workers = [rb.Worker(1, "w1", 100)]
+    runners = [
+        rb.Runner(1, "a", 1, bus_id=1),
+        rb.Runner(2, "b", 1, bus_id=1),
+        rb.Runner(3, "c", 1, bus_id=2),
+        rb.Runner(4, "new-on-1", 1, bus_id=1, new=True),
+        rb.Runner(5, "new-on-3", 1, bus_id=3, new=True),
+        rb.Runner(6, "old-idle", 1, bus_id=1),
+    ]
+    load = {1: 1.0, 2: 3.0, 3: 8.0}
+    w = rb.weights(rb.Inputs(workers, runners, load, {1: "w1"}))
+    fixed = rb.FIXED_COST * (1.0 + 3.0 + 8.0) / 3
+    assert w[4] == pytest.approx(fixed + 2.0)  # bus 1's mean
+    assert w[5] == pytest.approx(fixed + 4.0)  # no history on bus 3: the mean of all
+    assert w[6] == pytest.approx(fixed)
+    assert w[1] == pytest.approx(fixed + 1.0)
+
+
+def test_a_busy_worker_by_its_heartbeat_gets_less():
+    calm = rb.Worker(1, "calm", 100, {"cpu_percent": 35.0})
+    hot = rb.Worker(2, "hot", 100, {"cpu_percent": 100.0, "loop_lag_ms": 50.0})
+    lagging = rb.Worker(3, "lagging", 100, {"cpu_percent": 10.0, "loop_lag_ms": 400.0})
+    assert rb.headroom(calm.metrics) == 1.0
+    assert rb.headroom(hot.metrics) == pytest.approx(0.5)
+    assert rb.headroom(lagging.metrics) == pytest.approx(0.5)
+    assert rb.headroom({"cpu_percent": float("nan"), "loop_lag_ms": "junk"}) == 1.0
+    workers = [calm, hot]
+    _, p = plan(workers, [rb.Runner(i, f"r{i}", None) for i in range(12)], {})
+    assert counts(p, workers) == {"calm": 8, "hot": 4}
+
+
+def test_count_caps_bound_a_worker_with_light_runners():
+    """One runner carries almost all the load; the light ones still spread within the cap."""
+    workers = [rb.Worker(i, f"w{i}", 100) for i in (1, 2, 3)]
+    runners = [rb.Runner(i, f"r{i}", None) for i in range(30)]
+    load = {0: 1000.0, **{i: 0.001 for i in range(1, 30)}}
+    inputs, p = plan(workers, runners, load)
+    caps = rb.count_caps(30, rb.capacities(inputs))
+    held = counts(p, workers)
+    assert all(held[w.name] <= caps[w.id] for w in workers), (held, caps)
+    _, max_count_spread, _ = rb.bounds(inputs)
+    assert p.count_spread <= max_count_spread
+    # Balanced by load but not by count: the crowded worker sheds down to its cap, saying why.
+    two = workers[:2]
+    crowded = [rb.Runner(0, "heavy", 2)] + [rb.Runner(i, f"r{i}", 1) for i in range(1, 21)]
+    inputs2, p2 = plan(two, crowded, {0: 20.0, **{i: 1.0 for i in range(1, 21)}})
+    cap = rb.count_caps(21, rb.capacities(inputs2))[1]
+    assert counts(p2, two) == {"w1": cap, "w2": 21 - cap}
+    moved = [r for r, w in p2.assignment.items() if w != (2 if r == 0 else 1)]
+    assert len(moved) == 20 - cap
+    assert all(p2.reasons[r] == f"worker w1 held 20 runners, over its cap of {cap}" for r in moved)
+
+
+def test_every_move_says_why():
+    workers = [rb.Worker(1, "w1", 100), rb.Worker(2, "w2", 100)]
+    names = {1: "w1", 2: "w2", 3: "gone"}
+    runners = [rb.Runner(1, "a", 3), rb.Runner(2, "b", None), rb.Runner(3, "c", 1)]
+    inputs = rb.Inputs(workers, runners, {}, names)
+    doc = rb.propose(inputs).to_json(inputs)
+    why = {m["runner"]: (m["from"], m["why"]) for m in doc["moved"]}
+    assert why == {"a": ("gone", "worker gone is disabled or gone"), "b": (None, "unassigned")}
+    assert doc["moves"] == len(doc["moved"]) == 2

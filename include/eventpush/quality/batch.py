@@ -226,7 +226,11 @@ def check_replay_result(
 
 
 def rebalance_expectations(
-    runner_ids: list[int], worker_ids: list[int], max_spread: float, max_moves: int
+    runner_ids: list[int],
+    worker_ids: list[int],
+    max_spread: float,
+    max_count_spread: float,
+    max_moves: int,
 ) -> list:
     import great_expectations as gx
 
@@ -238,6 +242,7 @@ def rebalance_expectations(
         E.ExpectColumnValuesToNotBeNull(column="worker_id"),
         E.ExpectColumnValuesToBeInSet(column="worker_id", value_set=sorted(worker_ids)),
         E.ExpectColumnMaxToBeBetween(column="spread", max_value=max_spread),
+        E.ExpectColumnMaxToBeBetween(column="count_spread", max_value=max_count_spread),
         E.ExpectColumnMaxToBeBetween(column="moves", max_value=max_moves),
     ]
 
@@ -252,9 +257,13 @@ def check_rebalance(
     max_moves: int,
     run_label: str,
     db_url=None,
+    *,
+    count_spread: float,
+    max_count_spread: float,
     **kw,
 ) -> CheckResult:
-    """Every enabled runner exactly once, on an enabled worker; spread and moves in bound.
+    """Every enabled runner exactly once, on an enabled worker; load spread, count spread
+    (both relative to capacity) and moves in bound.
     ``assignment``: runner id -> worker id of the proposal."""
     import pandas as pd
 
@@ -265,9 +274,12 @@ def check_rebalance(
         }
     )
     df["spread"] = float(spread)
+    df["count_spread"] = float(count_spread)
     df["moves"] = int(moves)
     if assignment:
-        expectations = rebalance_expectations(runner_ids, worker_ids, max_spread, max_moves)
+        expectations = rebalance_expectations(
+            runner_ids, worker_ids, max_spread, max_count_spread, max_moves
+        )
     else:  # nothing to place: only "every runner exactly once" applies
         import great_expectations as gx
 

@@ -1,14 +1,27 @@
-"""Rebalancing: which worker pushes which runner, balanced by load relative to capacity.
+"""Rebalancing: which worker pushes which runner, balanced by load and count relative to
+capacity, and a plan that says why each runner moves.
 
-Inputs: the enabled workers (capacity, metrics), the runners of enabled rules with their
-current worker, and each runner's load from the delivery log over a recent window, computed
-in Spark: ``load = rate x mean latency`` (Little's law: the concurrent requests it keeps
-busy). With no delivery data every runner weighs 1, so the result is even by count.
+Inputs: the enabled workers (capacity, heartbeat metrics), the runners of enabled rules with
+their bus, age and current worker, and each runner's load from the delivery log over a recent
+window, computed in Spark: ``load = rate x mean latency`` (Little's law: the concurrent requests
+it keeps busy).
 
-The proposal is sticky. Runners on a missing or disabled worker (or on none) must move.
-A worker over its capacity share of the total by more than ``tolerance`` sheds runners, but
-never below its share; then the displaced runners go, heaviest first, to the worker whose
-load relative to capacity stays lowest. Nothing else moves.
+A runner's **weight** is a fixed cost (its lanes, connections and memory: a tenth of the mean
+runner load) plus its load. A runner created within the window has no history yet, which is not
+the same as no load: it is weighed with a prior, the mean load of the runners of its bus that
+have history (else of all runners). Older runners with nothing delivered are known to be idle.
+Without any load data every runner weighs the same, and the result is even by count.
+
+A worker's **capacity** is its configured capacity, lowered (to half at most) while its last
+heartbeat, if recent, shows it short of headroom: CPU above 80 % or an event-loop lag above
+100 ms.
+
+The proposal is sticky. Runners on a missing or disabled worker (or on none) must move. A
+worker over its share of the total weight by more than ``TOLERANCE`` sheds its heaviest
+runners, never below its share; a worker over its count cap (its share of the runners by
+capacity, plus ``COUNT_TOLERANCE`` and one) sheds its lightest. The displaced runners go,
+heaviest first, to the worker under its count cap whose weight relative to capacity stays
+lowest. Nothing else moves. Each move carries its reason.
 
 A proposal is applied in one transaction with a new generation (``event_assignment``), after
 checking that the assignment it started from is still the current one; the push workers
@@ -26,7 +39,12 @@ from datetime import UTC, datetime, timedelta
 from eventpush.db import connection, transaction
 
 DEFAULT_WINDOW = timedelta(minutes=15)
-TOLERANCE = 0.10
+TOLERANCE = 0.10  # weight over a worker's share before it sheds runners
+COUNT_TOLERANCE = 0.5  # runners over a worker's share of the count before it sheds
+FIXED_COST = 0.1  # a runner's fixed cost, as a share of the mean runner load
+HEARTBEAT_FRESH = timedelta(minutes=5)
+BUSY_CPU_PERCENT = 80.0
+BUSY_LOOP_LAG_MS = 100.0
 
 
 @dataclass(frozen=True)
@@ -34,7 +52,7 @@ class Worker:
     id: int
     name: str
     capacity: int
-    metrics: dict = field(default_factory=dict, compare=False)
+    metrics: dict = field(default_factory=dict, compare=False)  # from a recent heartbeat only
 
 
 @dataclass(frozen=True)
@@ -42,13 +60,15 @@ class Runner:
     id: int
     name: str
     worker_id: int | None
+    bus_id: int | None = None
+    new: bool = False  # created within the load window: no history yet
 
 
 @dataclass
 class Inputs:
     workers: list[Worker]  # enabled only
     runners: list[Runner]
-    load: dict[int, float]  # runner id -> load; empty when there is no delivery data
+    load: dict[int, float]  # runner id -> load, for runners with deliveries in the window
     worker_names: dict[int, str]  # every worker, enabled or not
 
 
@@ -56,34 +76,60 @@ class Inputs:
 class Proposal:
     assignment: dict[int, int | None]  # runner id -> worker id
     moves: int
-    spread: float  # max over workers of relative load / mean relative load
-    max_load_ratio: float  # the same, by load rather than relative to capacity
-    loads: dict[int, float]  # worker id -> load
+    spread: float  # max over workers of weight/capacity over the mean of the same
+    max_load_ratio: float  # the same, by weight rather than relative to capacity
+    loads: dict[int, float]  # worker id -> weight held
+    count_spread: float = 1.0  # max over workers of count/capacity over the mean of the same
+    reasons: dict[int, str] = field(default_factory=dict)  # runner id -> why it moves
 
     def to_json(self, inputs: Inputs) -> dict:
         names = {r.id: r.name for r in inputs.runners}
+        current = {r.id: r.worker_id for r in inputs.runners}
+        worker = inputs.worker_names.get
         return {
             "assignment": {
-                names[r]: inputs.worker_names.get(w) if w is not None else None
+                names[r]: worker(w) if w is not None else None
                 for r, w in sorted(self.assignment.items(), key=lambda kv: names[kv[0]])
             },
             "moves": self.moves,
             "spread": round(self.spread, 4),
+            "count_spread": round(self.count_spread, 4),
+            "moved": [
+                {
+                    "runner": names[r],
+                    "from": worker(current[r]) if current[r] is not None else None,
+                    "to": worker(w) if w is not None else None,
+                    "why": self.reasons.get(r, ""),
+                }
+                for r, w in sorted(self.assignment.items(), key=lambda kv: names[kv[0]])
+                if current.get(r) != w
+            ],
         }
 
 
 def load_inputs(spark, db_url: str, window: timedelta = DEFAULT_WINDOW, now=None) -> Inputs:
     """Workers and runners from PostgreSQL; per-runner load from the delivery log in Spark."""
+    now = now or datetime.now(UTC)
     with connection(db_url) as conn, transaction(conn) as cur:
-        cur.execute("SELECT id, name, capacity, enabled, metrics FROM event_push_worker")
+        cur.execute(
+            "SELECT id, name, capacity, enabled, metrics, heartbeat_at >= %s "
+            "FROM event_push_worker",
+            (now - HEARTBEAT_FRESH,),
+        )
         rows = cur.fetchall()
         cur.execute(
-            "SELECT r.id, r.name, r.worker_id FROM event_target_runner r "
+            "SELECT r.id, r.name, r.worker_id, ru.bus_id, r.ctime >= %s "
+            "FROM event_target_runner r "
             "JOIN event_target t ON t.id = r.target_id JOIN event_rule ru ON ru.id = t.rule_id "
-            "WHERE ru.state = 'ENABLED' ORDER BY r.id"
+            "WHERE ru.state = 'ENABLED' ORDER BY r.id",
+            (now - window,),
         )
         runners = [Runner(*row) for row in cur.fetchall()]
-    workers = [Worker(wid, name, cap, metrics or {}) for wid, name, cap, on, metrics in rows if on]
+    workers = [
+        Worker(wid, name, cap, (metrics or {}) if fresh else {})
+        for wid, name, cap, on, metrics, fresh in rows
+        if on
+    ]
     names = {wid: name for wid, name, *_ in rows}
     load = runner_load(spark, db_url, [r.id for r in runners], window, now)
     return Inputs(workers=workers, runners=runners, load=load, worker_names=names)
@@ -114,33 +160,80 @@ def runner_load(spark, db_url: str, runner_ids: list[int], window: timedelta, no
 
 
 def weights(inputs: Inputs) -> dict[int, float]:
-    """Each runner's weight: its load, with a floor so idle runners still spread by count;
-    all ones when there is no load data."""
+    """Each runner's weight: a fixed cost plus its load, or plus a prior when it is new; all
+    ones when there is no load data at all."""
     positive = [v for v in inputs.load.values() if v > 0]
     if not positive:
         return {r.id: 1.0 for r in inputs.runners}
-    floor = 0.01 * sum(positive) / len(positive)
-    return {r.id: max(inputs.load.get(r.id, 0.0), floor) for r in inputs.runners}
+    mean = sum(positive) / len(positive)
+    by_bus: dict[int | None, list[float]] = {}
+    for r in inputs.runners:
+        if inputs.load.get(r.id, 0.0) > 0:
+            by_bus.setdefault(r.bus_id, []).append(inputs.load[r.id])
+    prior = {bus: sum(v) / len(v) for bus, v in by_bus.items()}
+
+    def load(r: Runner) -> float:
+        if r.id in inputs.load:
+            return inputs.load[r.id]
+        return prior.get(r.bus_id, mean) if r.new else 0.0
+
+    return {r.id: FIXED_COST * mean + load(r) for r in inputs.runners}
+
+
+def headroom(metrics: dict) -> float:
+    """The share of its capacity a worker can take, from its last heartbeat: 1.0 with room to
+    spare, down to 0.5 when its CPU is saturated or its event loop lags."""
+    factor = 1.0
+    cpu = metrics.get("cpu_percent")
+    if isinstance(cpu, int | float) and math.isfinite(cpu) and cpu > BUSY_CPU_PERCENT:
+        factor = min(factor, 1.0 - 0.5 * min(cpu - BUSY_CPU_PERCENT, 20.0) / 20.0)
+    lag = metrics.get("loop_lag_ms")
+    if isinstance(lag, int | float) and math.isfinite(lag) and lag > BUSY_LOOP_LAG_MS:
+        factor = min(factor, max(0.5, BUSY_LOOP_LAG_MS / lag))
+    return factor
+
+
+def capacities(inputs: Inputs) -> dict[int, float]:
+    """worker id -> effective capacity: configured capacity times heartbeat headroom."""
+    return {w.id: w.capacity * headroom(w.metrics) for w in inputs.workers}
+
+
+def count_caps(n_runners: int, capacity: dict[int, float]) -> dict[int, int]:
+    """worker id -> the most runners it may hold: its share by capacity, with tolerance, + 1."""
+    total = sum(capacity.values())
+    return {
+        w: math.floor(n_runners * c / total * (1 + COUNT_TOLERANCE)) + 1
+        for w, c in capacity.items()
+    }
 
 
 def propose(inputs: Inputs, tolerance: float = TOLERANCE) -> Proposal:
     """A sticky, capacity-relative assignment; see the module docstring."""
     weight = weights(inputs)
-    capacity = {w.id: w.capacity for w in inputs.workers}
+    capacity = capacities(inputs)
     current = {r.id: r.worker_id for r in inputs.runners}
     if not capacity:
         return Proposal({r.id: None for r in inputs.runners}, 0, math.inf, math.inf, {})
-    total_load = sum(weight.values())
+    names = inputs.worker_names
     total_cap = sum(capacity.values())
-    share = {w: total_load * c / total_cap for w, c in capacity.items()}
+    share = {w: sum(weight.values()) * c / total_cap for w, c in capacity.items()}
+    cap = count_caps(len(inputs.runners), capacity)
     held: dict[int, list[int]] = {w: [] for w in capacity}
+    reasons: dict[int, str] = {}
     pool = []
     for r in inputs.runners:
-        held.get(r.worker_id, pool).append(r.id)
+        if r.worker_id in held:
+            held[r.worker_id].append(r.id)
+        else:
+            pool.append(r.id)
+            reasons[r.id] = (
+                "unassigned"
+                if r.worker_id is None
+                else f"worker {names.get(r.worker_id, r.worker_id)} is disabled or gone"
+            )
     load = {w: sum(weight[r] for r in rs) for w, rs in held.items()}
     for w, rs in held.items():
-        if load[w] <= share[w] * (1 + tolerance):
-            continue
+        over = load[w] / share[w] if share[w] else math.inf
         # Shed the heaviest runners that keep the worker at or above its share: few moves.
         shed = set()
         for r in sorted(rs, key=lambda r: (-weight[r], r)):
@@ -149,22 +242,39 @@ def propose(inputs: Inputs, tolerance: float = TOLERANCE) -> Proposal:
             if load[w] - weight[r] >= share[w] - 1e-9:
                 load[w] -= weight[r]
                 shed.add(r)
+                reasons[r] = f"worker {names[w]} carried {over:.2f}x its share of the load"
+        kept = [r for r in rs if r not in shed]
+        # Then the lightest, while it holds more runners than its count cap.
+        for r in sorted(kept, key=lambda r: (weight[r], r))[: max(0, len(kept) - cap[w])]:
+            load[w] -= weight[r]
+            shed.add(r)
+            reasons[r] = f"worker {names[w]} held {len(rs)} runners, over its cap of {cap[w]}"
         pool.extend(sorted(shed))
         held[w] = [r for r in rs if r not in shed]
     placement = {r: w for w, rs in held.items() for r in rs}
-    # One heap per capacity: the best worker for a runner is the one whose relative load is
-    # lowest *after* taking it, and within one capacity that is the least loaded one.
-    heaps: dict[int, list] = {}
+    count = {w: len(rs) for w, rs in held.items()}
+    # Best worker for a runner: the lowest weight relative to capacity after taking it, among
+    # those under their count cap. Workers with equal capacity are kept in one heap.
+    heaps: dict[float, list] = {}
     for w, c in capacity.items():
         heaps.setdefault(c, []).append((load[w], w))
     for heap in heaps.values():
         heapq.heapify(heap)
     for r in sorted(pool, key=lambda r: (-weight[r], r)):
-        c = min(heaps, key=lambda c: ((heaps[c][0][0] + weight[r]) / c, heaps[c][0][1]))
-        _, w = heapq.heappop(heaps[c])
+        full = []
+        while True:
+            open_caps = [c for c in heaps if heaps[c]]
+            c = min(open_caps, key=lambda c: ((heaps[c][0][0] + weight[r]) / c, heaps[c][0][1]))
+            _, w = heapq.heappop(heaps[c])
+            if count[w] < cap[w]:
+                break
+            full.append((c, w))
         placement[r] = w
         load[w] += weight[r]
+        count[w] += 1
         heapq.heappush(heaps[c], (load[w], w))
+        for c_full, w_full in full:
+            heapq.heappush(heaps[c_full], (load[w_full], w_full))
     moves = sum(1 for r, w in placement.items() if current.get(r) != w)
     return Proposal(
         assignment=placement,
@@ -172,6 +282,8 @@ def propose(inputs: Inputs, tolerance: float = TOLERANCE) -> Proposal:
         spread=spread(load, capacity),
         max_load_ratio=max(load.values()) / (sum(load.values()) / len(load)) if load else 0.0,
         loads=load,
+        count_spread=spread({w: float(n) for w, n in count.items()}, capacity),
+        reasons={r: why for r, why in reasons.items() if current.get(r) != placement.get(r)},
     )
 
 
@@ -184,21 +296,25 @@ def spread(load: dict[int, float], capacity: dict[int, int]) -> float:
     return max(load[w] / capacity[w] for w in capacity) / mean
 
 
-def bounds(inputs: Inputs, tolerance: float = TOLERANCE) -> tuple[float, int]:
-    """The check's limits: the spread the placement can always reach (its tolerance plus one
-    runner's worth of granularity), and the moves it may make (every runner that must move,
-    plus a quarter of the rest)."""
+def bounds(inputs: Inputs, tolerance: float = TOLERANCE) -> tuple[float, float, int]:
+    """The check's limits: the weight spread the placement can always reach (its tolerance
+    plus one runner's worth of granularity), the count spread (the count cap's), and the moves
+    it may make (every runner that must move, plus a quarter of the rest)."""
     weight = weights(inputs)
-    capacity = {w.id: w.capacity for w in inputs.workers}
+    capacity = capacities(inputs)
     if not capacity or not weight:
-        return math.inf, len(inputs.runners)
+        return math.inf, math.inf, len(inputs.runners)
     total_load = sum(weight.values())
     total_cap = sum(capacity.values())
     granularity = max(
         max(weight.values()) / (total_load * c / total_cap) for c in capacity.values()
     )
+    n = len(inputs.runners)
+    count_bound = max(
+        (cap + 1e-9) / (n * capacity[w] / total_cap) for w, cap in count_caps(n, capacity).items()
+    )
     must_move = sum(1 for r in inputs.runners if r.worker_id not in capacity)
-    return 1 + tolerance + granularity, must_move + math.ceil(0.25 * len(inputs.runners))
+    return 1 + tolerance + granularity, count_bound, must_move + math.ceil(0.25 * n)
 
 
 class StaleProposalError(RuntimeError):
@@ -224,6 +340,7 @@ def apply(db_url: str, inputs: Inputs, proposal: Proposal, origin: str = "rebala
             return 0
         details = {
             "spread": round(proposal.spread, 4),
+            "count_spread": round(proposal.count_spread, 4),
             "max_load_ratio": round(proposal.max_load_ratio, 4),
             "workers": {inputs.worker_names[w]: round(v, 4) for w, v in proposal.loads.items()},
         }
@@ -271,14 +388,16 @@ def run_rebalance(
     inputs = load_inputs(spark, db_url, window)
     check_inputs(inputs)
     proposal = propose_fn(inputs)
-    max_spread, max_moves = bounds(inputs)
+    max_spread, max_count_spread, max_moves = bounds(inputs)
     check = quality.check_rebalance(
         proposal.assignment,
         runner_ids=[r.id for r in inputs.runners],
         worker_ids=[w.id for w in inputs.workers],
         spread=proposal.spread if inputs.runners else 1.0,
+        count_spread=proposal.count_spread if inputs.runners else 1.0,
         moves=proposal.moves,
         max_spread=max_spread,
+        max_count_spread=max_count_spread,
         max_moves=max_moves,
         run_label=run_label,
         db_url=db_url,
