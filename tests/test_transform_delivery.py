@@ -145,6 +145,8 @@ def test_bus_account_and_region_defaults_and_checks(conn):
     with pytest.raises(catalog.CatalogError) as info:
         catalog.create_bus(conn, "x", 1, account="12345")
     assert str(info.value) == "--account must be a 12-digit AWS account id, got '12345'"
+    with pytest.raises(catalog.CatalogError, match="12-digit"):
+        catalog.create_bus(conn, "x", 1, account="111111111111\n")
     with pytest.raises(catalog.CatalogError) as info:
         catalog.create_bus(conn, "x", 1, region="Mars")
     assert str(info.value) == "--region must look like an AWS region (us-east-1), got 'Mars'"

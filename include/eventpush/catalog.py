@@ -73,9 +73,9 @@ def create_bus(
         raise CatalogError(f"--queues must be between 1 and {MAX_QUEUES}, got {queues}")
     account = DEFAULT_ACCOUNT if account is None else account
     region = DEFAULT_REGION if region is None else region
-    if not ACCOUNT_RE.match(account):
+    if not isinstance(account, str) or not ACCOUNT_RE.fullmatch(account):
         raise CatalogError(f"--account must be a 12-digit AWS account id, got {account!r}")
-    if not REGION_RE.match(region):
+    if not isinstance(region, str) or not REGION_RE.fullmatch(region):
         raise CatalogError(f"--region must look like an AWS region (us-east-1), got {region!r}")
     try:
         with transaction(conn) as cur:
