@@ -22,6 +22,9 @@ from eventpush.push.targets import InvalidTargetUrlError, validate_url
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TRANSFORM_KINDS = ("ORIGINAL", "CONSTANT", "JSONPATH", "TEMPLATE")
 MAX_QUEUES = 1024
+# Mirrored by the CHECK constraints of migration 0002_bus_account_region.
+ACCOUNT_RE = re.compile(r"^[0-9]{12}$")
+REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9]{1,2}$")
 
 
 class CatalogError(ValueError):
@@ -49,17 +52,37 @@ def _bus_id(cur, bus: str) -> tuple[int, int]:
     return row
 
 
-def create_bus(conn: Connection, name: str, queues: int, description: str = "") -> int:
-    """A bus with ``queues`` queues, and its partition of ``bus_event``."""
+def create_bus(
+    conn: Connection,
+    name: str,
+    queues: int,
+    description: str = "",
+    *,
+    account: str | None = None,
+    region: str | None = None,
+) -> int:
+    """A bus with ``queues`` queues, and its partition of ``bus_event``.
+
+    ``account`` and ``region`` are what the input transformer reports for events that carry
+    none (``<aws.events.event>``, ``<aws.events.rule-arn>``); defaults in rules/transforms.py.
+    """
+    from eventpush.rules.transforms import DEFAULT_ACCOUNT, DEFAULT_REGION
+
     check_name("bus", name)
     if not isinstance(queues, int) or not 1 <= queues <= MAX_QUEUES:
         raise CatalogError(f"--queues must be between 1 and {MAX_QUEUES}, got {queues}")
+    account = DEFAULT_ACCOUNT if account is None else account
+    region = DEFAULT_REGION if region is None else region
+    if not isinstance(account, str) or not ACCOUNT_RE.fullmatch(account):
+        raise CatalogError(f"--account must be a 12-digit AWS account id, got {account!r}")
+    if not isinstance(region, str) or not REGION_RE.fullmatch(region):
+        raise CatalogError(f"--region must look like an AWS region (us-east-1), got {region!r}")
     try:
         with transaction(conn) as cur:
             cur.execute(
-                "INSERT INTO event_bus (name, queues, description) VALUES (%s, %s, %s) "
-                "RETURNING id",
-                (name, queues, description),
+                "INSERT INTO event_bus (name, queues, description, account, region) "
+                "VALUES (%s, %s, %s, %s, %s) RETURNING id",
+                (name, queues, description, account, region),
             )
             bus_id = cur.fetchone()[0]
             cur.execute(

@@ -42,11 +42,24 @@ def bus() -> None:
 @click.argument("name")
 @click.option("--queues", type=int, default=4, show_default=True, help="Number of queues.")
 @click.option("--description", default="")
+@click.option(
+    "--account",
+    default=None,
+    help="AWS account id the input transformer reports for events without one "
+    "[default: 000000000000].",
+)
+@click.option(
+    "--region",
+    default=None,
+    help="AWS region the input transformer reports for events without one [default: us-east-1].",
+)
 @handles_errors
-def bus_create(name: str, queues: int, description: str) -> None:
+def bus_create(
+    name: str, queues: int, description: str, account: str | None, region: str | None
+) -> None:
     """Create bus NAME with --queues queues."""
     with connection() as conn:
-        catalog.create_bus(conn, name, queues, description)
+        catalog.create_bus(conn, name, queues, description, account=account, region=region)
     out.print(f"bus {name} created with {queues} queues")
 
 

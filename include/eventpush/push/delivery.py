@@ -54,6 +54,9 @@ class Target:
     batch_size: int = 1
     concurrency: int = 16
     ordered: bool = False
+    # The bus's settings for the input transformer's <aws.events.event> and rule ARN.
+    bus_account: str | None = None
+    bus_region: str | None = None
 
 
 @dataclass(slots=True)
@@ -83,7 +86,7 @@ class Outcome:
 TARGET_SQL = """
 SELECT r.id, r.name, b.name, b.id, ru.name, ru.pattern::text, t.name, t.url, t.secret,
        t.transform_kind, t.transform_spec, t.max_attempts, t.backoff_ms, t.max_age_s,
-       t.timeout_ms, t.batch_size, t.concurrency, t.ordered
+       t.timeout_ms, t.batch_size, t.concurrency, t.ordered, b.account, b.region
 FROM event_target_runner r
 JOIN event_target t ON t.id = r.target_id
 JOIN event_rule ru ON ru.id = t.rule_id
@@ -133,7 +136,13 @@ def build_request(
 def _body(target: Target, record: Record, transform) -> bytes:
     if target.transform_kind == "ORIGINAL":
         return record.raw.encode()  # the event exactly as stored: no re-serialising
-    return transform.apply(record.event, target.rule)
+    return transform.apply(
+        record.event,
+        target.rule,
+        bus=target.bus,
+        account=target.bus_account,
+        region=target.bus_region,
+    )
 
 
 def classify(status: int) -> str:
@@ -244,7 +253,12 @@ async def deliver(
 ) -> Outcome:
     """Push ``records`` with retries inline (as replay does): the final outcome, with
     ``records[*].attempts`` updated."""
-    body, headers = build_request(target, records, transform)
+    try:
+        body, headers = build_request(target, records, transform)
+    except Exception as exc:  # a transform that cannot apply to these events: final, as live
+        for r in records:
+            r.attempts += 1
+        return Outcome(FINAL, None, f"transform failed: {_short(exc)}", 0.0)
     start = time.monotonic()
     for r in records:
         r.first_seen = r.first_seen or start

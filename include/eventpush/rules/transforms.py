@@ -7,8 +7,11 @@ Public API
     ``InvalidTransformError`` (a ``ValueError``, one-line message) for an unknown kind or an
     invalid spec, so ``eventpush target create`` can refuse it up front.
 
-``Transform.apply(event, rule_name="", *, rule_arn="", ingestion_time=None) -> bytes``
-    The HTTP body for ``event`` (a dict). Compiled once, applied many times.
+``Transform.apply(event, rule_name="", *, rule_arn="", ingestion_time=None, bus="",
+account=None, region=None) -> bytes``
+    The HTTP body for ``event`` (a dict). Compiled once, applied many times. Raises
+    ``UndeliverableBodyError`` (one line) when the filled template is a body EventBridge would
+    not deliver; the push engine and replay record such a record as failed.
 
 The kinds
 ---------
@@ -20,18 +23,32 @@ The kinds
     The value the path selects, as JSON (EventBridge's ``InputPath``): ``null`` when nothing
     matches, an array when the path selects several values.
 ``TEMPLATE`` (spec: ``{"InputPathsMap": {name: jsonpath}, "InputTemplate": text}`` or its JSON)
-    EventBridge's input transformer. Each ``<name>`` in the template is replaced by the value its
-    path selects. In a JSON template (one starting with ``{`` or ``[``) a placeholder outside
-    quotes becomes the value as JSON (``null`` when the path matches nothing) and a placeholder
-    inside a quoted string becomes the text of the value with no quotes of its own (JSON-escaped,
-    so the body stays valid JSON; empty when nothing matches). In any other template, values are
-    inserted as raw text (strings without quotes, other values as JSON, nothing when missing).
-    Reserved variables, usable without a path: ``<aws.events.rule-name>``,
-    ``<aws.events.rule-arn>``, ``<aws.events.event.ingestion-time>`` (the ``ingestion_time``
-    argument, else the event's ``time``), ``<aws.events.event>`` (the event without its
-    ``detail``, as JSON) and ``<aws.events.event.json>`` (the whole event as JSON); the last two
-    cannot sit inside a quoted string. At most 100 paths; names must not start with ``aws.``.
-    Placeholders naming no variable are left as they are.
+    EventBridge's input transformer, filled the way EventBridge fills it:
+
+    - A JSON template (one starting with ``{`` or ``[``): a placeholder outside quotes becomes
+      the value as JSON, and ``""`` when its path matches nothing. A placeholder inside a quoted
+      string becomes the value's text exactly as it is (EventBridge does not escape it), and
+      nothing when its path matches nothing. An object or array inside a quoted string, or a
+      string whose quotes, backslashes or control characters break the JSON, makes a body
+      EventBridge does not deliver: ``apply`` raises ``UndeliverableBodyError``, and
+      ``compile_transform`` refuses the template when the path makes it certain (``$``,
+      ``$.detail`` and ``$.resources`` always select an object or an array).
+    - Any other template: strings are inserted as they are, numbers and booleans as JSON,
+      objects and arrays in EventBridge's unquoted form (``{acc_id:0a787ecb-4015,sf_id:baz}``,
+      ``[ACTIVE,INACTIVE]``), nothing when the path matches nothing.
+    - Reserved variables, usable without a path: ``<aws.events.rule-name>``,
+      ``<aws.events.rule-arn>`` (``arn:aws:events:REGION:ACCOUNT:rule/BUS/RULE``),
+      ``<aws.events.event.ingestion-time>`` (the ``ingestion_time`` argument, else the event's
+      ``time``), ``<aws.events.event>`` (the event without its ``detail``, in EventBridge's
+      form: ``version``, ``id``, ``detailType``, ``source``, ``account``, ``time``,
+      ``region``, ``resources``) and ``<aws.events.event.json>`` (the whole event). The last
+      two can only be the value of a JSON field, as in EventBridge.
+    - ``account`` and ``region`` are the event's own when it has them, else the bus's settings
+      (``event_bus.account`` and ``.region``; defaults ``DEFAULT_ACCOUNT`` = 000000000000 and
+      ``DEFAULT_REGION`` = us-east-1).
+    - A placeholder naming neither a path nor a reserved variable is refused, as EventBridge
+      refuses it (``InputTemplate ... contains invalid placeholder notdefinedkey.``). At most
+      100 paths; names must not start with ``aws.``.
 """
 
 from __future__ import annotations
@@ -46,16 +63,24 @@ from typing import Any
 from jsonpath_ng import parse as parse_jsonpath
 
 __all__ = [
+    "DEFAULT_ACCOUNT",
+    "DEFAULT_REGION",
     "KINDS",
     "MAX_INPUT_PATHS",
     "InvalidTransformError",
     "Transform",
+    "UndeliverableBodyError",
     "compile_transform",
+    "rule_arn_for",
 ]
 
 KINDS = ("ORIGINAL", "CONSTANT", "JSONPATH", "TEMPLATE")
 MAX_INPUT_PATHS = 100
 MAX_TEMPLATE_CHARS = 8192
+# What a bus reports as its account and region until `bus create --account/--region` says
+# otherwise: LocalStack's test account and AWS's first region, so nothing looks like a real one.
+DEFAULT_ACCOUNT = "000000000000"
+DEFAULT_REGION = "us-east-1"
 
 RULE_NAME = "aws.events.rule-name"
 RULE_ARN = "aws.events.rule-arn"
@@ -63,16 +88,24 @@ INGESTION_TIME = "aws.events.event.ingestion-time"
 EVENT = "aws.events.event"
 EVENT_JSON = "aws.events.event.json"
 RESERVED = (RULE_NAME, RULE_ARN, INGESTION_TIME, EVENT, EVENT_JSON)
-# Whole-event variables carry unescaped JSON: inside a JSON string they would break the body.
+# Whole-event variables are JSON whose contents are not escaped: only a JSON field's value.
 _JSON_ONLY = (EVENT, EVENT_JSON)
+# Paths whose value is an object or an array for every event publish accepts.
+_ALWAYS_CONTAINER = {"$": "an object", "$.detail": "an object", "$.resources": "an array"}
 
 _VARIABLE_NAME = re.compile(r"[A-Za-z0-9_\-.]+")
 _PLACEHOLDER = re.compile(r"<([A-Za-z0-9_\-.]+)>")
+# Characters that, inserted unescaped into a JSON string, end it or make it invalid.
+_BREAKS_JSON_STRING = re.compile(r'["\\\x00-\x1f]')
 _MISSING = object()
 
 
 class InvalidTransformError(ValueError):
     """A transform spec that cannot be used; the message says which part and why."""
+
+
+class UndeliverableBodyError(ValueError):
+    """The filled template for this event is a body EventBridge would not deliver."""
 
 
 def _dumps(value: Any) -> str:
@@ -81,6 +114,14 @@ def _dumps(value: Any) -> str:
 
 def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
+
+
+def rule_arn_for(
+    rule: str, bus: str = "", account: str = DEFAULT_ACCOUNT, region: str = DEFAULT_REGION
+) -> str:
+    """The rule's ARN as EventBridge writes it; rules on the default bus carry no bus name."""
+    where = f"{bus}/" if bus and bus != "default" else ""
+    return f"arn:aws:events:{region}:{account}:rule/{where}{rule}"
 
 
 @dataclass(frozen=True)
@@ -98,8 +139,18 @@ class Transform:
         *,
         rule_arn: str = "",
         ingestion_time: str | None = None,
+        bus: str = "",
+        account: str | None = None,
+        region: str | None = None,
     ) -> bytes:
-        context = {RULE_NAME: rule_name, RULE_ARN: rule_arn, INGESTION_TIME: ingestion_time}
+        context = {
+            RULE_NAME: rule_name,
+            RULE_ARN: rule_arn,
+            INGESTION_TIME: ingestion_time,
+            "bus": bus,
+            "account": account or DEFAULT_ACCOUNT,
+            "region": region or DEFAULT_REGION,
+        }
         return self._render(event, context)
 
 
@@ -171,7 +222,7 @@ class _Slot:
     in_string: bool
 
 
-def _split_template(template: str, known: set[str], is_json: bool) -> list[str | _Slot]:
+def _split_template(template: str, is_json: bool) -> list[str | _Slot]:
     """Cut the template into literal text and placeholders, noting which sit in JSON strings."""
     pieces: list[str | _Slot] = []
     literal: list[str] = []
@@ -182,7 +233,7 @@ def _split_template(template: str, known: set[str], is_json: bool) -> list[str |
         ch = template[i]
         if ch == "<":
             m = _PLACEHOLDER.match(template, i)
-            if m and m.group(1) in known:
+            if m:
                 if literal:
                     pieces.append("".join(literal))
                     literal = []
@@ -234,11 +285,64 @@ def _template_spec(spec: Any) -> tuple[dict, str]:
     return paths, template
 
 
+def _unquoted(value: Any) -> str:
+    """A value as EventBridge writes it into text: JSON with every string left unquoted."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_unquoted(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_unquoted(v) for v in value) + "]"
+    return _dumps(value)
+
+
+def _event_form(event: dict, context: dict) -> dict:
+    """``<aws.events.event>``: the envelope in EventBridge's key order, ``detailType`` spelt
+    as EventBridge spells it, account and region from the event or else from the bus."""
+    form = {
+        "version": event.get("version", "0"),
+        "id": event.get("id"),
+        "detailType": event.get("detail-type"),
+        "source": event.get("source"),
+        "account": event.get("account") or context["account"],
+        "time": event.get("time"),
+        "region": event.get("region") or context["region"],
+        "resources": event.get("resources", []),
+    }
+    return {k: v for k, v in form.items() if v is not None}
+
+
+def _check_placeholders(pieces: list, selectors: dict, paths: dict, is_json: bool) -> None:
+    for piece in pieces:
+        if not isinstance(piece, _Slot):
+            continue
+        name = piece.name
+        if name not in selectors and name not in RESERVED:
+            raise InvalidTransformError(
+                f"TEMPLATE InputTemplate contains invalid placeholder {name}: it is neither "
+                "in InputPathsMap nor a reserved aws.events variable"
+            )
+        if name in _JSON_ONLY and not (is_json and not piece.in_string):
+            raise InvalidTransformError(
+                f"TEMPLATE <{name}> can only be the value of a JSON field (outside quotes "
+                "in a JSON template), as in EventBridge"
+            )
+        if piece.in_string and name in selectors:
+            kind = _ALWAYS_CONTAINER.get(paths[name].strip())
+            if kind:
+                raise InvalidTransformError(
+                    f"TEMPLATE <{name}> sits inside a quoted string but its path "
+                    f"{paths[name].strip()} always selects {kind}: the filled body would not "
+                    f"be valid JSON and EventBridge does not deliver it; put <{name}> "
+                    "outside quotes"
+                )
+
+
 def _template(spec: Any) -> Callable[[dict, dict], bytes]:
     paths, template = _template_spec(spec)
     selectors: dict[str, Callable[[dict], Any]] = {}
     for name, path in paths.items():
-        if not _VARIABLE_NAME.fullmatch(name):
+        if not isinstance(name, str) or not _VARIABLE_NAME.fullmatch(name):
             raise InvalidTransformError(
                 f"TEMPLATE variable {name!r}: names use letters, digits, '_', '-' and '.'"
             )
@@ -248,15 +352,10 @@ def _template(spec: Any) -> Callable[[dict, dict], bytes]:
             )
         selectors[name] = _compile_path(path, f"TEMPLATE variable {name!r}")
 
-    stripped = template.strip()
-    is_json = stripped.startswith(("{", "["))
-    pieces = _split_template(template, set(selectors) | set(RESERVED), is_json)
+    is_json = template.strip().startswith(("{", "["))
+    pieces = _split_template(template, is_json)
+    _check_placeholders(pieces, selectors, paths, is_json)
     if is_json:
-        for piece in pieces:
-            if isinstance(piece, _Slot) and piece.in_string and piece.name in _JSON_ONLY:
-                raise InvalidTransformError(
-                    f"TEMPLATE <{piece.name}> can only be a JSON value, not inside a quoted string"
-                )
         probe = "".join(
             p if isinstance(p, str) else ("x" if p.in_string else "null") for p in pieces
         )
@@ -276,15 +375,19 @@ def _template(spec: Any) -> Callable[[dict, dict], bytes]:
         if name == EVENT_JSON:
             return event
         if name == EVENT:
-            return {k: v for k, v in event.items() if k != "detail"}
+            return _event_form(event, context)
         if name == INGESTION_TIME:
             stamp = context.get(INGESTION_TIME) or event.get("time")
             if not isinstance(stamp, str):
                 stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             return stamp
+        if name == RULE_ARN:
+            return context.get(RULE_ARN) or rule_arn_for(
+                context.get(RULE_NAME) or "", context["bus"], context["account"], context["region"]
+            )
         return context.get(name) or ""
 
-    def render(event: dict, context: dict) -> bytes:
+    def render_text(event: dict, context: dict) -> bytes:
         values = {name: value_of(name, event, context) for name in used}
         out: list[str] = []
         for piece in pieces:
@@ -292,20 +395,49 @@ def _template(spec: Any) -> Callable[[dict, dict], bytes]:
                 out.append(piece)
                 continue
             value = values[piece.name]
-            if not is_json:
-                if value is _MISSING:
-                    continue
-                out.append(value if isinstance(value, str) else _dumps(value))
-            elif piece.in_string:
-                if value is _MISSING:
-                    continue
-                text = value if isinstance(value, str) else _dumps(value)
-                out.append(_dumps(text)[1:-1])
-            else:
-                out.append("null" if value is _MISSING else _dumps(value))
+            if value is not _MISSING:
+                out.append(_unquoted(value))
         return "".join(out).encode()
 
-    return render
+    def render_json(event: dict, context: dict) -> bytes:
+        values = {name: value_of(name, event, context) for name in used}
+        out: list[str] = []
+        broken = None  # the first placeholder whose raw text may break the JSON
+        for piece in pieces:
+            if piece.__class__ is str:
+                out.append(piece)
+                continue
+            value = values[piece.name]
+            if not piece.in_string:
+                out.append('""' if value is _MISSING else _dumps(value))
+            elif value is _MISSING:
+                continue
+            elif isinstance(value, str):
+                if broken is None and _BREAKS_JSON_STRING.search(value):
+                    broken = piece.name
+                out.append(value)
+            elif isinstance(value, dict | list):
+                kind = "an object" if isinstance(value, dict) else "an array"
+                raise UndeliverableBodyError(
+                    f"TEMPLATE <{piece.name}> is {kind} inside a quoted string, so the filled "
+                    "body is not valid JSON; EventBridge does not deliver it"
+                )
+            else:
+                out.append(_dumps(value))
+        body = "".join(out)
+        if broken is not None:
+            try:
+                json.loads(body)
+            except json.JSONDecodeError as exc:
+                raise UndeliverableBodyError(
+                    f"TEMPLATE <{broken}> put quotes, backslashes or control characters inside "
+                    f"a quoted string (EventBridge does not escape them), so the filled body is "
+                    f"not valid JSON ({exc.msg} at position {exc.pos}); EventBridge does not "
+                    "deliver it"
+                ) from None
+        return body.encode()
+
+    return render_json if is_json else render_text
 
 
 _BUILDERS: dict[str, Callable[[Any], Callable[[dict, dict], bytes]]] = {
