@@ -133,6 +133,10 @@ class Committer:
         deadline = None if give_up_s is None else time.monotonic() + give_up_s
         delay = RETRY_FIRST_S
         while True:
+            # A cancelled commit's thread may still be writing this very batch: let it end
+            # first, so its transaction id (if it got one) tells the whole story.
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            await self.lease.settle(remaining)
             batch, written = self.pending
             if batch.xid is not None and await self._committed(batch.xid, deadline):
                 return

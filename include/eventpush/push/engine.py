@@ -167,7 +167,13 @@ class Engine:
             self._spawn(self.signals.listen(self.url), "listener"),
         ]
         try:
-            await self._refresh()
+            try:
+                await self._refresh()
+            except Exception as exc:
+                if isinstance(exc, store.WorkerBusyError | store.LeaseLostError):
+                    raise
+                log.error("assignment refresh failed", exc_info=exc)
+                raise WorkerFailedError(f"assignment refresh failed: {first_line(exc)}") from None
             # Only now: a controller refresh racing the first one would start runners twice.
             background.append(self._spawn(self._controller(), "controller"))
             await self._supervise(started)

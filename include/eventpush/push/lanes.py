@@ -80,8 +80,19 @@ class Runner:
         generation is a different runner (the engine hands this one off)."""
         state, _generation, controls = settings
         self.paused = state == "PAUSED" or bool(controls.get("paused", False))
-        self.lane_limit = int(controls.get("lane_limit", 10_000))
-        self.limiter.resize(min(int(controls.get("concurrency", self.target.concurrency)), 1024))
+        self.lane_limit = self._control(controls, "lane_limit", 10_000)
+        self.limiter.resize(
+            min(self._control(controls, "concurrency", self.target.concurrency), 1024)
+        )
+
+    def _control(self, controls: dict, key: str, default: int) -> int:
+        value = controls.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"runner {self.target.runner}: control {key} must be a positive integer, "
+                f"got {value!r}"
+            )
+        return value
         self.wake.set()
         self.room.set()
 

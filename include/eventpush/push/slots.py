@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Callable
 
-from eventpush.db import connect
+from eventpush.db import StoreError, connect
 from eventpush.push.store import is_transient
 
 log = logging.getLogger("eventpush.push")
@@ -56,8 +56,8 @@ class DbSlot:
         """Wait for a call abandoned by a cancelled task to end (it holds the connection)."""
         orphan, self.orphan = self.orphan, None
         if orphan is not None:
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(asyncio.shield(orphan), timeout)
+            with contextlib.suppress(Exception):  # its own error was its caller's business
+                await asyncio.wait_for(asyncio.shield(orphan), _timeout(timeout))
             if not orphan.done():
                 self.orphan = orphan
 
@@ -68,7 +68,9 @@ class DbSlot:
         delay = RETRY_FIRST_S
         async with self.lock:
             while True:
-                await self.settle()
+                await self.settle(None if deadline is None else deadline - time.monotonic())
+                if self.orphan is not None:
+                    raise StoreError("the connection is still busy with an abandoned call")
                 try:
                     if self.conn is None or self.conn.closed:
                         self.conn = await self._run(self._connect)
@@ -94,6 +96,10 @@ class DbSlot:
             with contextlib.suppress(Exception):
                 self.conn.close()
         self.conn = None
+
+
+def _timeout(seconds: float | None) -> float | None:
+    return None if seconds is None else max(seconds, 0.0)
 
 
 def finite(value: float | None, fallback: float, low: float = 0.0, high: float = 3600.0) -> float:
