@@ -246,6 +246,7 @@ def test_shutdown_during_a_slow_commit_commits_once(conn):
         set_fault(conn)
         code, err = worker.stop(timeout=60)
         assert code == 0, err
+    assert "a commit whose reply was lost had committed; not repeated" in err
     assert delivered_rows(conn) == n
     assert audit(conn) == (0, 0)
     [(total,)] = sql(conn, "SELECT delivered_total FROM event_target_runner")

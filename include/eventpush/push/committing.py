@@ -110,27 +110,28 @@ class Committer:
         return store.CommitBatch(deliveries, failures, offsets, generations), written
 
     async def commit(self, give_up_s: float | None = None) -> None:
-        """Commit what is pending, or else what has gathered; transient errors are retried
-        with backoff (until ``give_up_s``), anything else is raised."""
-        async with self.lock:
-            if self.pending is None:
-                batch, written = self._gather()
-                if batch.empty():
-                    return
-                self.pending = (batch, written)
-            await self._write(give_up_s)
-            batch, written = self.pending
-            self.pending = None
-        for _, cursor, committable, pulled in written:
-            cursor.committed_db = max(cursor.committed_db, committable)
-            cursor.pulled_db = pulled
-        if self.failing:
-            self.failing = False
-            log.warning("commits succeed again")
-        self.on_committed()
-
-    async def _write(self, give_up_s: float | None) -> None:
+        """Commit what an interrupted commit left pending, then what has gathered; transient
+        errors are retried with backoff (until ``give_up_s``), anything else is raised."""
         deadline = None if give_up_s is None else time.monotonic() + give_up_s
+        async with self.lock:
+            for _ in range(2):
+                if self.pending is None:
+                    batch, written = self._gather()
+                    if batch.empty():
+                        return
+                    self.pending = (batch, written)
+                await self._write(deadline)
+                _, written = self.pending
+                self.pending = None
+                for _, cursor, committable, pulled in written:
+                    cursor.committed_db = max(cursor.committed_db, committable)
+                    cursor.pulled_db = pulled
+                if self.failing:
+                    self.failing = False
+                    log.warning("commits succeed again")
+                self.on_committed()
+
+    async def _write(self, deadline: float | None) -> None:
         delay = RETRY_FIRST_S
         while True:
             # A cancelled commit's thread may still be writing this very batch: let it end
