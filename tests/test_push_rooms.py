@@ -237,3 +237,29 @@ def test_transient_errors_are_told_by_class(conn):
     for code in ("23505", "42P01", "22P02"):
         assert not store.is_transient(raised(code)), code
     assert not store.is_transient(ValueError("x"))
+
+
+def test_the_lease_connection_keeps_alive_and_a_runner_starts_once(conn, db_url):
+    """A running engine's lease connection asks for TCP keepalives (a worker cut off from
+    the database loses its lease promptly), and each assigned runner has one Runner."""
+    import threading
+    import time
+
+    from eventpush.push import Engine
+
+    _runner(conn)
+    with conn.cursor() as cur:  # both runners' worker: w1 has the one runner
+        cur.execute(
+            "UPDATE event_target_runner SET worker_id = (SELECT min(id) FROM event_push_worker)"
+        )
+    conn.commit()
+    engine = Engine("w1", db_url, max_seconds=3)
+    thread = threading.Thread(target=lambda: asyncio.run(engine.run()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not getattr(engine, "runners", None) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    params = engine.lease.conn.get_dsn_parameters()
+    assert params["keepalives"] == "1" and int(params["keepalives_idle"]) > 0
+    assert len(engine.runners) == 1
+    thread.join(15)
