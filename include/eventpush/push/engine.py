@@ -100,6 +100,12 @@ class Engine:
         self.wid = 0
         self.readers: asyncio.Queue[DbSlot] = asyncio.Queue()
 
+    @property
+    def settings(self) -> WorkerSettings:
+        """The worker settings in force (defaults until the first assignment read)."""
+        lanes = getattr(self, "lanes", None)
+        return lanes.settings if lanes is not None else WorkerSettings()
+
     # --- supervision ----------------------------------------------------------------------
 
     def stop(self) -> None:
