@@ -269,8 +269,8 @@ class Lanes:
             timeout = IDLE_WAIT_S
             if runner.delayed:
                 timeout = min(timeout, max(runner.delayed[0][0] - now, MIN_WAIT_S))
-            if ready and breaker.is_open:
-                wait = breaker.wait_s(now)
+            if ready and breaker.is_open and runner.limiter.free() and self.pool.free():
+                wait = breaker.wait_s(now)  # with a limiter full, its release wakes us
                 if wait is not None:
                     timeout = min(timeout, max(wait, MIN_WAIT_S))
             runner.wake.clear()
