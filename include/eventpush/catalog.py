@@ -17,6 +17,7 @@ import psycopg2.extras
 from psycopg2 import sql
 
 from eventpush.db import Connection, transaction
+from eventpush.push.policy import DEFAULTS, LIMITS
 from eventpush.push.targets import InvalidTargetUrlError, validate_url
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -151,23 +152,13 @@ class TargetSpec:
     secret: str | None = None
     transform_kind: str = "ORIGINAL"
     transform_spec: object = None
-    max_attempts: int = 5
-    backoff_ms: int = 200
-    max_age_s: int = 3600
-    timeout_ms: int = 5000
-    batch_size: int = 1
-    concurrency: int = 16
+    max_attempts: int = DEFAULTS.max_attempts
+    backoff_ms: int = DEFAULTS.backoff_ms
+    max_age_s: int = DEFAULTS.max_age_s
+    timeout_ms: int = DEFAULTS.timeout_ms
+    batch_size: int = DEFAULTS.batch_size
+    concurrency: int = DEFAULTS.concurrency
     ordered: bool = False
-
-
-LIMITS = {
-    "max_attempts": (1, 185),
-    "backoff_ms": (1, 3_600_000),
-    "max_age_s": (1, 86_400),
-    "timeout_ms": (1, 300_000),
-    "batch_size": (1, 1000),
-    "concurrency": (1, 1024),
-}
 
 
 def check_target(spec: TargetSpec) -> None:

@@ -18,11 +18,14 @@ class StoreError(RuntimeError):
     """A database problem, said in one line, with no secret in it."""
 
 
-def connect(url: str | None = None, *, application_name: str = "eventpush") -> Connection:
-    """A new connection; ``url`` defaults to ``EVENTPUSH_DATABASE_URL``."""
+def connect(
+    url: str | None = None, *, application_name: str = "eventpush", **libpq: object
+) -> Connection:
+    """A new connection; ``url`` defaults to ``EVENTPUSH_DATABASE_URL``; ``libpq`` adds
+    connection parameters (e.g. TCP keepalives)."""
     url = url or database_url()
     try:
-        conn = psycopg2.connect(url, application_name=application_name, connect_timeout=10)
+        conn = psycopg2.connect(url, application_name=application_name, connect_timeout=10, **libpq)
     except psycopg2.OperationalError as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StoreError(f"cannot connect to {redact_url(url)}: {first_line}") from None

@@ -10,6 +10,7 @@ import click
 from eventpush import catalog
 from eventpush.cli.common import fail, handles_errors, out
 from eventpush.db import connection
+from eventpush.push.policy import DEFAULTS
 
 
 @click.group()
@@ -92,12 +93,12 @@ def target() -> None:
 @click.option("--name", required=True)
 @click.option("--url", required=True, help="http or https endpoint.")
 @click.option("--secret", default=None, help="Standard Webhooks secret, whsec_<base64>.")
-@click.option("--max-attempts", type=int, default=5, show_default=True)
-@click.option("--backoff-ms", type=int, default=200, show_default=True)
-@click.option("--max-age-s", type=int, default=3600, show_default=True)
-@click.option("--timeout-ms", type=int, default=5000, show_default=True)
-@click.option("--batch-size", type=int, default=1, show_default=True)
-@click.option("--concurrency", type=int, default=16, show_default=True)
+@click.option("--max-attempts", type=int, default=DEFAULTS.max_attempts, show_default=True)
+@click.option("--backoff-ms", type=int, default=DEFAULTS.backoff_ms, show_default=True)
+@click.option("--max-age-s", type=int, default=DEFAULTS.max_age_s, show_default=True)
+@click.option("--timeout-ms", type=int, default=DEFAULTS.timeout_ms, show_default=True)
+@click.option("--batch-size", type=int, default=DEFAULTS.batch_size, show_default=True)
+@click.option("--concurrency", type=int, default=DEFAULTS.concurrency, show_default=True)
 @click.option("--ordered", is_flag=True, help="Deliver in order per queue.")
 @click.option(
     "--transform",

@@ -81,7 +81,13 @@ def worker_run(name: str, until_idle: bool, max_seconds: float | None, as_json: 
     """Run worker NAME's push loop (SIGTERM or Ctrl-C stops it gracefully)."""
     import logging
 
-    from eventpush.push import LeaseLostError, UnknownWorkerError, WorkerBusyError, run_worker
+    from eventpush.push import (
+        LeaseLostError,
+        UnknownWorkerError,
+        WorkerBusyError,
+        WorkerFailedError,
+        run_worker,
+    )
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     live = None
@@ -109,7 +115,7 @@ def worker_run(name: str, until_idle: bool, max_seconds: float | None, as_json: 
         )
     except UnknownWorkerError as exc:
         fail(str(exc))
-    except (WorkerBusyError, LeaseLostError) as exc:
+    except (WorkerBusyError, LeaseLostError, WorkerFailedError) as exc:
         fail(str(exc), EXIT_STORE)
     finally:
         if live is not None:

@@ -1,6 +1,6 @@
 """The push runtime: ``run_worker`` pushes one worker's runners (see ``engine``)."""
 
-from eventpush.push.engine import Engine, WorkerReport, run_worker
+from eventpush.push.engine import Engine, WorkerFailedError, WorkerReport, run_worker
 from eventpush.push.store import LeaseLostError, UnknownWorkerError, WorkerBusyError
 
 __all__ = [
@@ -8,6 +8,7 @@ __all__ = [
     "LeaseLostError",
     "UnknownWorkerError",
     "WorkerBusyError",
+    "WorkerFailedError",
     "WorkerReport",
     "run_worker",
 ]

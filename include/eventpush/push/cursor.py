@@ -3,9 +3,14 @@
 Offsets are taken in increasing order, so the insertion-ordered ``inflight`` dict keeps its
 lowest offset first: the committable offset (the next one not finished) is its first key, or
 ``pulled`` when nothing is in flight. Filtered-out records never enter ``inflight``.
+``pulled`` only moves forward.
 """
 
 from __future__ import annotations
+
+# How far (in buffer spans) a queue may be read past its committed offset: room for several
+# commit intervals of work, and a hard stop when commits fail.
+UNCOMMITTED_SPANS = 4
 
 
 class QueueCursor:
@@ -34,6 +39,11 @@ class QueueCursor:
         self.inflight[offset] = size
         self.inflight_bytes += size
 
+    def advance(self, offset: int) -> None:
+        """Everything before ``offset`` has been read."""
+        if offset > self.pulled:
+            self.pulled = offset
+
     def finish(self, offset: int, message_id: str) -> None:
         self.inflight_bytes -= self.inflight.pop(offset)
         self.last_message_id = message_id
@@ -47,5 +57,12 @@ class QueueCursor:
         return self.pulled - self.committable()
 
     def over(self, records: int, size: int, span: int) -> bool:
-        """Backpressure: stop pulling while any bound is passed."""
-        return len(self.inflight) >= records or self.inflight_bytes >= size or self.span() >= span
+        """Backpressure: stop pulling while any bound is passed. The span counts from the
+        committed offset as well as from the oldest record in flight, so while commits fail
+        the runner stops taking new work and finished rows waiting for a commit stay few."""
+        return (
+            len(self.inflight) >= records
+            or self.inflight_bytes >= size
+            or self.span() >= span
+            or self.pulled - self.committed_db >= UNCOMMITTED_SPANS * span
+        )

@@ -21,6 +21,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
+from eventpush.push.policy import DEFAULTS
 from eventpush.push.targets import InvalidTargetUrlError, check_address
 
 USER_AGENT = "eventpush/0.1"
@@ -47,12 +48,12 @@ class Target:
     secret: str | None = field(default=None, repr=False)
     transform_kind: str = "ORIGINAL"
     transform_spec: object = None
-    max_attempts: int = 5
-    backoff_ms: int = 200
-    max_age_s: int = 3600
-    timeout_ms: int = 5000
-    batch_size: int = 1
-    concurrency: int = 16
+    max_attempts: int = DEFAULTS.max_attempts
+    backoff_ms: int = DEFAULTS.backoff_ms
+    max_age_s: int = DEFAULTS.max_age_s
+    timeout_ms: int = DEFAULTS.timeout_ms
+    batch_size: int = DEFAULTS.batch_size
+    concurrency: int = DEFAULTS.concurrency
     ordered: bool = False
     # The bus's settings for the input transformer's <aws.events.event> and rule ARN.
     bus_account: str | None = None

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from dataclasses import dataclass
 
 
 class Limiter:
@@ -39,11 +40,25 @@ class Limiter:
             await asyncio.wait_for(self._changed.wait(), timeout)
 
 
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """Leave for one request to go out: the breaker epoch it was admitted in, and whether it
+    is the half-open probe."""
+
+    epoch: int
+    probe: bool = False
+
+
 class CircuitBreaker:
     """Opens when nearly every recent attempt failed with a retryable error (at least
     ``ratio`` of the last ``window``), so a target that is merely flaky keeps being served
     while a dead or hanging one costs almost nothing. While open, one probe goes through
-    after a cool-down that doubles (up to ``max_cooldown``) each time a probe fails."""
+    after a cool-down that doubles (up to ``max_cooldown``) each time a probe fails.
+
+    Every state change starts a new epoch, and an outcome counts only in the epoch its
+    request was admitted in: answers to requests sent before the breaker opened neither
+    stretch its cool-down nor close it; only the probe decides.
+    """
 
     def __init__(
         self,
@@ -60,36 +75,53 @@ class CircuitBreaker:
         self.is_open = False
         self.open_until = 0.0
         self.probing = False
+        self.epoch = 0
 
-    def allows(self, now: float | None = None) -> bool:
-        """May a request go out now? In the half-open state only one probe at a time."""
+    def admit(self, now: float | None = None) -> Pass | None:
+        """A pass for one request now, or None. In the half-open state one probe at a time."""
         if not self.is_open:
-            return True
+            return Pass(self.epoch)
         now = time.monotonic() if now is None else now
         if now < self.open_until or self.probing:
-            return False
+            return None
         self.probing = True
-        return True
+        return Pass(self.epoch, probe=True)
 
-    def wait_s(self, now: float | None = None) -> float:
+    def wait_s(self, now: float | None = None) -> float | None:
+        """Seconds until a probe may go; None while a probe is out (its outcome wakes us)."""
+        if self.probing:
+            return None
         now = time.monotonic() if now is None else now
         return max(self.open_until - now, 0.0)
 
-    def success(self) -> None:
+    def record(self, granted: Pass, *, reached: bool, failed: bool) -> None:
+        """Count one outcome. ``reached`` False (transform failed, address refused): the target
+        said nothing, so nothing is counted, but a probe's turn is handed back."""
+        if granted.probe and granted.epoch == self.epoch:
+            self.probing = False
+        if not reached or granted.epoch != self.epoch:
+            return
+        if failed:
+            self._failure()
+        else:
+            self._success()
+
+    def _success(self) -> None:
         self.recent.append(False)
         if self.is_open:
             self.is_open = False
             self.recent.clear()
             self.cooldown = self.base_cooldown
-        self.probing = False
+            self.epoch += 1
 
-    def failure(self) -> None:
+    def _failure(self) -> None:
         self.recent.append(True)
         if self.is_open:
             self.cooldown = min(self.cooldown * 2, self.max_cooldown)
+            self.epoch += 1  # the next probe is a new epoch too
         elif len(self.recent) == self.recent.maxlen and sum(self.recent) >= self.threshold:
             self.is_open = True
             self.cooldown = self.base_cooldown
+            self.epoch += 1
         if self.is_open:
             self.open_until = time.monotonic() + self.cooldown
-        self.probing = False

@@ -1,9 +1,16 @@
-"""The push engine's database side: lease, assignment, reads and commits.
+"""The push engine's database side: lease, runner claims, assignment, reads and commits.
 
 Plain synchronous psycopg2 functions; the engine calls them through ``asyncio.to_thread`` so
 no database call blocks the event loop. A commit writes delivery rows, failure rows, offsets
 and runner counters in one transaction, and only on the connection that holds the worker's
 lease, so a copy of the worker that lost its lease can never move an offset.
+
+Fencing: a worker pushes a runner only while it holds the runner's claim (a session advisory
+lock on the lease connection), taken when the assignment gives it the runner and let go only
+after its sends for that runner have stopped; every commit checks, under a share lock on the
+runner rows, that each runner it writes for is still assigned to this worker at the
+generation the worker started it with. A commit for a runner that moved is refused whole
+(:class:`FencedError`) and retried without it.
 """
 
 from __future__ import annotations
@@ -17,10 +24,15 @@ from dataclasses import dataclass
 import psycopg2
 import psycopg2.extras
 
-from eventpush.db import Connection, connect, copy_text, transaction
+from eventpush.db import Connection, StoreError, connect, copy_text, transaction
 from eventpush.push.delivery import Target, load_targets
 
 LEASE_NAMESPACE = 0x45_50  # first key of the advisory lock; the worker id is the second
+RUNNER_NAMESPACE = 0x45_51  # a runner's claim; the runner id is the second key
+# SQLSTATE classes worth waiting out: connection exceptions, invalid transaction state (25006
+# read-only after a failover), transaction rollback (40001 serialization, 40P01 deadlock),
+# insufficient resources, operator intervention (57P01 admin shutdown), system errors.
+TRANSIENT_CLASSES = frozenset({"08", "25", "40", "53", "57", "58"})
 NOTIFY_CHANNEL = "eventpush_publish"
 
 
@@ -34,6 +46,22 @@ class UnknownWorkerError(ValueError):
 
 class LeaseLostError(RuntimeError):
     """The lease went away (connection lost) and another process has taken it since."""
+
+
+class FencedError(RuntimeError):
+    """A commit refused because some of its runners are no longer this worker's."""
+
+    def __init__(self, runner_ids: frozenset[int]) -> None:
+        super().__init__(f"runners {sorted(runner_ids)} are no longer assigned to this worker")
+        self.runner_ids = runner_ids
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A database error that goes away by waiting and reconnecting (of any class)."""
+    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError | StoreError):
+        return True
+    code = getattr(exc, "pgcode", None)
+    return bool(code) and code[:2] in TRANSIENT_CLASSES
 
 
 @dataclass(frozen=True)
@@ -104,11 +132,59 @@ def take_lease(conn: Connection, worker: str, wid: int) -> None:
 
 
 def release_lease(conn: Connection, wid: int) -> None:
+    """Let go of the lease and every runner claim held with it."""
     conn.rollback()
     conn.autocommit = True
     with conn.cursor() as cur:
-        cur.execute("SELECT pg_advisory_unlock(%s, %s)", (LEASE_NAMESPACE, wid))
         cur.execute("UPDATE event_push_worker SET pid = NULL WHERE id = %s", (wid,))
+        cur.execute("SELECT pg_advisory_unlock_all()")
+
+
+def _claims_held(cur) -> set[int]:
+    cur.execute(
+        "SELECT objid::int FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() "
+        "AND classid = %s AND objsubid = 2 AND granted",
+        (RUNNER_NAMESPACE,),
+    )
+    return {row[0] for row in cur.fetchall()}
+
+
+def _claim(cur, runner_ids: list[int]) -> set[int]:
+    """Take the claims not held yet; the ids whose claim this session now holds."""
+    held = _claims_held(cur)
+    for rid in runner_ids:
+        if rid not in held:
+            cur.execute("SELECT pg_try_advisory_lock(%s, %s)", (RUNNER_NAMESPACE, rid))
+            if cur.fetchone()[0]:
+                held.add(rid)
+    return held & set(runner_ids)
+
+
+def _assigned(cur, wid: int, generations: dict[int, int], lock: bool) -> set[int]:
+    """The runners still assigned to this worker at the generation given."""
+    cur.execute(
+        "SELECT id, worker_id, generation FROM event_target_runner WHERE id = ANY(%s)"
+        + (" FOR SHARE" if lock else ""),
+        (list(generations),),
+    )
+    return {rid for rid, worker, gen in cur.fetchall() if worker == wid and gen == generations[rid]}
+
+
+def claim_runners(conn: Connection, wid: int, generations: dict[int, int]) -> set[int]:
+    """Claim runners assigned to this worker ({id: generation}); returns those claimed. A
+    runner whose previous worker has not let go yet is not claimed (try again later)."""
+    with transaction(conn) as cur:
+        assigned = _assigned(cur, wid, generations, lock=False)
+        return _claim(cur, sorted(assigned))
+
+
+def release_runners(conn: Connection, runner_ids: list[int]) -> None:
+    """Let go of runner claims (after this worker's sends for them have stopped)."""
+    with transaction(conn) as cur:
+        held = _claims_held(cur)
+        for rid in runner_ids:
+            if rid in held:
+                cur.execute("SELECT pg_advisory_unlock(%s, %s)", (RUNNER_NAMESPACE, rid))
 
 
 ASSIGNMENT_SQL = """
@@ -166,15 +242,38 @@ def read_window(conn: Connection, bus_id: int, queue_id: int, start: int, stop: 
         return cur.fetchall()
 
 
-def commit(
-    conn: Connection,
-    wid: int,
-    deliveries: list[DeliveryRow],
-    failures: list[FailureRow],
-    offsets: list[OffsetRow],
-) -> None:
-    """Deliveries, failures, offsets and counters in one transaction, under the lease."""
+@dataclass
+class CommitBatch:
+    """What one commit writes. ``xid`` is set by :func:`commit` before anything is written,
+    so a commit whose outcome is unknown (reply lost, cancelled) can be looked up instead of
+    being retried blindly."""
+
+    deliveries: list[DeliveryRow]
+    failures: list[FailureRow]
+    offsets: list[OffsetRow]
+    generations: dict[int, int]  # every runner written for -> generation it was started at
+    xid: int | None = None
+
+    def without(self, runner_ids: frozenset[int]) -> CommitBatch:
+        return CommitBatch(
+            [d for d in self.deliveries if d.runner_id not in runner_ids],
+            [f for f in self.failures if f.runner_id not in runner_ids],
+            [o for o in self.offsets if o.runner_id not in runner_ids],
+            {r: g for r, g in self.generations.items() if r not in runner_ids},
+        )
+
+    def empty(self) -> bool:
+        return not (self.deliveries or self.failures or self.offsets)
+
+
+def commit(conn: Connection, wid: int, batch: CommitBatch) -> None:
+    """Deliveries, failures, offsets and counters in one transaction, under the lease and
+    the claims of every runner written for, fenced by their assignment generation."""
+    deliveries, failures, offsets = batch.deliveries, batch.failures, batch.offsets
+    batch.xid = None
     with transaction(conn) as cur:
+        cur.execute("SELECT txid_current()")
+        batch.xid = cur.fetchone()[0]
         # The lease is a session lock on this very connection; after a reconnect it must have
         # been taken again, and this check makes a commit without it impossible.
         cur.execute(
@@ -184,6 +283,13 @@ def commit(
         )
         if not cur.fetchone()[0]:
             raise LeaseLostError("commit refused: this connection does not hold the lease")
+        if batch.generations:
+            # FOR SHARE: a rebalance moving one of these runners waits for this commit.
+            assigned = _assigned(cur, wid, batch.generations, lock=True)
+            claimed = _claim(cur, sorted(assigned))
+            fenced = frozenset(batch.generations) - claimed
+            if fenced:
+                raise FencedError(fenced)
         if deliveries:
             buf = io.StringIO()
             for d in deliveries:
@@ -226,7 +332,8 @@ def commit(
             psycopg2.extras.execute_values(
                 cur,
                 'UPDATE event_push_offset o SET "offset" = greatest(o."offset", v.committed), '
-                "pulled = v.pulled, message_id = coalesce(v.message_id, o.message_id), "
+                "pulled = greatest(o.pulled, v.pulled), "
+                "message_id = coalesce(v.message_id, o.message_id), "
                 "mtime = now() "
                 "FROM (VALUES %s) AS v(runner_id, queue_id, committed, pulled, message_id) "
                 "WHERE o.runner_id = v.runner_id AND o.queue_id = v.queue_id",
@@ -286,5 +393,9 @@ def listen(url: str) -> Connection:
     return conn
 
 
-def is_connection_error(exc: BaseException) -> bool:
-    return isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError)
+def commit_status(conn: Connection, xid: int) -> str | None:
+    """'committed', 'aborted' or 'in progress' for a commit's transaction id (None when
+    too old to tell)."""
+    with transaction(conn) as cur:
+        cur.execute("SELECT txid_status(%s)", (xid,))
+        return cur.fetchone()[0]

@@ -1,0 +1,423 @@
+"""Lanes and dispatch: each runner's records, from the windows it pulls to the sends that
+take them to its target.
+
+- **Lanes.** Each runner has a bounded lane: a high-priority deque of fresh records and a
+  low-priority deque of retry batches (timeouts included), drained ``FRESH_PER_RETRY`` to
+  one, so retries never starve fresh events. Sends take a slot of the runner's concurrency
+  limit and of the worker's shared pool; a circuit breaker per target stops hammering a dead
+  one. Ordered targets get one sequential sender per queue instead.
+- **Backpressure.** A runner stops pulling a queue while its in-flight records on it pass a
+  count, a byte size or an offset span, or while what it pulled runs too far past what is
+  committed (``QueueCursor.over``).
+- **Time.** Every delay that keys the retry heap or a sleep passes through ``finite``: a
+  target's ``Retry-After: nan`` can never freeze a runner.
+
+The sending itself (HTTP, target rules) is ``delivery`` and ``targets``; what an outcome
+leaves behind is ``committing``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+
+from eventpush.push import delivery
+from eventpush.push.committing import Committer
+from eventpush.push.controls import WorkerSettings
+from eventpush.push.cursor import QueueCursor
+from eventpush.push.delivery import Outcome, Record, Target
+from eventpush.push.limits import CircuitBreaker, Limiter, Pass
+from eventpush.push.reading import BusSignals, WindowCache
+from eventpush.push.slots import finite, first_line
+
+FRESH_PER_RETRY = 4
+POLL_INTERVAL_S = 1.0
+IDLE_WAIT_S = 0.5
+MIN_WAIT_S = 0.001
+MAX_RETRY_DELAY_S = 300.0
+
+
+class Runner:
+    """One rule-target pair being pushed by this worker, at one assignment generation."""
+
+    def __init__(self, target: Target, offsets: dict[int, int], settings: tuple) -> None:
+        from eventpush.rules.patterns import compile_pattern
+        from eventpush.rules.transforms import compile_transform
+
+        self.target = target
+        self.id = target.runner_id
+        self.generation = settings[1]
+        self.pattern = compile_pattern(target.pattern)
+        self.transform = compile_transform(target.transform_kind, target.transform_spec)
+        self.cursors = {qid: QueueCursor(qid, off) for qid, off in sorted(offsets.items())}
+        self.fresh: deque[Record] = deque()
+        self.retry: deque[list[Record]] = deque()
+        self.delayed: list[tuple[float, int, list[Record]]] = []
+        self.ordered_lines: dict[int, deque[Record]] = {qid: deque() for qid in self.cursors}
+        self.inflight = 0
+        self.limiter = Limiter(target.concurrency)
+        self.breaker = CircuitBreaker()
+        self.wake = asyncio.Event()  # lane or limits changed: the dispatcher looks again
+        self.room = asyncio.Event()  # records finished or committed: feeders may pull again
+        self.latencies: deque[float] = deque(maxlen=2000)
+        self.tasks: list[asyncio.Task] = []  # feeders and dispatcher or ordered senders
+        self.sends: set[asyncio.Task] = set()
+        self.paused = False
+        self.fenced = False  # moved away: its outcomes are never committed
+        self.lane_limit = 10_000
+        self.last_outcome: Outcome | None = None
+        self.apply(settings)
+
+    def apply(self, settings: tuple) -> None:
+        """Apply (state, generation, controls) as read from the assignment; a different
+        generation is a different runner (the engine hands this one off)."""
+        state, _generation, controls = settings
+        self.paused = state == "PAUSED" or bool(controls.get("paused", False))
+        self.lane_limit = self._control(controls, "lane_limit", 10_000)
+        self.limiter.resize(
+            min(self._control(controls, "concurrency", self.target.concurrency), 1024)
+        )
+
+    def _control(self, controls: dict, key: str, default: int) -> int:
+        value = controls.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"runner {self.target.runner}: control {key} must be a positive integer, "
+                f"got {value!r}"
+            )
+        return value
+        self.wake.set()
+        self.room.set()
+
+    def percentiles(self) -> tuple[float | None, float | None]:
+        if len(self.latencies) < 2:
+            return (self.latencies[0], self.latencies[0]) if self.latencies else (None, None)
+        cuts = statistics.quantiles(self.latencies, n=100)
+        return cuts[49], cuts[98]
+
+    def idle(self) -> bool:
+        return self.paused or (self.inflight == 0 and all(c.at_end for c in self.cursors.values()))
+
+
+def retry_delay(target: Target, attempts: int, retry_after_s: float | None) -> float:
+    """Seconds before the next attempt, always finite: the policy's backoff when what the
+    target asked for is no number."""
+    delay = delivery.backoff_s(target, attempts, retry_after_s)
+    if delay is None or not math.isfinite(delay) or delay < 0:
+        delay = delivery.backoff_s(target, attempts)
+    return finite(delay, target.backoff_ms / 1000, 0.0, MAX_RETRY_DELAY_S)
+
+
+async def wait_for_event(event: asyncio.Event, timeout: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), finite(timeout, IDLE_WAIT_S, MIN_WAIT_S))
+
+
+class Lanes:
+    """The worker's runners' lanes, the shared pool, and the tasks that move records."""
+
+    def __init__(
+        self,
+        report,
+        session,
+        cache: WindowCache,
+        signals: BusSignals,
+        committer: Committer,
+        spawn: Callable[[Coroutine, str], asyncio.Task],
+    ) -> None:
+        self.report = report
+        self.session = session
+        self.cache = cache
+        self.signals = signals
+        self.committer = committer
+        self.spawn = spawn
+        self.settings = WorkerSettings()
+        self.paused = False
+        self.pool = Limiter(self.settings.pool_max)
+        self.seq = itertools.count()
+        self.sends: set[asyncio.Task] = set()
+        self.runners: dict[int, Runner] = {}
+
+    # --- life of a runner -----------------------------------------------------------------
+
+    def start(self, runner: Runner) -> None:
+        name = runner.target.runner
+        for cursor in runner.cursors.values():
+            qid = cursor.queue_id
+            runner.tasks.append(self.spawn(self.feed(runner, cursor), f"feeder {name}#{qid}"))
+            if runner.target.ordered:
+                runner.tasks.append(self.spawn(self.ordered(runner, qid), f"sender {name}#{qid}"))
+        if not runner.target.ordered:
+            runner.tasks.append(self.spawn(self.dispatch(runner), f"dispatcher {name}"))
+
+    def stop_taking(self, runner: Runner) -> None:
+        """No more pulling or dispatching; sends under way go on; unsent records stay
+        uncommitted (the next run redelivers them)."""
+        for task in runner.tasks:
+            task.cancel()
+        runner.fresh.clear()
+        runner.retry.clear()
+        runner.delayed.clear()
+        for line in runner.ordered_lines.values():
+            line.clear()
+
+    def fence(self, runner: Runner) -> list[asyncio.Task]:
+        """The runner is no longer ours: everything of it stops now, outcomes included.
+        Returns the tasks to wait for before another worker may take it."""
+        runner.fenced = True
+        self.stop_taking(runner)
+        for task in runner.sends:
+            task.cancel()
+        return [*runner.tasks, *runner.sends]
+
+    def wake_all(self) -> None:
+        for runner in self.runners.values():
+            runner.wake.set()
+            runner.room.set()
+
+    # --- pulling --------------------------------------------------------------------------
+
+    async def feed(self, runner: Runner, cursor: QueueCursor) -> None:
+        """Pull one queue for one runner into its lane, within the backpressure bounds."""
+        bus_id = runner.target.bus_id
+        ordered_line = runner.ordered_lines[cursor.queue_id] if runner.target.ordered else None
+        while True:
+            s = self.settings
+            if runner.paused or self.paused:
+                runner.room.clear()
+                await wait_for_event(runner.room, IDLE_WAIT_S)
+                continue
+            if cursor.over(s.buffer_records, s.buffer_bytes, s.buffer_span) or (
+                runner.inflight >= runner.lane_limit
+            ):
+                runner.room.clear()
+                await wait_for_event(runner.room, POLL_INTERVAL_S)
+                continue
+            signal_ = self.signals.signal(bus_id)
+            events = await self.cache.events_from(bus_id, cursor.queue_id, cursor.pulled)
+            if not events:
+                cursor.at_end = True
+                await wait_for_event(signal_, POLL_INTERVAL_S)
+                continue
+            cursor.at_end = False
+            taken = 0
+            pulled_at = time.monotonic()  # a record's age (max_age_s) counts from here
+            for ev in events:
+                if cursor.over(s.buffer_records, s.buffer_bytes, s.buffer_span):
+                    break
+                if runner.id in ev.matches:
+                    cursor.take(ev.offset, ev.size)
+                    record = Record(
+                        cursor.queue_id, ev.offset, ev.message_id, ev.event, ev.raw, pulled_at
+                    )
+                    if ordered_line is None:
+                        runner.fresh.append(record)
+                    else:
+                        ordered_line.append(record)
+                    runner.inflight += 1
+                    taken += 1
+                else:
+                    self.report.filtered += 1
+                self.report.read += 1
+                cursor.advance(ev.offset + 1)
+            if taken:
+                runner.wake.set()
+
+    # --- dispatching ----------------------------------------------------------------------
+
+    def _promote_due(self, runner: Runner, now: float) -> None:
+        while runner.delayed and runner.delayed[0][0] <= now:
+            runner.retry.append(heapq.heappop(runner.delayed)[2])
+
+    async def dispatch(self, runner: Runner) -> None:
+        """Drain the runner's lane: fresh first, one retry batch every FRESH_PER_RETRY."""
+        fresh_streak = 0
+        last_sweep = 0.0
+        size = runner.target.batch_size
+        breaker = runner.breaker
+        while True:
+            now = time.monotonic()
+            self._promote_due(runner, now)
+            ready = (runner.fresh or runner.retry) and not runner.paused and not self.paused
+            granted = None
+            if ready and runner.limiter.free() and self.pool.free():
+                granted = breaker.admit(now)
+            if granted is not None:
+                # A half-open breaker's probe is the oldest work: a retry batch when there is one.
+                prefer_retry = granted.probe or fresh_streak >= FRESH_PER_RETRY
+                if runner.retry and (not runner.fresh or prefer_retry):
+                    batch = runner.retry.popleft()
+                    fresh_streak = 0
+                else:
+                    batch = [runner.fresh.popleft() for _ in range(min(size, len(runner.fresh)))]
+                    fresh_streak += 1
+                self._launch(runner, batch, granted)
+                continue
+            if breaker.is_open and now - last_sweep >= 1.0:
+                last_sweep = now
+                self._expire(runner, now)
+            # Wait for a wake (a send ended, records arrived, limits changed), the next due
+            # retry, or the breaker's cool-down; never a fixed short tick: while a probe is
+            # out or a limiter is full only a wake can change anything.
+            timeout = IDLE_WAIT_S
+            if runner.delayed:
+                timeout = min(timeout, max(runner.delayed[0][0] - now, MIN_WAIT_S))
+            if ready and breaker.is_open and runner.limiter.free() and self.pool.free():
+                wait = breaker.wait_s(now)  # with a limiter full, its release wakes us
+                if wait is not None:
+                    timeout = min(timeout, max(wait, MIN_WAIT_S))
+            runner.wake.clear()
+            await wait_for_event(runner.wake, timeout)
+
+    def _launch(self, runner: Runner, batch: list[Record], granted: Pass) -> None:
+        runner.limiter.try_acquire()
+        self.pool.try_acquire()
+        task = self.spawn(self.send(runner, batch, granted), f"send {runner.target.runner}")
+        runner.sends.add(task)
+        task.add_done_callback(runner.sends.discard)
+        self.sends.add(task)
+        task.add_done_callback(self.sends.discard)
+
+    @staticmethod
+    def _unavailable(runner: Runner) -> Outcome:
+        last = runner.last_outcome
+        return Outcome(
+            delivery.FINAL,
+            last.http_status if last else None,
+            f"target unavailable (circuit open) past max age {runner.target.max_age_s} s; "
+            f"last error: {last.error if last else 'none'}",
+            0.0,
+        )
+
+    def _expire(self, runner: Runner, now: float) -> None:
+        """While the breaker keeps a dead target closed off, records past the target's age
+        limit go to the failure store without another attempt, so the lane drains."""
+        max_age = runner.target.max_age_s
+        outcome = self._unavailable(runner)
+        kept: deque[Record] = deque()
+        for record in runner.fresh:
+            if now - record.first_seen > max_age:
+                self.finish(runner, [record], outcome)
+            else:
+                kept.append(record)
+        runner.fresh = kept
+        for batch in list(runner.retry):
+            if now - batch[0].first_seen > max_age:
+                runner.retry.remove(batch)
+                self.finish(runner, batch, outcome)
+        expired = [d for d in runner.delayed if now - d[2][0].first_seen > max_age]
+        if expired:
+            runner.delayed = [d for d in runner.delayed if d not in expired]
+            heapq.heapify(runner.delayed)
+            for _, _, batch in expired:
+                self.finish(runner, batch, outcome)
+
+    # --- sending --------------------------------------------------------------------------
+
+    async def attempt(self, runner: Runner, batch: list[Record], granted: Pass) -> Outcome:
+        if batch[0].attempts:
+            self.report.retried += 1
+        try:
+            body, headers = delivery.build_request(runner.target, batch, runner.transform)
+        except Exception as exc:  # a transform that cannot apply to this event: final
+            outcome = Outcome(delivery.FINAL, None, f"transform failed: {first_line(exc)}", 0.0)
+        else:
+            outcome = await delivery.attempt(self.session, runner.target, body, headers)
+        for r in batch:
+            r.attempts += 1
+        runner.last_outcome = outcome
+        # No status and final: the request never reached the target (transform failed,
+        # address refused), which says nothing about the target's health.
+        reached = outcome.http_status is not None or outcome.kind == delivery.RETRY
+        runner.breaker.record(granted, reached=reached, failed=outcome.kind == delivery.RETRY)
+        return outcome
+
+    async def send(self, runner: Runner, batch: list[Record], granted: Pass) -> None:
+        try:
+            outcome = await self.attempt(runner, batch, granted)
+        finally:
+            runner.limiter.release()
+            was_full = self.pool.free() == 0
+            self.pool.release()
+            if was_full:
+                self.wake_all()
+            runner.wake.set()
+        if runner.fenced:
+            return  # moved away meanwhile: left uncommitted, the next owner redelivers
+        if outcome.kind == delivery.RETRY:
+            now = time.monotonic()
+            delay = retry_delay(runner.target, batch[0].attempts, outcome.retry_after_s)
+            if not delivery.out_of_attempts(runner.target, batch[0], now, delay):
+                heapq.heappush(runner.delayed, (now + delay, next(self.seq), batch))
+                return
+        self.finish(runner, batch, outcome)
+
+    async def ordered(self, runner: Runner, queue_id: int) -> None:
+        """One sequential sender per queue for ordered targets: a batch is retried in place
+        until it is delivered or failed, and nothing after it goes first."""
+        line = runner.ordered_lines[queue_id]
+        size = runner.target.batch_size
+        breaker = runner.breaker
+        while True:
+            if not line or runner.paused or self.paused:
+                runner.wake.clear()
+                await wait_for_event(runner.wake, IDLE_WAIT_S)
+                continue
+            batch = [line.popleft() for _ in range(min(size, len(line)))]
+            while True:
+                outcome = None
+                granted = breaker.admit()
+                while granted is None:
+                    if time.monotonic() - batch[0].first_seen > runner.target.max_age_s:
+                        outcome = self._unavailable(runner)
+                        break
+                    wait = breaker.wait_s()
+                    if wait is None:  # another queue's probe is out: its outcome wakes us
+                        runner.wake.clear()
+                        await wait_for_event(runner.wake, IDLE_WAIT_S)
+                    else:
+                        await asyncio.sleep(finite(wait, IDLE_WAIT_S, 0.05, IDLE_WAIT_S))
+                    granted = breaker.admit()
+                if outcome is not None:
+                    break
+                while not runner.limiter.try_acquire():
+                    await runner.limiter.changed(IDLE_WAIT_S)
+                while not self.pool.try_acquire():
+                    await self.pool.changed(IDLE_WAIT_S)
+                try:
+                    outcome = await self.attempt(runner, batch, granted)
+                finally:
+                    runner.limiter.release()
+                    self.pool.release()
+                    runner.wake.set()
+                if outcome.kind != delivery.RETRY:
+                    break
+                now = time.monotonic()
+                delay = retry_delay(runner.target, batch[0].attempts, outcome.retry_after_s)
+                if delivery.out_of_attempts(runner.target, batch[0], now, delay):
+                    break
+                await asyncio.sleep(delay)
+            if runner.fenced:
+                return
+            self.finish(runner, batch, outcome)
+
+    # --- outcomes -------------------------------------------------------------------------
+
+    def finish(self, runner: Runner, batch: list[Record], outcome: Outcome) -> None:
+        for r in batch:
+            runner.cursors[r.queue_id].finish(r.offset, r.message_id)
+        self.committer.add(runner.target, batch, outcome)
+        runner.inflight -= len(batch)
+        if outcome.kind == delivery.DELIVERED:
+            self.report.delivered += len(batch)
+            runner.latencies.append(outcome.latency_ms)
+        else:
+            self.report.failed += len(batch)
+        runner.room.set()

@@ -1,0 +1,184 @@
+"""Reading and matching: bus queues read in shared, aligned windows, each event parsed and
+matched once against every rule of the worker on its bus.
+
+Runners walk the windows with cursors of their own (see ``lanes``). Windows are cached a few
+per queue and by total size, least recently used first out, so runners at the same position
+share one read while the cache's memory stays within a fixed budget whatever the events weigh.
+Publishes are heard through LISTEN, so feeders at the end of a queue wake at once; polling is
+the fallback while the listener is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from eventpush.push import store
+
+log = logging.getLogger("eventpush.push")
+
+WINDOW = 256
+CACHE_WINDOWS_PER_QUEUE = 8
+LISTEN_RETRY_S = 2.0
+
+
+@dataclass(slots=True)
+class BusEvent:
+    """An event read from a queue, with the ids of the worker's runners whose rule matches."""
+
+    offset: int
+    message_id: str
+    raw: str
+    event: dict
+    size: int
+    matches: frozenset
+
+
+@dataclass
+class Window:
+    start: int
+    stop: int
+    end: int  # next offset not yet read into this window
+    events: list[BusEvent] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    size: int = 0  # bytes of event text held
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def match_rows(rows: list, index) -> tuple[list[BusEvent], list[int]]:
+    """Parse a window's rows and match each once against every rule (runs in a thread)."""
+    events, offsets = [], []
+    for offset, message_id, raw in rows:
+        event = json.loads(raw)
+        matches = frozenset(index.matching(event))
+        events.append(BusEvent(offset, message_id, raw, event, len(raw), matches))
+        offsets.append(offset)
+    return events, offsets
+
+
+class WindowCache:
+    """Aligned windows of every queue this worker reads, within ``max_bytes`` in all."""
+
+    def __init__(
+        self,
+        read: Callable[[int, int, int, int], Awaitable[list]],
+        index_for: Callable[[int], object],
+        max_bytes: int,
+    ) -> None:
+        self.read = read
+        self.index_for = index_for
+        self.max_bytes = max_bytes
+        self.windows: OrderedDict[tuple[int, int, int], Window] = OrderedDict()
+        self.per_queue: dict[tuple[int, int], int] = {}
+        self.bytes = 0
+
+    def forget_bus(self, bus_id: int) -> None:
+        """The bus's runners changed: cached matches are stale."""
+        for key in [k for k in self.windows if k[0] == bus_id]:
+            self._drop(key)
+
+    def _drop(self, key: tuple[int, int, int]) -> None:
+        window = self.windows.pop(key)
+        self.bytes -= window.size
+        queue = key[:2]
+        self.per_queue[queue] -= 1
+        if not self.per_queue[queue]:
+            del self.per_queue[queue]
+
+    def _evict(self, keep: tuple[int, int, int]) -> None:
+        """Least recently used windows out until both bounds hold (never the one in use)."""
+        queue = keep[:2]
+        for key in [k for k in self.windows if k[:2] == queue and k != keep]:
+            if self.per_queue.get(queue, 0) <= CACHE_WINDOWS_PER_QUEUE:
+                break
+            self._drop(key)
+        for key in list(self.windows):
+            if self.bytes <= self.max_bytes:
+                break
+            if key != keep:
+                self._drop(key)
+
+    async def events_from(self, bus_id: int, queue_id: int, pos: int) -> list[BusEvent]:
+        """Events at offsets >= pos in pos's window, reading what the cache lacks."""
+        start = pos - pos % WINDOW
+        key = (bus_id, queue_id, start)
+        window = self.windows.get(key)
+        if window is None:
+            window = self.windows[key] = Window(start, start + WINDOW, start)
+            self.per_queue[key[:2]] = self.per_queue.get(key[:2], 0) + 1
+            self._evict(key)
+        else:
+            self.windows.move_to_end(key)
+        async with window.lock:
+            # A window always holds [start, end): read from where it ends, never from pos,
+            # so a runner behind another on the same window finds every offset it needs.
+            if window.end <= pos:
+                rows = await self.read(bus_id, queue_id, window.end, window.stop)
+                if rows:
+                    events, offsets = await asyncio.to_thread(
+                        match_rows, rows, self.index_for(bus_id)
+                    )
+                    window.events.extend(events)
+                    window.offsets.extend(offsets)
+                    window.end = offsets[-1] + 1
+                    added = sum(e.size for e in events)
+                    window.size += added
+                    if self.windows.get(key) is window:  # not forgotten while we read
+                        self.bytes += added
+                        self._evict(key)
+        i = bisect.bisect_left(window.offsets, pos)
+        return window.events[i:]
+
+
+class BusSignals:
+    """One event per bus, set when a publish on it is heard."""
+
+    def __init__(self) -> None:
+        self.events: dict[int, asyncio.Event] = {}
+
+    def signal(self, bus_id: int) -> asyncio.Event:
+        event = self.events.get(bus_id)
+        if event is None or event.is_set():
+            event = self.events[bus_id] = asyncio.Event()
+        return event
+
+    async def listen(self, url: str) -> None:
+        """LISTEN for publishes until cancelled, reconnecting while the database is away."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn = await asyncio.to_thread(store.listen, url)
+            except Exception as exc:
+                if not store.is_transient(exc):
+                    raise
+                await asyncio.sleep(LISTEN_RETRY_S)
+                continue
+            broken = asyncio.Event()
+
+            def on_readable(conn=conn, broken=broken) -> None:
+                try:
+                    conn.poll()
+                except Exception:
+                    broken.set()
+                    return
+                for note in conn.notifies:
+                    with contextlib.suppress(ValueError):
+                        event = self.events.get(int(note.payload))
+                        if event is not None:
+                            event.set()
+                conn.notifies.clear()
+
+            fd = conn.fileno()  # kept: a closed connection no longer tells it
+            loop.add_reader(fd, on_readable)
+            try:
+                await broken.wait()
+            finally:
+                loop.remove_reader(fd)
+                with contextlib.suppress(Exception):
+                    conn.close()

@@ -1,0 +1,265 @@
+"""The engine's rooms one at a time: the breaker's epochs, finite delays, the bounded window
+cache, outcome rows, cursors, fencing and runner claims in the real database, and the target
+policy defaults defined once."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import psycopg2
+import pytest
+
+from eventpush import catalog
+from eventpush.push import delivery, store
+from eventpush.push.committing import outcome_rows
+from eventpush.push.cursor import UNCOMMITTED_SPANS, QueueCursor
+from eventpush.push.delivery import Outcome, Record, Target
+from eventpush.push.lanes import MAX_RETRY_DELAY_S, retry_delay
+from eventpush.push.limits import CircuitBreaker
+from eventpush.push.policy import DEFAULTS, LIMITS
+from eventpush.push.reading import WINDOW, WindowCache
+from eventpush.push.slots import finite
+
+TARGET = Target(1, "orders/r/t", "orders", 1, "r", "{}", "t", "http://127.0.0.1:9/x")
+
+
+def opened(breaker: CircuitBreaker) -> None:
+    for _ in range(breaker.recent.maxlen):
+        breaker.record(breaker.admit(), reached=True, failed=True)
+    assert breaker.is_open
+
+
+def test_outcomes_of_requests_sent_before_the_breaker_opened_do_not_count():
+    breaker = CircuitBreaker(cooldown=0.0)
+    early = [breaker.admit() for _ in range(5)]  # sent while closed, answered late
+    opened(breaker)
+    cooldown = breaker.cooldown
+    for granted in early:
+        breaker.record(granted, reached=True, failed=False)
+    assert breaker.is_open, "a late success from before the opening must not close it"
+    for granted in early:
+        breaker.record(granted, reached=True, failed=True)
+    assert breaker.cooldown == cooldown, "nor may late failures stretch the cool-down"
+    probe = breaker.admit()
+    assert probe is not None and probe.probe
+    assert breaker.admit() is None, "one probe at a time"
+    breaker.record(probe, reached=True, failed=False)
+    assert not breaker.is_open
+
+
+def test_outcomes_that_never_reached_the_target_count_for_nothing():
+    breaker = CircuitBreaker(cooldown=0.0)
+    opened(breaker)
+    probe = breaker.admit()
+    breaker.record(probe, reached=False, failed=False)  # transform failed, address refused
+    assert breaker.is_open, "a request that never left is no sign of health"
+    assert breaker.admit() is not None, "but the probe's turn is handed back"
+    closed = CircuitBreaker()
+    for _ in range(100):
+        closed.record(closed.admit(), reached=False, failed=False)
+    assert len(closed.recent) == 0
+
+
+def test_while_a_probe_is_out_the_breaker_names_no_wait():
+    breaker = CircuitBreaker(cooldown=0.0)
+    opened(breaker)
+    assert breaker.wait_s() == 0.0
+    breaker.admit()
+    assert breaker.wait_s() is None, "a waiter must sleep until the probe's outcome"
+
+
+@pytest.mark.parametrize("after", [math.nan, math.inf, -math.inf, -5.0, 1e300])
+def test_retry_delays_are_always_finite_and_bounded(after):
+    delay = retry_delay(TARGET, 1, after)
+    assert math.isfinite(delay) and 0.0 <= delay <= MAX_RETRY_DELAY_S
+    assert finite(math.nan, 0.5) == 0.5 and finite(math.inf, 0.5) == 0.5
+    assert finite(-1.0, 0.5) == 0.0 and finite(1e9, 0.5, high=10.0) == 10.0
+
+
+def test_one_function_builds_delivery_and_failure_rows():
+    batch = [Record(0, 7, "m7", {}, "{}", attempts=2), Record(1, 9, "m9", {}, "{}", attempts=2)]
+    [d, _] = outcome_rows(TARGET, batch, Outcome(delivery.DELIVERED, 200, None, 12.5))
+    assert d == store.DeliveryRow(1, "orders/r/t", "orders", 0, 7, "m7", 2, 200, 12.5)
+    [_, f] = outcome_rows(TARGET, batch, Outcome(delivery.FINAL, 410, "HTTP 410", 1.0))
+    assert f == store.FailureRow(1, "orders/r/t", "orders", 1, 9, "m9", 2, 410, "HTTP 410")
+
+
+def test_pulled_never_goes_backwards_and_uncommitted_work_stops_pulling():
+    cursor = QueueCursor(0, 100)
+    cursor.advance(150)
+    cursor.advance(120)
+    assert cursor.pulled == 150
+    span = 20
+    cursor.advance(100 + UNCOMMITTED_SPANS * span - 1)
+    assert not cursor.over(1000, 1 << 30, span)
+    cursor.advance(100 + UNCOMMITTED_SPANS * span)
+    assert cursor.over(1000, 1 << 30, span), "nothing in flight, but nothing committed either"
+    cursor.committed_db = cursor.pulled
+    assert not cursor.over(1000, 1 << 30, span)
+
+
+def test_the_window_cache_stays_within_its_byte_budget():
+    body = "x" * 1000
+
+    async def read(bus_id, queue_id, start, stop):
+        return [(o, f"m{o}", f'"{body}"') for o in range(start, stop)]
+
+    class Index:
+        def matching(self, event):
+            return []
+
+    async def walk() -> WindowCache:
+        cache = WindowCache(read, lambda bus_id: Index(), max_bytes=3 * WINDOW * 1002)
+        for queue in range(4):
+            for pos in range(0, 20 * WINDOW, WINDOW):
+                events = await cache.events_from(1, queue, pos)
+                assert events[0].offset == pos and len(events) == WINDOW
+                assert cache.bytes <= cache.max_bytes
+        return cache
+
+    cache = asyncio.run(walk())
+    assert cache.bytes == sum(w.size for w in cache.windows.values())
+    assert len(cache.windows) <= 3
+
+
+def test_policy_defaults_are_the_ones_everywhere(conn):
+    """Defined once in push/policy.py; the migration's column defaults and CHECK bounds are
+    held to the same values here."""
+    fields = ("max_attempts", "backoff_ms", "max_age_s", "timeout_ms", "batch_size", "concurrency")
+    spec = catalog.TargetSpec(name="t", url="http://127.0.0.1/")
+    for name in fields:
+        assert getattr(spec, name) == getattr(DEFAULTS, name)
+        assert Target.__dataclass_fields__[name].default == getattr(DEFAULTS, name)
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT column_name, column_default FROM information_schema.columns "
+            "WHERE table_name = 'event_target' AND column_name = ANY(%s)",
+            (list(fields),),
+        )
+        columns = dict(cur.fetchall())
+        for name in fields:
+            assert int(columns[name]) == getattr(DEFAULTS, name), name
+            low, high = LIMITS[name]
+            cur.execute(
+                "SELECT count(*) FROM pg_constraint WHERE conrelid = 'event_target'::regclass "
+                "AND pg_get_constraintdef(oid) LIKE %s",
+                (f"%({name} >= {low}) AND ({name} <= {high})%",),
+            )
+            assert cur.fetchone()[0] == 1, f"CHECK bounds of {name}"
+    from eventpush.cli.catalog import target_create
+
+    options = {p.name: p.default for p in target_create.params}
+    for name in fields:
+        assert options[name] == getattr(DEFAULTS, name), f"--{name}"
+    assert catalog.LIMITS is LIMITS
+
+
+def _runner(conn) -> tuple[int, int, int]:
+    catalog.create_bus(conn, "orders", 1)
+    catalog.create_rule(conn, "orders", "r", {"source": ["shop"]})
+    catalog.create_target(
+        conn, "orders", "r", catalog.TargetSpec(name="t", url="http://127.0.0.1/")
+    )
+    catalog.create_worker(conn, "w1")
+    catalog.create_worker(conn, "w2")
+    catalog.assign(conn)
+    with conn.cursor() as cur:
+        cur.execute("SELECT r.id, r.worker_id, r.generation FROM event_target_runner r")
+        return cur.fetchone()
+
+
+def test_a_commit_for_a_runner_that_moved_is_refused_whole(conn, db_url):
+    rid, wid, gen = _runner(conn)
+    lease = psycopg2.connect(db_url)
+    try:
+        store.take_lease(lease, "w", wid)
+        assert store.claim_runners(lease, wid, {rid: gen}) == {rid}
+        row = store.DeliveryRow(rid, "orders/r/t", "orders", 0, 0, "m0", 1, 200, 1.0)
+        store.commit(lease, wid, store.CommitBatch([row], [], [], {rid: gen}))
+        with conn.cursor() as cur:  # a rebalance moves the runner to the other worker
+            cur.execute(
+                "UPDATE event_target_runner SET worker_id = "
+                "(SELECT id FROM event_push_worker WHERE id <> %s), generation = generation + 1",
+                (wid,),
+            )
+        conn.commit()
+        batch = store.CommitBatch([row], [], [], {rid: gen})
+        with pytest.raises(store.FencedError) as refused:
+            store.commit(lease, wid, batch)
+        assert refused.value.runner_ids == {rid}
+        assert store.commit_status(lease, batch.xid) == "aborted"
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT count(*), max(delivered_total) FROM event_push_delivery, "
+                "event_target_runner"
+            )
+            assert cur.fetchone() == (1, 1)
+    finally:
+        lease.close()
+
+
+def test_a_runner_is_claimed_by_one_worker_until_let_go(conn, db_url):
+    rid, wid, gen = _runner(conn)
+    old, new = psycopg2.connect(db_url), psycopg2.connect(db_url)
+    try:
+        assert store.claim_runners(old, wid, {rid: gen}) == {rid}
+        assert store.claim_runners(new, wid, {rid: gen}) == set(), "still held"
+        assert store.claim_runners(new, wid, {rid: gen + 1}) == set(), "not at that generation"
+        store.release_runners(old, [rid])
+        assert store.claim_runners(new, wid, {rid: gen}) == {rid}
+    finally:
+        old.close()
+        new.close()
+
+
+def test_transient_errors_are_told_by_class(conn):
+    """Real errors from the server, raised with each SQLSTATE."""
+
+    with conn.cursor() as cur:
+        cur.execute(
+            "CREATE FUNCTION pg_temp.fault(code text) RETURNS void LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'fault' USING ERRCODE = code; END $$"
+        )
+    conn.commit()
+
+    def raised(code: str) -> Exception:
+        with conn.cursor() as cur:
+            try:
+                cur.execute("SELECT pg_temp.fault(%s)", (code,))
+            except psycopg2.Error as exc:
+                conn.rollback()
+                return exc
+        raise AssertionError(f"{code} not raised")
+
+    for code in ("25006", "40001", "40P01", "57P01", "08006", "53300"):
+        assert store.is_transient(raised(code)), code
+    for code in ("23505", "42P01", "22P02"):
+        assert not store.is_transient(raised(code)), code
+    assert not store.is_transient(ValueError("x"))
+
+
+def test_the_lease_connection_keeps_alive_and_a_runner_starts_once(conn, db_url):
+    """A running engine's lease connection asks for TCP keepalives (a worker cut off from
+    the database loses its lease promptly), and each assigned runner has one Runner."""
+    import threading
+    import time
+
+    from eventpush.push import Engine
+
+    _runner(conn)
+    with conn.cursor() as cur:  # both runners' worker: w1 has the one runner
+        cur.execute(
+            "UPDATE event_target_runner SET worker_id = (SELECT min(id) FROM event_push_worker)"
+        )
+    conn.commit()
+    engine = Engine("w1", db_url, max_seconds=3)
+    thread = threading.Thread(target=lambda: asyncio.run(engine.run()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not getattr(engine, "runners", None) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    params = engine.lease.conn.get_dsn_parameters()
+    assert params["keepalives"] == "1" and int(params["keepalives_idle"]) > 0
+    assert len(engine.runners) == 1
+    thread.join(15)
