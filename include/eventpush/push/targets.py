@@ -67,6 +67,7 @@ IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")
 # A local-use NAT64 prefix may be any RFC 6052 length from /48 on; each layout is tried.
 NAT64_LOCAL_LENGTHS = (48, 56, 64, 96)
+THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
 
 METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data"})
 
@@ -108,8 +109,11 @@ def embedded_ipv4(ip: IPAddress) -> list[ipaddress.IPv4Address]:
     if ip in NAT64_WELL_KNOWN:
         found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
     if ip in NAT64_LOCAL:
+        # The prefix length is the operator's, unknown here: every layout that fits is
+        # judged, except readings in 0.0.0.0/8, which no translator forwards to (they come
+        # from reading a longer layout's zero padding as an address).
         layouts = [_nat64_ipv4(int(ip), n) for n in NAT64_LOCAL_LENGTHS]
-        found.extend(v4 for v4 in layouts if v4 is not None)
+        found.extend(v4 for v4 in layouts if v4 is not None and v4 not in THIS_NETWORK)
     if ip.sixtofour is not None:
         found.append(ip.sixtofour)
     if ip.teredo is not None:
