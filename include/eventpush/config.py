@@ -61,9 +61,11 @@ def deny_cidrs() -> tuple[Network, ...]:
 MASK = "***"
 # A URL inside free text: a scheme, then everything up to white space or a quote.
 _URL_IN_TEXT = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
-# Secrets shorter than this are not hunted in free text: replacing "a" everywhere would
-# garble the message while protecting nothing worth the name.
-_MIN_SECRET = 3
+# Parts of a URL shorter than these are not hunted in free text: masking "301" or "json"
+# everywhere would garble the message while protecting nothing worth the name. Whole parts
+# (the query string, the userinfo) are masked from 3 characters, single values from 6.
+_MIN_PART = 3
+_MIN_VALUE = 6
 
 
 def redact_url(url: str) -> str:
@@ -90,12 +92,14 @@ def _secret_parts(url: str) -> list[str]:
     _, sep, rest = head.partition("://")
     authority = rest.partition("/")[0] if sep else ""
     userinfo = authority.rpartition("@")[0] if "@" in authority else ""
-    pieces = [fragment, query, userinfo, *userinfo.split(":", 1)]
+    values = [*userinfo.split(":", 1)]
     for pair in query.replace(";", "&").split("&"):
-        pieces.append(pair.partition("=")[2])
-    for piece in pieces:
+        values.append(pair.partition("=")[2])
+    for piece, least in [(p, _MIN_PART) for p in (fragment, query, userinfo)] + [
+        (v, _MIN_VALUE) for v in values
+    ]:
         for form in {piece, unquote(piece), unquote(piece.replace("+", " "))}:
-            if len(form) >= _MIN_SECRET:
+            if len(form) >= least:
                 parts.append(form)
     return sorted(set(parts), key=len, reverse=True)  # longest first: no partial leftovers
 
