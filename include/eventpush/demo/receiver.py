@@ -13,7 +13,7 @@ Each path behaves like a kind of target:
 | ``/hang`` | never answers (until the client gives up) |
 | ``/reset`` | closes the connection without an answer |
 | ``/latency`` | 200, recording now minus each event's ``detail.sent`` |
-| ``/redirect?code=C&to=URL`` | C (a 3xx) with ``Location: URL`` |
+| ``/redirect?code=C&to=URL`` | C (a 3xx) with ``Location: URL`` (no ``to``: itself, a loop) |
 | ``/retryafter?value=V`` | 503 with ``Retry-After: V`` on each id's first attempt, then 200 |
 | ``/huge?mib=N`` | 200 with an N MiB body, streamed |
 
@@ -113,7 +113,7 @@ def make_app(state: ReceiverState) -> web.Application:
                 status, headers = 429, {"Retry-After": request.query.get("after", "1")}
         elif kind == "/redirect":
             status = int(request.query.get("code", "307"))
-            headers = {"Location": request.query.get("to", "/")}
+            headers = {"Location": request.query.get("to", str(request.rel_url))}  # or a loop
         elif kind == "/retryafter":
             if attempt == 1:
                 status, headers = 503, {"Retry-After": request.query.get("value", "1")}
