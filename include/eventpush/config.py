@@ -56,6 +56,14 @@ def deny_cidrs() -> tuple[Network, ...]:
     return cidrs(DENY_CIDRS_ENV)
 
 
+def allow_loopback_receiver() -> None:
+    """For the demo and the benchmarks, whose receivers live on 127.0.0.1: open exactly that
+    address in this process and the ones it starts, on top of what the operator allowed."""
+    opened = [part for part in os.environ.get(ALLOW_CIDRS_ENV, "").split(",") if part.strip()]
+    if "127.0.0.1/32" not in opened:
+        os.environ[ALLOW_CIDRS_ENV] = ",".join([*opened, "127.0.0.1/32"])
+
+
 # --- redaction ---------------------------------------------------------------------------------
 
 MASK = "***"
