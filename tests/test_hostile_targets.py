@@ -233,3 +233,27 @@ def test_secrets_in_a_target_url_never_reach_a_row_a_log_or_the_status(
         for secret in SECRETS:
             assert secret not in text
     assert_nothing_lost(conn, 3)
+
+
+@pytest.mark.parametrize("host", [DENIED_HOST, "[::ffff:127.0.0.2]", "[::127.0.0.2]"])
+def test_the_delivery_client_refuses_before_connecting(denied_rx, host):
+    """The client alone (as engine and replay use it): a denied address, in IPv4 or an
+    embedded IPv6 form, is refused before its socket connects, and says it never got there."""
+    import asyncio
+
+    from eventpush.push import delivery
+
+    port = denied_rx.url.rsplit(":", 1)[1]
+    target = delivery.Target(
+        1, "b/r/t", "b", 1, "r", "{}", "t", f"http://{host}:{port}/ok?token=TOKENSECRET"
+    )
+
+    async def send():
+        async with delivery.new_session() as session:
+            return await delivery.attempt(session, target, b"{}", {})
+
+    outcome = asyncio.run(send())
+    assert (outcome.kind, outcome.http_status, outcome.reached) == (delivery.FINAL, None, False)
+    assert outcome.error.startswith("refused address: address ")
+    assert "TOKENSECRET" not in outcome.error
+    assert sum(denied_rx.state.count.values()) == 0

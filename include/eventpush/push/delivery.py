@@ -94,6 +94,7 @@ class Outcome:
     error: str | None
     latency_ms: float
     retry_after_s: float | None = None
+    reached: bool = True  # False when refused before any packet left (address policy)
 
 
 TARGET_SQL = """
@@ -291,11 +292,15 @@ async def attempt(
         if status is None:
             return _outcome(target, RETRY, None, f"timed out after {target.timeout_ms} ms", started)
     except InvalidTargetUrlError as exc:
-        return _outcome(target, FINAL, None, f"refused address: {exc}", started)
+        refused = _outcome(target, FINAL, None, f"refused address: {exc}", started)
+        refused.reached = False
+        return refused
     except aiohttp.ClientConnectorError as exc:
         cause = exc.os_error if exc.os_error is not None else exc
         if isinstance(cause, (RefusedAddressError, InvalidTargetUrlError)):
-            return _outcome(target, FINAL, None, f"refused address: {cause}", started)
+            refused = _outcome(target, FINAL, None, f"refused address: {cause}", started)
+            refused.reached = False
+            return refused
         return _outcome(target, RETRY, None, f"connection failed: {_short(cause)}", started)
     except (aiohttp.ClientError, OSError, ValueError) as exc:
         # ValueError: yarl or aiohttp refusing a URL it cannot send to (a final condition).
