@@ -10,6 +10,12 @@ from collections.abc import Iterator
 
 import psycopg2
 
+from eventpush.config import allow_loopback_receiver
+
+# The benches' receivers and placeholder targets are on 127.0.0.1, which the address policy
+# denies by default; workers and replays the benches start inherit this.
+allow_loopback_receiver()
+
 ADMIN_URL = os.environ.get("EVENTPUSH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 

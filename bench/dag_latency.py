@@ -7,8 +7,11 @@ standalone worker.
     EVENTPUSH_DATABASE_URL=... python bench/dag_latency.py standalone --events 200
 
 Each event is published alone, carrying its publish time; a receiver on loopback computes the
-latency when the event arrives. The catalog (bus, rule, target, worker) is made once, with
-names unique to the run. Prints a JSON summary (p50, p90, p99, max in ms).
+latency when the event arrives. Loopback is denied by the address policy by default: this
+process opens 127.0.0.1 for itself, and the DAG path needs Airflow started with
+``EVENTPUSH_ALLOW_CIDRS=127.0.0.1/32`` in its environment too. The catalog (bus, rule, target,
+worker) is made once, with names unique to the run. Prints a JSON summary (p50, p90, p99,
+max in ms).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from aiohttp import web
 
 from eventpush import catalog
 from eventpush.catalog import TargetSpec
-from eventpush.config import database_url
+from eventpush.config import allow_loopback_receiver, database_url
 from eventpush.db import connection
 from eventpush.publish import publish
 
@@ -114,6 +117,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.1, help="mean seconds between")
     parser.add_argument("--timeout", type=float, default=600, help="give up after")
     args = parser.parse_args()
+    allow_loopback_receiver()
     url = database_url()
     sink = Sink()
     bus, worker = make_catalog(url, sink.url)

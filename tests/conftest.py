@@ -20,6 +20,14 @@ REPO = Path(__file__).resolve().parents[1]
 ADMIN_URL = os.environ.get("EVENTPUSH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 RUN_ID = uuid.uuid4().hex[:8]
 
+# Loopback is denied by default (issue 16); the tests' receivers live on 127.0.0.1, so the
+# suite opens exactly that, and nothing else. Set at import, before any worker, CLI
+# subprocess or Airflow task inherits the environment; a developer's own ranges are not let in.
+# 127.0.0.2 stays denied: tests of refusals stand it in for a forbidden address.
+TEST_ALLOW_CIDRS = "127.0.0.1/32,::1/128"
+os.environ["EVENTPUSH_ALLOW_CIDRS"] = TEST_ALLOW_CIDRS
+os.environ.pop("EVENTPUSH_DENY_CIDRS", None)
+
 
 def _server(url: str) -> str:
     return url.rsplit("/", 1)[0]

@@ -145,3 +145,71 @@ def test_replay_cli_json(db_url, conn, spark, receiver):  # noqa: F811
     assert (doc["selected"], doc["delivered"], doc["failed"]) == (2, 2, 0)
     bad = CliRunner().invoke(replay, ["--max-count", "0"])
     assert bad.exit_code == 2 and "max count" in bad.output
+
+
+def test_replay_treats_targets_as_adversaries_like_the_engine(
+    db_url,
+    conn,
+    spark,  # noqa: F811
+    receiver,
+):
+    """Replay sends through the engine's delivery client: no redirect followed, a huge body
+    not read, a hostile Retry-After clamped, a denied IP literal refused at connect time
+    (127.0.0.2 stands in for it), and no URL secret in a failure row."""
+    from urllib.parse import quote
+
+    with Receiver(host="127.0.0.2") as denied:
+        location = quote(f"{denied.url}/ok?token=REPLAYSECRET", safe="")
+        specs = {
+            "redirect": f"{receiver.url}/redirect?code=307&to={location}&token=REPLAYSECRET",
+            "literal": f"{receiver.url}/ok/literal",
+            "retry": f"{receiver.url}/retryafter/replay?value=nan",
+            "huge": f"{receiver.url}/huge?mib=64",
+        }
+        runners = {
+            name: make_runner(conn, "orders", "all", name, {"source": ["app.orders"]}, url=url)
+            for name, url in specs.items()
+        }
+        with conn.cursor() as cur:  # a target made before the policy, or written directly
+            cur.execute(
+                "UPDATE event_target SET url = %s WHERE name = 'literal'",
+                (f"{denied.url}/ok?token=REPLAYSECRET",),
+            )
+        conn.commit()
+        publish_lines(conn, "orders", events(3))
+        for runner in runners.values():
+            simulate_push(conn, runner, fail={0, 1, 2})
+
+        result = run_replay(spark, db_url, ReplayRequest(what="failed", bus="orders"))
+
+        assert (result.selected, result.delivered, result.failed) == (12, 6, 6)
+        assert sum(denied.state.count.values()) == 0, "nothing may reach the denied address"
+    assert receiver.state.count["/huge"] == 3
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT t.name, f.status, f.http_status, f.last_error FROM event_push_failure f "
+            "JOIN event_target_runner r ON r.id = f.runner_id "
+            "JOIN event_target t ON t.id = r.target_id ORDER BY 1"
+        )
+        got = {(name, status, http, error) for name, status, http, error in cur.fetchall()}
+    conn.rollback()
+    assert ("huge", "replayed", 503, "HTTP 503") in got and (
+        "retry",
+        "replayed",
+        503,
+        "HTTP 503",
+    ) in got
+    dead = {
+        (name, http, error.split(" (open it")[0]) for name, st, http, error in got if st == "dead"
+    }
+    assert dead == {
+        (
+            "redirect",
+            307,
+            "HTTP 307: redirect to http://127.0.0.2:"
+            + denied.url.rsplit(":", 1)[1]
+            + "/ok?*** not followed",
+        ),
+        ("literal", None, "refused address: address 127.0.0.2 is in the denied range 127.0.0.0/8"),
+    }
+    assert not any("REPLAYSECRET" in str(row) for row in got)

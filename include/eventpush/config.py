@@ -1,10 +1,18 @@
-"""Where the eventpush database is: one place that resolves it."""
+"""Where the eventpush database is, which addresses targets may reach, and the one redaction
+that every URL or error text passes before it reaches a log, a row or the UI."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
+from urllib.parse import unquote
 
 ENV_VAR = "EVENTPUSH_DATABASE_URL"
+ALLOW_CIDRS_ENV = "EVENTPUSH_ALLOW_CIDRS"
+DENY_CIDRS_ENV = "EVENTPUSH_DENY_CIDRS"
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class ConfigError(RuntimeError):
@@ -21,11 +29,96 @@ def database_url() -> str:
     return url
 
 
+def cidrs(env_var: str, value: str | None = None) -> tuple[Network, ...]:
+    """The comma-separated CIDR ranges of ``env_var`` (or of ``value`` when given)."""
+    raw_list = os.environ.get(env_var, "") if value is None else value
+    nets = []
+    for raw in raw_list.split(","):
+        raw = raw.strip()
+        if not raw:
+            continue
+        try:
+            nets.append(ipaddress.ip_network(raw, strict=False))
+        except ValueError:
+            raise ConfigError(
+                f"{env_var}: {raw!r} is not a CIDR range (e.g. 127.0.0.1/32 or ::1/128)"
+            ) from None
+    return tuple(nets)
+
+
+def allow_cidrs() -> tuple[Network, ...]:
+    """Ranges the operator opens although the default policy denies them."""
+    return cidrs(ALLOW_CIDRS_ENV)
+
+
+def deny_cidrs() -> tuple[Network, ...]:
+    """Ranges the operator denies on top of the defaults; deny wins over allow."""
+    return cidrs(DENY_CIDRS_ENV)
+
+
+def allow_loopback_receiver() -> None:
+    """For the demo and the benchmarks, whose receivers live on 127.0.0.1: open exactly that
+    address in this process and the ones it starts, on top of what the operator allowed."""
+    opened = [part for part in os.environ.get(ALLOW_CIDRS_ENV, "").split(",") if part.strip()]
+    if "127.0.0.1/32" not in opened:
+        os.environ[ALLOW_CIDRS_ENV] = ",".join([*opened, "127.0.0.1/32"])
+
+
+# --- redaction ---------------------------------------------------------------------------------
+
+MASK = "***"
+# A URL inside free text: a scheme, then everything up to white space or a quote.
+_URL_IN_TEXT = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
+# Parts of a URL shorter than these are not hunted in free text: masking "301" or "json"
+# everywhere would garble the message while protecting nothing worth the name. Whole parts
+# (the query string, the userinfo) are masked from 3 characters, single values from 6.
+_MIN_PART = 3
+_MIN_VALUE = 6
+
+
 def redact_url(url: str) -> str:
-    """The URL with any password replaced, fit for logs and errors."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    userinfo, _, hostpart = rest.rpartition("@")
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{hostpart}" if ":" in userinfo else url
+    """The URL fit for logs, rows and errors: userinfo, query string and fragment masked.
+
+    Written without ``urlsplit`` on purpose: it must also cope with URLs that do not parse
+    (a bad port, a broken IPv6 literal), which are exactly the ones that end in errors."""
+    url = url.split("#", 1)[0]
+    base, qmark, _query = url.partition("?")
+    scheme, sep, rest = base.partition("://")
+    if sep:
+        authority, slash, path = rest.partition("/")
+        if "@" in authority:
+            authority = f"{MASK}@{authority.rpartition('@')[2]}"
+        base = f"{scheme}://{authority}{slash}{path}"
+    return f"{base}?{MASK}" if qmark else base
+
+
+def _secret_parts(url: str) -> list[str]:
+    """The pieces of ``url`` that may hold a secret, in the spellings a message may use."""
+    parts: list[str] = []
+    head, _, fragment = url.partition("#")
+    head, _, query = head.partition("?")
+    _, sep, rest = head.partition("://")
+    authority = rest.partition("/")[0] if sep else ""
+    userinfo = authority.rpartition("@")[0] if "@" in authority else ""
+    values = [*userinfo.split(":", 1)]
+    for pair in query.replace(";", "&").split("&"):
+        values.append(pair.partition("=")[2])
+    for piece, least in [(p, _MIN_PART) for p in (fragment, query, userinfo)] + [
+        (v, _MIN_VALUE) for v in values
+    ]:
+        for form in {piece, unquote(piece), unquote(piece.replace("+", " "))}:
+            if len(form) >= least:
+                parts.append(form)
+    return sorted(set(parts), key=len, reverse=True)  # longest first: no partial leftovers
+
+
+def redact(text: str, *urls: str | None) -> str:
+    """``text`` with every URL in it redacted, and every secret part of ``urls`` (the URLs
+    the text may talk about, e.g. a target's) masked wherever it appears, in whatever
+    spelling. The one function all error texts bound for a row, a log or the UI go through."""
+    text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
+    for url in urls:
+        if url:
+            for secret in _secret_parts(url):
+                text = text.replace(secret, MASK)
+    return text

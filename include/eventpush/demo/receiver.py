@@ -13,6 +13,9 @@ Each path behaves like a kind of target:
 | ``/hang`` | never answers (until the client gives up) |
 | ``/reset`` | closes the connection without an answer |
 | ``/latency`` | 200, recording now minus each event's ``detail.sent`` |
+| ``/redirect?code=C&to=URL`` | C (a 3xx) with ``Location: URL`` (no ``to``: itself, a loop) |
+| ``/retryafter?value=V`` | 503 with ``Retry-After: V`` on each id's first attempt, then 200 |
+| ``/huge?mib=N`` | 200 with an N MiB body, streamed |
 
 A path's first segment picks its behaviour (``/ok/a`` is ``/ok``); counts are per full path,
 and ``GET /_stats`` returns them with the latency percentiles.
@@ -66,6 +69,20 @@ def _events_of(body: bytes) -> list[dict]:
     return doc if isinstance(doc, list) else [doc]
 
 
+async def _stream_huge(request: web.Request, mib: int) -> web.StreamResponse:
+    """A body far bigger than any client should hold, written as it goes (never in memory);
+    stops quietly when the client hangs up, as a well-capped client does."""
+    resp = web.StreamResponse(status=200)
+    resp.content_length = mib * 2**20
+    await resp.prepare(request)
+    chunk = b"x" * 2**20
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        for _ in range(mib):
+            await resp.write(chunk)
+        await resp.write_eof()
+    return resp
+
+
 def make_app(state: ReceiverState) -> web.Application:
     async def handle(request: web.Request) -> web.StreamResponse:
         arrived = time.monotonic()
@@ -94,6 +111,14 @@ def make_app(state: ReceiverState) -> web.Application:
         elif kind == "/ratelimit":
             if attempt == 1:
                 status, headers = 429, {"Retry-After": request.query.get("after", "1")}
+        elif kind == "/redirect":
+            status = int(request.query.get("code", "307"))
+            headers = {"Location": request.query.get("to", str(request.rel_url))}  # or a loop
+        elif kind == "/retryafter":
+            if attempt == 1:
+                status, headers = 503, {"Retry-After": request.query.get("value", "1")}
+        elif kind == "/huge":
+            return await _stream_huge(request, int(request.query.get("mib", "256")))
         elif kind == "/hang":
             await asyncio.sleep(3600)
         elif kind == "/reset":
@@ -128,8 +153,9 @@ def make_app(state: ReceiverState) -> web.Application:
 class Receiver:
     """The receiver running on a loopback port in a thread of its own."""
 
-    def __init__(self, port: int = 0, keep_bodies: bool = True) -> None:
+    def __init__(self, port: int = 0, keep_bodies: bool = True, host: str = "127.0.0.1") -> None:
         self.state = ReceiverState(keep_bodies=keep_bodies)
+        self._host = host  # another loopback address (127.0.0.2) stands in for a denied one
         self._port = port
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
@@ -140,10 +166,10 @@ class Receiver:
         asyncio.set_event_loop(self._loop)
         runner = web.AppRunner(make_app(self.state), access_log=None)
         self._loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", self._port)
+        site = web.TCPSite(runner, self._host, self._port)
         self._loop.run_until_complete(site.start())
         port = site._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{self._host}:{port}"
         self._runner = runner
         self._started.set()
         self._loop.run_forever()

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eventpush import catalog
+from eventpush.config import allow_loopback_receiver
 from eventpush.demo.receiver import ReceiverProcess
 from eventpush.publish import publish
 
@@ -230,6 +231,7 @@ def main() -> None:
     timings: dict[str, float] = {}
 
     console.rule("[bold]eventpush demo")
+    allow_loopback_receiver()  # before Airflow's environment is copied from ours
     url = demo_database()
     console.print(f"demo database: [cyan]{DEMO_DB}[/] (migrated)")
     env = airflow_env(url)

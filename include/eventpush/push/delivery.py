@@ -3,6 +3,11 @@
 Shared by the push engine (which schedules retries itself, in a low-priority lane) and by
 replay (which retries inline with :func:`deliver`). Classification follows docs/ARCHITECTURE.md: 2xx
 delivered; 5xx, 408, 429, timeouts and connection errors retried; any other status final.
+
+Targets are treated as adversaries: a redirect is an answer (final, never followed), a body is
+read up to ``BODY_CAP`` bytes and the connection dropped past that, ``Retry-After`` is clamped
+to finite bounds, every socket is checked against the address policy right before it connects,
+and every error text passes :func:`eventpush.config.redact` before it leaves this module.
 """
 
 from __future__ import annotations
@@ -10,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import random
+import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -21,12 +28,21 @@ import aiohttp
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
+from eventpush.config import redact, redact_url
 from eventpush.push.policy import DEFAULTS
-from eventpush.push.targets import InvalidTargetUrlError, check_address
+from eventpush.push.targets import (
+    AddressPolicy,
+    InvalidTargetUrlError,
+    RefusedAddressError,
+    address_policy,
+)
 
 USER_AGENT = "eventpush/0.1"
 RETRY_AFTER_CAP_S = 300.0
 BACKOFF_CAP_S = 60.0
+BODY_CAP = 64 * 1024  # what we read of an answer; a target may send more, we never hold it
+# RFC 9110 delay-seconds is digits only; a fraction is tolerated, signs and exponents are not.
+_DELAY_SECONDS = re.compile(r"\d+(\.\d+)?")
 
 DELIVERED = "delivered"
 RETRY = "retry"
@@ -82,6 +98,7 @@ class Outcome:
     error: str | None
     latency_ms: float
     retry_after_s: float | None = None
+    reached: bool = True  # False when refused before any packet left (address policy)
 
 
 TARGET_SQL = """
@@ -155,25 +172,39 @@ def classify(status: int) -> str:
 
 
 def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta seconds or an HTTP date), capped."""
+    """Seconds from a ``Retry-After`` header (delta seconds or an HTTP date), always finite
+    and within [0, RETRY_AFTER_CAP_S]; None when the value means nothing (the usual backoff
+    applies then)."""
     if not value:
         return None
     value = value.strip()
-    try:
+    if _DELAY_SECONDS.fullmatch(value):
         seconds = float(value)
-    except ValueError:
+    else:
         try:
-            seconds = (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds()
-        except (TypeError, ValueError):
+            when = parsedate_to_datetime(value)
+            if when.tzinfo is None:  # "-0000" dates parse naive; RFC 9110 dates are GMT
+                when = when.replace(tzinfo=UTC)
+            seconds = (when - datetime.now(UTC)).total_seconds()
+        except (TypeError, ValueError, OverflowError, IndexError):
             return None
-    return min(max(seconds, 0.0), RETRY_AFTER_CAP_S)
+    return _clamp(seconds, 0.0, RETRY_AFTER_CAP_S)
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    if not math.isfinite(value):
+        return high if value > 0 else low  # nan counts as low: it asked for nothing
+    return min(max(value, low), high)
 
 
 def backoff_s(target: Target, attempts: int, retry_after_s: float | None = None) -> float:
-    """Delay before the next attempt: exponential with full jitter, or what the target asked."""
+    """Delay before the next attempt: what the target asked, within the policy's bounds (no
+    sooner than the target's backoff, no later than RETRY_AFTER_CAP_S), or else exponential
+    with full jitter. Always finite."""
+    floor = min(target.backoff_ms / 1000, RETRY_AFTER_CAP_S)
     if retry_after_s is not None:
-        return retry_after_s
-    ceiling = min(BACKOFF_CAP_S, target.backoff_ms / 1000 * 2 ** max(attempts - 1, 0))
+        return _clamp(retry_after_s, floor, RETRY_AFTER_CAP_S)
+    ceiling = min(BACKOFF_CAP_S, target.backoff_ms / 1000 * 2 ** min(max(attempts - 1, 0), 64))
     return random.uniform(ceiling / 2, ceiling)
 
 
@@ -185,62 +216,126 @@ def out_of_attempts(target: Target, record: Record, now: float, delay: float = 0
 
 
 class GuardedResolver(AbstractResolver):
-    """Resolves like aiohttp does, then refuses denied addresses (metadata, link-local, ...)."""
+    """Resolves like aiohttp does, then refuses the name when any of its addresses is denied
+    (a name that mixes a public and a private address is a rebinding trick, not a target)."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: AddressPolicy) -> None:
         self._inner = DefaultResolver()
+        self._policy = policy
 
     async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET):
         infos = await self._inner.resolve(host, port, family)
         for info in infos:
-            check_address(info["host"])
+            self._policy.check(info["host"])
         return infos
 
     async def close(self) -> None:
         await self._inner.close()
 
 
-def new_session(limit: int = 0) -> aiohttp.ClientSession:
-    """A pooled HTTP session; ``limit`` caps open connections (0: no cap)."""
+def guarded_socket_factory(policy: AddressPolicy):
+    """Sockets for aiohttp that refuse denied addresses right before they connect. aiohttp
+    skips the resolver for IP-literal URLs; every connection still passes here."""
+
+    def make(addr_info) -> socket.socket:
+        family, type_, proto, _, address = addr_info
+        policy.check(address[0])
+        return socket.socket(family=family, type=type_, proto=proto)
+
+    return make
+
+
+def new_session(limit: int = 0, policy: AddressPolicy | None = None) -> aiohttp.ClientSession:
+    """A pooled HTTP session; ``limit`` caps open connections (0: no cap). ``policy`` is the
+    address policy (default: the environment's, read now so a bad range fails at start)."""
+    policy = policy if policy is not None else address_policy()
     connector = aiohttp.TCPConnector(
-        limit=limit, limit_per_host=0, resolver=GuardedResolver(), ttl_dns_cache=60
+        limit=limit,
+        limit_per_host=0,
+        resolver=GuardedResolver(policy),
+        ttl_dns_cache=60,
+        socket_factory=guarded_socket_factory(policy),
     )
     return aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=None), raise_for_status=False
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None),
+        raise_for_status=False,
+        auto_decompress=False,  # we never look inside a body: no decompression bombs
+        trust_env=False,  # no proxy from the environment between us and the policy
     )
+
+
+async def _read_capped(resp: aiohttp.ClientResponse) -> None:
+    """Read the answer's body up to BODY_CAP; past that, drop the connection unread."""
+    seen = 0
+    while True:
+        chunk = await resp.content.readany()
+        if not chunk:
+            return  # the whole body: the connection goes back to the pool
+        seen += len(chunk)
+        if seen > BODY_CAP:
+            resp.close()
+            return
 
 
 async def attempt(
     session: aiohttp.ClientSession, target: Target, body: bytes, headers: dict[str, str]
 ) -> Outcome:
-    """One POST with the target's timeout. Never raises for network trouble."""
+    """One POST with the target's timeout. Never raises for network trouble. Once the status
+    line is in, it is the answer: trouble with the body after it changes nothing."""
     started = time.perf_counter()
     status: int | None = None
+    retry_after = location = None
     try:
         async with asyncio.timeout(target.timeout_ms / 1000):
-            async with session.post(target.url, data=body, headers=headers) as resp:
+            async with session.post(
+                target.url, data=body, headers=headers, allow_redirects=False
+            ) as resp:
                 status = resp.status
                 retry_after = resp.headers.get("Retry-After")
-                await resp.read()
+                location = resp.headers.get("Location")
+                try:
+                    await _read_capped(resp)
+                except (aiohttp.ClientError, OSError):
+                    resp.close()
     except TimeoutError:
-        return _outcome(RETRY, status, f"timed out after {target.timeout_ms} ms", started)
+        if status is None:
+            return _outcome(target, RETRY, None, f"timed out after {target.timeout_ms} ms", started)
     except InvalidTargetUrlError as exc:
-        return _outcome(FINAL, None, f"refused address: {exc}", started)
+        refused = _outcome(target, FINAL, None, f"refused address: {exc}", started)
+        refused.reached = False
+        return refused
     except aiohttp.ClientConnectorError as exc:
         cause = exc.os_error if exc.os_error is not None else exc
-        if isinstance(cause, InvalidTargetUrlError):
-            return _outcome(FINAL, None, f"refused address: {cause}", started)
-        return _outcome(RETRY, None, f"connection failed: {_short(cause)}", started)
-    except (aiohttp.ClientError, OSError) as exc:
-        return _outcome(RETRY, status, f"{type(exc).__name__}: {_short(exc)}", started)
+        if isinstance(cause, (RefusedAddressError, InvalidTargetUrlError)):
+            refused = _outcome(target, FINAL, None, f"refused address: {cause}", started)
+            refused.reached = False
+            return refused
+        return _outcome(target, RETRY, None, f"connection failed: {_short(cause)}", started)
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        # ValueError: yarl or aiohttp refusing a URL it cannot send to (a final condition).
+        kind = FINAL if isinstance(exc, ValueError) and status is None else RETRY
+        if status is None:
+            return _outcome(target, kind, None, f"{type(exc).__name__}: {_short(exc)}", started)
     kind = classify(status)
-    outcome = _outcome(kind, status, None if kind == DELIVERED else f"HTTP {status}", started)
+    if kind == DELIVERED:
+        error = None
+    elif 300 <= status < 400:
+        where = f" to {redact_url(location)}" if location else ""
+        error = f"HTTP {status}: redirect{where} not followed"
+    else:
+        error = f"HTTP {status}"
+    outcome = _outcome(target, kind, status, error, started)
     if status in (429, 503):
         outcome.retry_after_s = parse_retry_after(retry_after)
     return outcome
 
 
-def _outcome(kind: str, status: int | None, error: str | None, started: float) -> Outcome:
+def _outcome(
+    target: Target, kind: str, status: int | None, error: str | None, started: float
+) -> Outcome:
+    if error is not None:
+        error = redact(error, target.url)
     return Outcome(kind, status, error, (time.perf_counter() - started) * 1000)
 
 

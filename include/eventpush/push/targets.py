@@ -1,29 +1,74 @@
-"""Target URL rules: http or https, never link-local or cloud-metadata addresses.
+"""Target URL rules and the address policy: which addresses eventpush may push to.
 
-The same check runs when a target is created (on the URL) and when the push engine connects
-(on every resolved address), so a name that later resolves to a metadata address is refused
-too. Operators deny more ranges with ``EVENTPUSH_DENY_CIDRS`` (comma-separated CIDRs).
+Safe by default: private (RFC 1918), loopback, link-local, CGNAT, unique-local IPv6,
+multicast, reserved, unspecified, documentation and cloud-metadata addresses are denied.
+The operator opens ranges with ``EVENTPUSH_ALLOW_CIDRS`` and denies more with
+``EVENTPUSH_DENY_CIDRS``; deny wins over allow. Metadata addresses stay denied whatever is
+allowed: no deployment needs to push events to them. IPv6 forms that carry an IPv4 address
+(mapped, compatible, NAT64, 6to4, Teredo) are judged like every IPv4 they carry too.
+
+The same policy runs when a target is created (on the URL) and when the engine or replay
+connects (on every address a socket is about to reach, IP literals included), so a name that
+later resolves to a denied address is refused too.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-DENY_ENV = "EVENTPUSH_DENY_CIDRS"
+from eventpush.config import Network, allow_cidrs, deny_cidrs, redact_url
 
-ALWAYS_DENIED = tuple(
-    ipaddress.ip_network(cidr)
-    for cidr in (
-        "169.254.0.0/16",  # IPv4 link-local, incl. 169.254.169.254 (AWS, GCP, Azure metadata)
-        "fe80::/10",  # IPv6 link-local
-        "fd00:ec2::254/128",  # AWS metadata over IPv6
-        "100.100.100.200/32",  # Alibaba Cloud metadata
-        "0.0.0.0/32",
-        "::/128",
-    )
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _nets(*cidrs: str) -> tuple[Network, ...]:
+    return tuple(ipaddress.ip_network(c) for c in cidrs)
+
+
+METADATA = _nets(
+    "169.254.169.254/32",  # AWS, GCP, Azure, OpenStack, DigitalOcean...
+    "169.254.170.2/32",  # AWS ECS task metadata
+    "168.63.129.16/32",  # Azure WireServer
+    "100.100.100.200/32",  # Alibaba Cloud
+    "192.0.0.192/32",  # Oracle Cloud
+    "fd00:ec2::254/128",  # AWS over IPv6
 )
+DENIED_RANGES = _nets(
+    "0.0.0.0/8",  # "this network", incl. the unspecified 0.0.0.0
+    "10.0.0.0/8",  # RFC 1918
+    "100.64.0.0/10",  # CGNAT (RFC 6598)
+    "127.0.0.0/8",  # loopback
+    "169.254.0.0/16",  # link-local
+    "172.16.0.0/12",  # RFC 1918
+    "192.0.0.0/24",  # IETF protocol assignments
+    "192.0.2.0/24",  # documentation (TEST-NET-1)
+    "192.88.99.0/24",  # 6to4 relay anycast (deprecated)
+    "192.168.0.0/16",  # RFC 1918
+    "198.18.0.0/15",  # benchmarking
+    "198.51.100.0/24",  # documentation (TEST-NET-2)
+    "203.0.113.0/24",  # documentation (TEST-NET-3)
+    "224.0.0.0/4",  # multicast
+    "240.0.0.0/4",  # reserved, incl. broadcast 255.255.255.255
+    "::/128",  # unspecified
+    "::1/128",  # loopback
+    "100::/64",  # discard-only
+    "2001:db8::/32",  # documentation
+    "fc00::/7",  # unique-local
+    "fe80::/10",  # link-local
+    "fec0::/10",  # site-local (deprecated)
+    "ff00::/8",  # multicast
+)
+
+NAT64_WELL_KNOWN = ipaddress.ip_network("64:ff9b::/96")
+NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
+IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")
+# A local-use NAT64 prefix may be any RFC 6052 length from /48 on; each layout is tried.
+NAT64_LOCAL_LENGTHS = (48, 56, 64, 96)
+THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
+
 METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data"})
 
 
@@ -31,44 +76,121 @@ class InvalidTargetUrlError(ValueError):
     """A target URL that eventpush will not push to."""
 
 
-def denied_networks() -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    extra = []
-    for raw in os.environ.get(DENY_ENV, "").split(","):
-        raw = raw.strip()
-        if not raw:
-            continue
-        try:
-            extra.append(ipaddress.ip_network(raw, strict=False))
-        except ValueError:
-            raise InvalidTargetUrlError(f"{DENY_ENV}: {raw!r} is not a CIDR range") from None
-    return ALWAYS_DENIED + tuple(extra)
+class RefusedAddressError(OSError):
+    """A connection to a denied address, refused before a packet is sent.
+
+    An ``OSError`` so that aiohttp reports it like any failed connection attempt, with this
+    exception as its cause."""
 
 
-def check_address(address: str) -> None:
-    """Refuse an IP address inside a denied range."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
-    for net in denied_networks():
-        if ip.version == net.version and ip in net:
-            raise InvalidTargetUrlError(f"address {ip} is in the denied range {net}")
+def _nat64_ipv4(value: int, prefix_len: int) -> ipaddress.IPv4Address | None:
+    """The IPv4 address RFC 6052 embeds after a ``prefix_len``-bit NAT64 prefix (it skips
+    bits 64-71, the u-octet), or None when the address cannot have that layout: the u-octet
+    and the bits after the IPv4 address must be zero."""
+    bits = format(value, "0128b")
+    positions = [p for p in range(prefix_len, 128) if not 64 <= p < 72][:32]
+    rest = [p for p in range(positions[-1] + 1, 128) if not 64 <= p < 72]
+    if "1" in bits[64:72] or any(bits[p] == "1" for p in rest):
+        return None
+    return ipaddress.IPv4Address(int("".join(bits[p] for p in positions), 2))
 
 
-def shown(url: str) -> str:
-    """The URL as errors show it: no query or fragment, where tokens like to hide."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url.split("?", 1)[0].split("#", 1)[0]
-    return parts._replace(query="", fragment="").geturl() if parts.query or parts.fragment else url
+def embedded_ipv4(ip: IPAddress) -> list[ipaddress.IPv4Address]:
+    """Every IPv4 address an IPv6 address carries, as a router on its way would reach it."""
+    if ip.version == 4:
+        return []
+    found: list[ipaddress.IPv4Address] = []
+    if ip.ipv4_mapped is not None:
+        found.append(ip.ipv4_mapped)
+    if ip in IPV4_TRANSLATED:
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    if ip in IPV4_COMPATIBLE and int(ip) > 1:  # :: and ::1 are not IPv4-compatible
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    if ip in NAT64_WELL_KNOWN:
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    if ip in NAT64_LOCAL:
+        # The prefix length is the operator's, unknown here: every layout that fits is
+        # judged, except readings in 0.0.0.0/8, which no translator forwards to (they come
+        # from reading a longer layout's zero padding as an address).
+        layouts = [_nat64_ipv4(int(ip), n) for n in NAT64_LOCAL_LENGTHS]
+        found.extend(v4 for v4 in layouts if v4 is not None and v4 not in THIS_NETWORK)
+    if ip.sixtofour is not None:
+        found.append(ip.sixtofour)
+    if ip.teredo is not None:
+        found.extend(ip.teredo)  # the Teredo server and the (de-obfuscated) client
+    return found
 
 
-def validate_url(url: str) -> str:
+@dataclass(frozen=True)
+class AddressPolicy:
+    """Which addresses targets may reach: the defaults, opened by ``allow``, closed by
+    ``deny`` (deny wins). Small and picklable, so replay ships the driver's policy to its
+    executors instead of trusting theirs."""
+
+    allow: tuple[Network, ...] = ()
+    deny: tuple[Network, ...] = ()
+
+    def refusal(self, address: str | IPAddress) -> str | None:
+        """Why ``address`` is refused, or None when it may be reached. An address carrying
+        IPv4 addresses is refused when it or any of them is; the gravest reason is given."""
+        ip = _ip(address)
+        reasons = []
+        for candidate in [ip, *embedded_ipv4(ip)]:
+            found = self._refusal_of(candidate)
+            if found is not None:
+                rank, why = found
+                reasons.append((rank, why if candidate is ip else f"{why} (carried by {ip})"))
+        return min(reasons)[1] if reasons else None
+
+    def _refusal_of(self, ip: IPAddress) -> tuple[int, str] | None:
+        for net in self.deny:
+            if _within(ip, net):
+                return 0, f"address {ip} is in the denied range {net} (EVENTPUSH_DENY_CIDRS)"
+        broad = next((net for net in DENIED_RANGES if _within(ip, net)), None)
+        metadata = next((net for net in METADATA if _within(ip, net)), None)
+        if metadata is not None:
+            return 1, f"address {ip} is in the denied range {broad or metadata}: cloud metadata"
+        if broad is None or any(_within(ip, net) for net in self.allow):
+            return None
+        return 2, (
+            f"address {ip} is in the denied range {broad} (open it with EVENTPUSH_ALLOW_CIDRS)"
+        )
+
+    def check(self, address: str | IPAddress) -> None:
+        """Raise RefusedAddressError when ``address`` may not be reached."""
+        why = self.refusal(address)
+        if why is not None:
+            raise RefusedAddressError(why)
+
+
+def _within(ip: IPAddress, net: Network) -> bool:
+    return ip.version == net.version and ip in net
+
+
+def _ip(address: str | IPAddress) -> IPAddress:
+    if isinstance(address, str):
+        return ipaddress.ip_address(address.split("%", 1)[0])  # drop an IPv6 zone id
+    return address
+
+
+def address_policy() -> AddressPolicy:
+    """The policy configured in the environment (ConfigError names a bad range)."""
+    return AddressPolicy(allow=allow_cidrs(), deny=deny_cidrs())
+
+
+def check_address(address: str, policy: AddressPolicy | None = None) -> None:
+    """Refuse an address the policy denies (InvalidTargetUrlError says why)."""
+    why = (policy or address_policy()).refusal(address)
+    if why is not None:
+        raise InvalidTargetUrlError(why)
+
+
+def validate_url(url: str, policy: AddressPolicy | None = None) -> str:
     """The URL, checked; raises InvalidTargetUrlError saying what is wrong."""
     if not isinstance(url, str) or not url.strip():
         raise InvalidTargetUrlError("target URL is empty")
     url = url.strip()
-    where = shown(url)
+    where = redact_url(url)
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -90,11 +212,11 @@ def validate_url(url: str) -> str:
     if host.rstrip(".").lower() in METADATA_HOSTS:
         raise InvalidTargetUrlError(f"target URL host {host!r} is a cloud metadata service")
     try:
-        ipaddress.ip_address(host.split("%", 1)[0])
+        _ip(host)
     except ValueError:
         return url  # a name: its addresses are checked when the engine connects
     try:
-        check_address(host)
+        check_address(host, policy)
     except InvalidTargetUrlError as exc:
         raise InvalidTargetUrlError(f"target URL {where!r} refused: {exc}") from None
     return url

@@ -149,8 +149,11 @@ def select(spark, db_url: str, req: ReplayRequest, runner_ids: list[int]):
     return rows
 
 
-def push_partition(db_url: str, replay_id: int, what: str, rate_per_partition: float | None):
-    """The function each executor partition runs: push, then record, in one transaction."""
+def push_partition(
+    db_url: str, replay_id: int, what: str, rate_per_partition: float | None, policy=None
+):
+    """The function each executor partition runs: push, then record, in one transaction.
+    ``policy`` is the driver's address policy: executors enforce it, not their own env."""
 
     def run(rows):
         rows = list(rows)
@@ -158,12 +161,12 @@ def push_partition(db_url: str, replay_id: int, what: str, rate_per_partition: f
             return iter([])
         import asyncio
 
-        return iter(asyncio.run(_push(db_url, replay_id, what, rate_per_partition, rows)))
+        return iter(asyncio.run(_push(db_url, replay_id, what, rate_per_partition, rows, policy)))
 
     return run
 
 
-async def _push(db_url, replay_id, what, rate, rows) -> list[tuple[str, int]]:
+async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[str, int]]:
     import asyncio
     import time
 
@@ -228,7 +231,7 @@ async def _push(db_url, replay_id, what, rate, rows) -> list[tuple[str, int]]:
                 skipped += 1
             else:
                 todo.append(row)
-        async with new_session() as session:
+        async with new_session(policy=policy) as session:
             await asyncio.gather(*(one(i, row, session) for i, row in enumerate(todo)))
 
         delivered = [o for o in outcomes if o[3].kind == DELIVERED]
@@ -327,8 +330,11 @@ def finish_run(db_url: str, result: ReplayResult, error: str | None = None) -> N
 
 def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -> ReplayResult:
     """Check, select, GX-check the selection, push (unless dry run), GX-check the result."""
+    from eventpush.config import redact
+    from eventpush.push.targets import address_policy
     from eventpush.quality import batch as quality
 
+    policy = address_policy()  # read on the driver: a bad range fails before anything runs
     with connection(db_url) as conn, transaction(conn) as cur:
         runner_ids = check_request(req, cur)
     replay_id = start_run(db_url, req)
@@ -347,7 +353,7 @@ def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -
             rate = req.rate_limit / parts if req.rate_limit else None
             totals = (
                 selection.repartition(parts, "runner_id", "queue_id")
-                .rdd.mapPartitions(push_partition(db_url, replay_id, req.what, rate))
+                .rdd.mapPartitions(push_partition(db_url, replay_id, req.what, rate, policy))
                 .reduceByKey(lambda a, b: a + b)
                 .collectAsMap()
             )
@@ -359,7 +365,8 @@ def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -
             )
         selection.unpersist()
     except Exception as exc:
-        finish_run(db_url, result, error=str(exc).splitlines()[0][:500] or type(exc).__name__)
+        error = redact(str(exc).strip(), db_url).splitlines()[0][:500] if str(exc).strip() else ""
+        finish_run(db_url, result, error=error or type(exc).__name__)
         raise
     finish_run(db_url, result)
     return result
