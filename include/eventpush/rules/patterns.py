@@ -56,6 +56,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import socket
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
@@ -509,6 +510,22 @@ def _numeric_bounds(arg: list) -> tuple[tuple, tuple]:
     return _bound(low, 1 if low_op == ">" else 0), _bound(high, -1 if high_op == "<" else 0)
 
 
+def _ip_number(text: str) -> tuple[int, int] | None:
+    """(IP version, address as int) of a string holding an IP address, else None; what
+    ``ipaddress.ip_address`` accepts. inet_pton reads dotted quads several times faster and
+    accepts exactly the strict form ipaddress does (four decimal octets, no leading zeros);
+    anything else, IPv6 included, goes to ipaddress."""
+    try:
+        return 4, int.from_bytes(socket.inet_pton(socket.AF_INET, text), "big")
+    except (OSError, ValueError):
+        pass
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    return address.version, int(address)
+
+
 def _cidr_predicate(arg: Any, where: str) -> tuple[Predicate, tuple[int, int, int]]:
     """The test of a cidr matcher, and its block as (IP version, first, last address)."""
     if not isinstance(arg, str):
@@ -878,6 +895,8 @@ MAX_ALTERNATIVES = 64
 # An interval tree takes this many additions and removals before it is rebuilt; meanwhile the
 # added intervals are scanned and the removed ones filtered out.
 _INTERVAL_SLACK = 64
+# A segment table may hold this many entries per interval before the tree is used instead.
+_SEGMENT_BUDGET = 16
 _UNSET = object()
 
 
@@ -913,17 +932,62 @@ def _high_end(interval: tuple) -> tuple:
     return interval[1]
 
 
+class _Segments:
+    """The same question by one bisection: the sorted distinct interval ends, and for each the
+    states of the intervals holding it (``at``) and holding the points just above it, up to
+    the next end (``above``). Its size grows with how much the intervals overlap, so it is
+    only built within a budget (see _Intervals)."""
+
+    __slots__ = ("keys", "at", "above")
+
+    def __init__(self, keys: list, at: list, above: list) -> None:
+        self.keys, self.at, self.above = keys, at, above
+
+
+def _segments(items: list[tuple], budget: int) -> _Segments | None:
+    keys = sorted({iv[0] for iv in items} | {iv[1] for iv in items})
+    position = {key: i for i, key in enumerate(keys)}
+    starts: list[list] = [[] for _ in keys]
+    ends: list[list] = [[] for _ in keys]
+    for low, high, state in items:
+        starts[position[low]].append(state)
+        ends[position[high]].append(state)
+    active: dict[_State, int] = {}  # state -> intervals of it holding the sweep point
+    at, above, size = [], [], 0
+    for i in range(len(keys)):
+        for state in starts[i]:
+            active[state] = active.get(state, 0) + 1
+        at.append(tuple(active))
+        for state in ends[i]:
+            if active[state] == 1:
+                del active[state]
+            else:
+                active[state] -= 1
+        above.append(tuple(active))
+        size += len(at[-1]) + len(above[-1])
+        if size > budget:
+            return None
+    return _Segments(keys, at, above)
+
+
 class _Intervals:
     """Which intervals hold a point. Items are (low key, high key, state) (keys: see _bound).
-    A centred interval tree, plus the items added since it was built (scanned) and the states
-    removed since (filtered out) until the next rebuild. A state's intervals are always
+    One-sided ranges (``> x``, ``<= x``) are sorted by their one end, so those holding a point
+    are a slice found by bisection; ranges with two ends go into a _Segments table when they
+    overlap little (the usual case: one bisection), else into a centred interval tree
+    (logarithmic depth, any overlap). Items added since the build are scanned and states
+    removed since are filtered out, until the next build. A state's intervals are always
     removed together (its whole condition is unfiled), so removal is by state."""
 
-    __slots__ = ("live", "tree", "added", "removed")
+    __slots__ = ("live", "index", "lows", "low_states", "highs", "high_states", "added", "removed")
 
     def __init__(self) -> None:
         self.live: dict[_State, list[tuple]] = {}
-        self.tree: _TreeNode | None = None
+        self.index: _Segments | _TreeNode | None = None
+        self.lows: list[tuple] = []  # ranges with no high end, by low end
+        self.low_states: list[_State] = []
+        self.highs: list[tuple] = []  # ranges with no low end, by high end
+        self.high_states: list[_State] = []
         self.added: list[tuple] = []
         self.removed: set[_State] = set()
 
@@ -942,28 +1006,68 @@ class _Intervals:
             self.removed.add(state)
         self.added = kept
 
+    def _build(self) -> None:
+        items, rising, falling = [], [], []
+        for intervals in self.live.values():
+            for iv in intervals:
+                if iv[1] == _ABOVE_ALL:
+                    rising.append(iv)
+                elif iv[0] == _BELOW_ALL:
+                    falling.append(iv)
+                else:
+                    items.append(iv)
+        rising.sort(key=_low_end)
+        self.lows = [iv[0] for iv in rising]
+        self.low_states = [iv[2] for iv in rising]
+        falling.sort(key=_high_end)
+        self.highs = [iv[1] for iv in falling]
+        self.high_states = [iv[2] for iv in falling]
+        self.index = None
+        if items:
+            self.index = _segments(items, _SEGMENT_BUDGET * len(items)) or _TreeNode(items)
+        self.added, self.removed = [], set()
+
     def stab(self, point: tuple, out: set) -> None:
         if len(self.added) + len(self.removed) > _INTERVAL_SLACK:
-            items = [iv for intervals in self.live.values() for iv in intervals]
-            self.tree = _TreeNode(items) if items else None
-            self.added, self.removed = [], set()
+            self._build()
         removed = self.removed
-        node = self.tree
-        while node is not None:
-            center = node.center
-            if point < center:
-                hits = node.low_states[: bisect_right(node.lows, point)]
-                node = node.left
-            elif point > center:
-                hits = node.high_states[bisect_left(node.highs, point) :]
-                node = node.right
-            else:
-                hits = node.low_states
-                node = None
+        for hits in (
+            self.low_states[: bisect_right(self.lows, point)],
+            self.high_states[bisect_left(self.highs, point) :],
+        ):
             if removed:
                 out.update(state for state in hits if state not in removed)
             else:
                 out.update(hits)
+        index = self.index
+        if index.__class__ is _Segments:
+            keys = index.keys
+            i = bisect_left(keys, point)
+            if i < len(keys) and keys[i] == point:
+                hits = index.at[i]
+            else:
+                hits = index.above[i - 1] if i else ()
+            if removed:
+                out.update(state for state in hits if state not in removed)
+            else:
+                out.update(hits)
+        else:
+            node = index
+            while node is not None:
+                center = node.center
+                if point < center:
+                    hits = node.low_states[: bisect_right(node.lows, point)]
+                    node = node.left
+                elif point > center:
+                    hits = node.high_states[bisect_left(node.highs, point) :]
+                    node = node.right
+                else:
+                    hits = node.low_states
+                    node = None
+                if removed:
+                    out.update(state for state in hits if state not in removed)
+                else:
+                    out.update(hits)
         for low, high, state in self.added:
             if low <= point <= high:
                 out.add(state)
@@ -1134,7 +1238,7 @@ class _FieldNode:
         for version in [v for v, tree in self.cidr.items() if not tree.live]:
             del self.cidr[version]
         # Anything but exact strings takes the lookup off its one-probe path.
-        if others or spec.equals_ic or blocks or any(texts for _, texts, _ in affixed):
+        if others or spec.equals_ic or spec.wildcards or blocks or any(t for _, t, _ in affixed):
             self.other += step
 
     def numeric_tree(self) -> _Intervals:
@@ -1206,13 +1310,11 @@ class _FieldNode:
                 if test(leaf):
                     out.add(state)
             if self.cidr:
-                try:
-                    address = ipaddress.ip_address(leaf)
-                except ValueError:
-                    return
-                tree = self.cidr.get(address.version)
-                if tree is not None:
-                    tree.stab((int(address), 0), out)
+                address = _ip_number(leaf)
+                if address is not None:
+                    tree = self.cidr.get(address[0])
+                    if tree is not None:
+                        tree.stab((address[1], 0), out)
         elif cls is int or cls is float:
             bucket = self.exact.get(("num", leaf))
             if bucket:
