@@ -212,7 +212,7 @@ def test_many_ranges_through_rebuilds_and_removals(width):
         e = {"source": "shop", "detail": {"n": n}}
         assert index.matching(e) == every_rule(oracle, e)
     shop = index._root.children[("source", '["shop"]')]
-    built = shop.nodes["detail.n"].numeric.index
+    built = shop.nodes["detail.n"].numeric.snapshot[0]
     expected_kind = patterns._Segments if width == 5 else patterns._TreeNode
     assert isinstance(built, expected_kind)
     # churn: remove and re-add rules between matches (filtered, scanned, then rebuilt)

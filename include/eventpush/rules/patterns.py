@@ -20,10 +20,11 @@ Public API
 ``RuleIndex``
     Many rules, one event: ``RuleIndex([(rule_id, pattern), ...])``, ``.add(rule_id, pattern)``,
     ``.remove(rule_id)``, ``.matching(event) -> list`` of matching rule ids in the order the rules
-    were added. Rules are bucketed by the exact values of one field they require (``source``
-    first, then ``detail-type``, then any field tested only by exact values), so an event is
-    fully evaluated only against the rules whose bucket its value selects, plus the rules that
-    have no such field.
+    were added. The rules' conditions are compiled into per-field structures (hash tables,
+    affix tables, interval tables; see "rule index" below), so the cost of ``matching`` follows
+    the conditions the event meets and the rules it matches, not the number of rules; adding
+    or removing a rule touches only its own conditions. The answers are those of evaluating
+    every rule's ``CompiledPattern`` on its own (tests/test_rule_index.py holds it to that).
 
 Semantics (those of EventBridge)
 --------------------------------
@@ -854,6 +855,11 @@ def compile_pattern(pattern: dict | str | bytes | CompiledPattern) -> CompiledPa
     """Validate an event pattern (a dict or JSON text) and compile it into a matcher."""
     if isinstance(pattern, CompiledPattern):
         return pattern
+    return CompiledPattern(*_parse_pattern(pattern))
+
+
+def _parse_pattern(pattern: dict | str | bytes) -> tuple[str, _Conjunction]:
+    """Validate an event pattern: its compact JSON text and its parsed structure."""
     if isinstance(pattern, bytes | bytearray):
         pattern = pattern.decode("utf-8")
     if isinstance(pattern, str):
@@ -872,7 +878,7 @@ def compile_pattern(pattern: dict | str | bytes | CompiledPattern) -> CompiledPa
         )
     except (TypeError, ValueError) as exc:
         raise InvalidPatternError("", f"not representable as JSON ({exc})") from None
-    return CompiledPattern(source_json, conjunction)
+    return source_json, conjunction
 
 
 # --------------------------------------------------------------------------- rule index
@@ -977,38 +983,38 @@ class _Intervals:
     overlap little (the usual case: one bisection), else into a centred interval tree
     (logarithmic depth, any overlap). Items added since the build are scanned and states
     removed since are filtered out, until the next build. A state's intervals are always
-    removed together (its whole condition is unfiled), so removal is by state."""
+    removed together (its whole condition is unfiled), so removal is by state.
 
-    __slots__ = ("live", "index", "lows", "low_states", "highs", "high_states", "added", "removed")
+    The build happens on a lookup; everything a lookup reads is one snapshot tuple, replaced
+    whole, so threads matching events at the same time never see half of a build."""
+
+    __slots__ = ("live", "snapshot")
 
     def __init__(self) -> None:
         self.live: dict[_State, list[tuple]] = {}
-        self.index: _Segments | _TreeNode | None = None
-        self.lows: list[tuple] = []  # ranges with no high end, by low end
-        self.low_states: list[_State] = []
-        self.highs: list[tuple] = []  # ranges with no low end, by high end
-        self.high_states: list[_State] = []
-        self.added: list[tuple] = []
-        self.removed: set[_State] = set()
+        # (index, lows, low states, highs, high states, added items, removed states):
+        # lows/highs are the ranges with no high/no low end, sorted by their end.
+        self.snapshot: tuple = (None, [], [], [], [], [], frozenset())
 
     def __len__(self) -> int:
         return len(self.live)
 
     def add(self, item: tuple) -> None:
         self.live.setdefault(item[2], []).append(item)
-        self.added.append(item)
+        self.snapshot[5].append(item)
 
     def remove_state(self, state: _State) -> None:
         if self.live.pop(state, None) is None:
             return
-        kept = [iv for iv in self.added if iv[2] is not state]
-        if len(kept) == len(self.added):
-            self.removed.add(state)
-        self.added = kept
+        *built, added, removed = self.snapshot
+        kept = [iv for iv in added if iv[2] is not state]
+        if len(kept) == len(added):
+            removed = removed | {state}
+        self.snapshot = (*built, kept, removed)
 
-    def _build(self) -> None:
+    def _build(self) -> tuple:
         items, rising, falling = [], [], []
-        for intervals in self.live.values():
+        for intervals in list(self.live.values()):
             for iv in intervals:
                 if iv[1] == _ABOVE_ALL:
                     rising.append(iv)
@@ -1017,58 +1023,53 @@ class _Intervals:
                 else:
                     items.append(iv)
         rising.sort(key=_low_end)
-        self.lows = [iv[0] for iv in rising]
-        self.low_states = [iv[2] for iv in rising]
         falling.sort(key=_high_end)
-        self.highs = [iv[1] for iv in falling]
-        self.high_states = [iv[2] for iv in falling]
-        self.index = None
+        index = None
         if items:
-            self.index = _segments(items, _SEGMENT_BUDGET * len(items)) or _TreeNode(items)
-        self.added, self.removed = [], set()
+            index = _segments(items, _SEGMENT_BUDGET * len(items)) or _TreeNode(items)
+        self.snapshot = snapshot = (
+            index,
+            [iv[0] for iv in rising],
+            [iv[2] for iv in rising],
+            [iv[1] for iv in falling],
+            [iv[2] for iv in falling],
+            [],
+            frozenset(),
+        )
+        return snapshot
 
     def stab(self, point: tuple, out: set) -> None:
-        if len(self.added) + len(self.removed) > _INTERVAL_SLACK:
-            self._build()
-        removed = self.removed
-        for hits in (
-            self.low_states[: bisect_right(self.lows, point)],
-            self.high_states[bisect_left(self.highs, point) :],
-        ):
-            if removed:
-                out.update(state for state in hits if state not in removed)
-            else:
-                out.update(hits)
-        index = self.index
+        snapshot = self.snapshot
+        if len(snapshot[5]) + len(snapshot[6]) > _INTERVAL_SLACK:
+            snapshot = self._build()
+        index, lows, low_states, highs, high_states, added, removed = snapshot
+        found = [low_states[: bisect_right(lows, point)], high_states[bisect_left(highs, point) :]]
         if index.__class__ is _Segments:
             keys = index.keys
             i = bisect_left(keys, point)
             if i < len(keys) and keys[i] == point:
-                hits = index.at[i]
-            else:
-                hits = index.above[i - 1] if i else ()
-            if removed:
-                out.update(state for state in hits if state not in removed)
-            else:
-                out.update(hits)
+                found.append(index.at[i])
+            elif i:
+                found.append(index.above[i - 1])
         else:
             node = index
             while node is not None:
                 center = node.center
                 if point < center:
-                    hits = node.low_states[: bisect_right(node.lows, point)]
+                    found.append(node.low_states[: bisect_right(node.lows, point)])
                     node = node.left
                 elif point > center:
-                    hits = node.high_states[bisect_left(node.highs, point) :]
+                    found.append(node.high_states[bisect_left(node.highs, point) :])
                     node = node.right
                 else:
-                    hits = node.low_states
+                    found.append(node.low_states)
                     node = None
-                if removed:
-                    out.update(state for state in hits if state not in removed)
-                else:
-                    out.update(hits)
-        for low, high, state in self.added:
+        for hits in found:
+            if removed:
+                out.update(state for state in hits if state not in removed)
+            else:
+                out.update(hits)
+        for low, high, state in added:
             if low <= point <= high:
                 out.add(state)
 
@@ -1414,7 +1415,10 @@ def _alternatives(conj: _Conjunction) -> list[list[_FieldSpec]] | None:
 
 class RuleIndex:
     """Matches one event against many rules at a cost set by the conditions the event meets
-    and the rules it matches, not by how many rules there are (see the comment above)."""
+    and the rules it matches, not by how many rules there are (see the comment above).
+
+    Several threads may call ``matching`` at once (the engine matches windows in worker
+    threads); ``add`` and ``remove`` must not run while a ``matching`` call is under way."""
 
     def __init__(self, rules: Iterable[tuple[Hashable, Any]] = ()) -> None:
         self._seq = 0
@@ -1432,16 +1436,20 @@ class RuleIndex:
 
     def add(self, rule_id: Hashable, pattern: Any) -> None:
         """Add (or replace) a rule. ``pattern`` may be a dict, JSON text or a CompiledPattern."""
-        compiled = compile_pattern(pattern)  # before removing: a bad pattern changes nothing
+        # Parsed only (the index files the conditions itself), and before removing: a bad
+        # pattern changes nothing.
+        if isinstance(pattern, CompiledPattern):
+            source_json, conj = pattern.source_json, pattern._conjunction
+        else:
+            source_json, conj = _parse_pattern(pattern)
         if rule_id in self._rules:
             self.remove(rule_id)
         rule = self._rules[rule_id] = _Rule(self._seq, rule_id)
         self._seq += 1
-        conj = compiled._conjunction
         alternatives = _alternatives(conj)
         if alternatives is None:
             positives = [f for f in conj.fields if _is_positive(f)]
-            self._file(rule, positives, compiled.matches)
+            self._file(rule, positives, CompiledPattern(source_json, conj).matches)
             return
         for fields in alternatives:
             negatives = [f for f in fields if not _is_positive(f)]
