@@ -346,3 +346,7 @@ def test_many_star_wildcard_is_matched_in_linear_time():
     assert index.matching({"k": run + "b"}) == ["w"]
     assert compiled.matches({"k": "a" * stars + "b"}) is True
     assert compiled.matches({"k": "a" * (stars - 1) + "b"}) is False
+    # head and tail match, so the middle literals are searched through the whole run
+    searched = compile_pattern({"k": [{"wildcard": "a*" * (stars - 1) + "c*b"}]})
+    assert searched.matches({"k": run + "b"}) is False
+    assert searched.matches({"k": run + "cb"}) is True
