@@ -1043,8 +1043,14 @@ class _Intervals:
         if len(snapshot[5]) + len(snapshot[6]) > _INTERVAL_SLACK:
             snapshot = self._build()
         index, lows, low_states, highs, high_states, added, removed = snapshot
-        found = [low_states[: bisect_right(lows, point)], high_states[bisect_left(highs, point) :]]
-        if index.__class__ is _Segments:
+        found = []
+        if lows:
+            found.append(low_states[: bisect_right(lows, point)])
+        if highs:
+            found.append(high_states[bisect_left(highs, point) :])
+        if index is None:
+            pass
+        elif index.__class__ is _Segments:
             keys = index.keys
             i = bisect_left(keys, point)
             if i < len(keys) and keys[i] == point:
@@ -1150,6 +1156,7 @@ class _FieldNode:
         "present",
         "size",
         "other",
+        "single",
     )
 
     def __init__(self) -> None:
@@ -1166,11 +1173,18 @@ class _FieldNode:
         # leaf needs one dict probe (the commonest node: source, detail-type, ...).
         self.size = 0
         self.other = 0
+        # The node's only condition, as (leaf test or None for exists: true, state): chains
+        # past a rule's first conditions mostly hold one, and one closure call beats the
+        # family tables for it.
+        self.single: tuple | None = None
 
     def file(self, spec: _FieldSpec, state: _State, undo: bool = False) -> None:
         """File (or, with ``undo``, unfile) a positive condition leading to ``state``."""
         step = -1 if undo else 1
         self.size += step
+        self.single = None
+        if self.size == 1 and not undo:
+            self.single = (None if spec.exists_true else _value_predicate(spec), state)
         exact = _remove_from if undo else _add_to
         if spec.exists_true:  # any leaf satisfies it: the other matchers add nothing
             self.other += step
@@ -1257,6 +1271,17 @@ class _FieldNode:
         """The states whose condition one of the leaves ``value`` (a leaf or a list) meets."""
         if not self.other and value.__class__ is str:
             return self.exact.get(value, ())
+        single = self.single
+        if single is not None:
+            test, state = single
+            if test is None:
+                return (state,)
+            if value.__class__ is list:
+                for leaf in value:
+                    if test(leaf):
+                        return (state,)
+                return ()
+            return (state,) if test(value) else ()
         out: set[_State] = set()
         if value.__class__ is list:
             for leaf in value:
