@@ -171,14 +171,6 @@ def _leaf_getter(segments: tuple[str, ...]) -> Callable[[dict], Any]:
     return get_many
 
 
-def _leaf_list(value: Any) -> list:
-    if value is _MISSING:
-        return []
-    if value.__class__ is list:
-        return value
-    return [value]
-
-
 # --------------------------------------------------------------------------- value matchers
 
 
@@ -319,7 +311,7 @@ class _FieldSpec:
 
     @property
     def exact_only(self) -> bool:
-        """True when only exact values are tested: the field can key an index."""
+        """True when only exact values are tested: the cheapest field to test first."""
         return not (
             self.prefixes
             or self.suffixes
@@ -330,17 +322,6 @@ class _FieldSpec:
             or self.exists_true
             or self.exists_false
         )
-
-    def exact_keys(self) -> list[Hashable]:
-        keys: list[Hashable] = list(self.strings)
-        keys += [_index_key(n) for n in self.numbers]
-        if self.accept_true:
-            keys.append(_index_key(True))
-        if self.accept_false:
-            keys.append(_index_key(False))
-        if self.accept_null:
-            keys.append(_index_key(None))
-        return keys
 
     @property
     def cost(self) -> int:
@@ -890,7 +871,8 @@ def _parse_pattern(pattern: dict | str | bytes) -> tuple[str, _Conjunction]:
 # field path, one _FieldNode: the conditions leaving the state on that field, filed in
 # structures that answer "which of them does this leaf satisfy" without trying each:
 # hash tables (exact values, folded case), tables by length (prefixes, suffixes, wildcards by
-# their literal head or tail), interval trees (numeric ranges, CIDR blocks). Matching walks
+# their literal head or tail), sorted intervals (numeric ranges, CIDR blocks: bisection into
+# sorted ends, segment tables or a centred interval tree; see _Intervals). Matching walks
 # from the root along the transitions the event's leaves satisfy, so its cost follows the
 # conditions the event meets, not the number of rules. An alternative's negative conditions
 # (anything-but, exists: false) are checked last, only on the rules whose positives all held.
@@ -898,8 +880,8 @@ def _parse_pattern(pattern: dict | str | bytes) -> tuple[str, _Conjunction]:
 # Expanding $or multiplies alternatives; past this many a rule is filed under its top-level
 # positive conditions only and evaluated in full on the events that meet them.
 MAX_ALTERNATIVES = 64
-# An interval tree takes this many additions and removals before it is rebuilt; meanwhile the
-# added intervals are scanned and the removed ones filtered out.
+# An interval index takes this many additions and removals before it is rebuilt; meanwhile
+# the added intervals are scanned and the removed ones filtered out.
 _INTERVAL_SLACK = 64
 # A segment table may hold this many entries per interval before the tree is used instead.
 _SEGMENT_BUDGET = 16
