@@ -350,3 +350,36 @@ def test_many_star_wildcard_is_matched_in_linear_time():
     searched = compile_pattern({"k": [{"wildcard": "a*" * (stars - 1) + "c*b"}]})
     assert searched.matches({"k": run + "b"}) is False
     assert searched.matches({"k": run + "cb"}) is True
+
+
+def test_threads_matching_at_once_through_a_first_build():
+    """The engine matches windows in worker threads; the first lookups of a fresh index build
+    its interval tables. Threads switching every microsecond must all see whole builds."""
+    import sys
+    import threading
+
+    rng = random.Random(7)
+    rules = _numeric_rules(rng, 200, 30)
+    oracle = {rule_id: compile_pattern(p) for rule_id, p in rules}
+    events = [{"source": "shop", "detail": {"n": rng.randrange(1_000)}} for _ in range(40)]
+    expected = [every_rule(oracle, e) for e in events]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(5):
+            index = RuleIndex(rules)  # nothing built yet: the threads race to build
+            barrier = threading.Barrier(4)
+            answers: list = [None] * 4
+
+            def run(slot: int, index=index, barrier=barrier, answers=answers) -> None:
+                barrier.wait()
+                answers[slot] = [index.matching(e) for e in events]
+
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert answers == [expected] * 4
+    finally:
+        sys.setswitchinterval(interval)
