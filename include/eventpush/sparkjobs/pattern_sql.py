@@ -135,8 +135,44 @@ def _number(value) -> float:
     return float(value)
 
 
-def _wildcard_regex(text: str) -> str:
-    """A Java regex matching the whole string for an EventBridge wildcard value."""
+def _wildcard(text: str):
+    """A test on a string Column for an EventBridge wildcard value, linear in the string.
+
+    Not a regex: Java's engine backtracks on ``^a.*a.*a.*b$`` (polynomial in the length of a
+    run of ``a``), so one event could stall an executor. Instead, the Python engine's
+    two-pointer glob: the string starts with the head, ends with the tail, and each middle
+    literal is found at its leftmost place after the previous one (``position`` from a start,
+    folded over the literals with ``aggregate``), the last ending before the tail."""
+    from pyspark.sql import functions as F
+
+    parts = _wildcard_parts(text)
+    if len(parts) == 1:
+        return lambda s: s == F.lit(parts[0])
+    head, middle, tail = parts[0], parts[1:-1], parts[-1]
+    size = sum(len(p) for p in parts)
+
+    def test(s):
+        out = (F.length(s) >= F.lit(size)) & s.startswith(F.lit(head)) & s.endswith(F.lit(tail))
+        if not middle:
+            return out
+        # 1-based position just after the literals placed so far; 0 once one is missing.
+        after = F.aggregate(
+            F.array(*(F.lit(p) for p in middle)),
+            F.lit(len(head) + 1),
+            lambda at, part: F.when(
+                at > 0,
+                F.when(
+                    F.position(part, s, at) > 0, F.position(part, s, at) + F.length(part)
+                ).otherwise(0),
+            ).otherwise(0),
+        )
+        return out & (after > 0) & (after <= F.length(s) - F.lit(len(tail) - 1))
+
+    return test
+
+
+def _wildcard_parts(text: str) -> list[str]:
+    """The literal parts of a (validated) wildcard value; stars sit between them."""
     parts, current, i = [], [], 0
     while i < len(text):
         ch = text[i]
@@ -151,11 +187,7 @@ def _wildcard_regex(text: str) -> str:
             current.append(ch)
         i += 1
     parts.append("".join(current))
-
-    def quote(s: str) -> str:
-        return "".join("\\" + c if c.isascii() and not c.isalnum() else c for c in s)
-
-    return "(?s)^" + ".*".join(quote(p) for p in parts) + r"\z"
+    return parts
 
 
 def _leaf_matchers(values: list) -> tuple[list, bool, bool]:
@@ -199,8 +231,8 @@ def _leaf_matchers(values: list) -> tuple[list, bool, bool]:
                 low = arg.lower()
                 preds.append(lambda x, s=low: is_str(x) & (F.lower(x["s"]) == lit(s)))
             elif op == "wildcard":
-                regex = _wildcard_regex(arg)
-                preds.append(lambda x, r=regex: is_str(x) & x["s"].rlike(r))
+                glob = _wildcard(arg)
+                preds.append(lambda x, g=glob: is_str(x) & g(x["s"]))
             elif op == "numeric":
                 preds.append(_numeric(arg, is_num))
             elif op == "anything-but":
@@ -246,8 +278,8 @@ def _anything_but(arg, is_str, is_num):
             lowered = [s.lower() for s in items]
             hits = [lambda x, s=s: F.lower(x["s"]) == lit(s) for s in lowered]
         else:  # wildcard
-            regexes = [_wildcard_regex(s) for s in items]
-            hits = [lambda x, r=r: x["s"].rlike(r) for r in regexes]
+            globs = [_wildcard(s) for s in items]
+            hits = [lambda x, g=g: g(x["s"]) for g in globs]
 
         def not_string_hit(x):
             any_hit = hits[0](x)
