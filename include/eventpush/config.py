@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 ENV_VAR = "EVENTPUSH_DATABASE_URL"
 
@@ -11,9 +12,25 @@ class ConfigError(RuntimeError):
     """The configuration is missing or wrong; the message says what to set."""
 
 
+FILE_ENV_VAR = "EVENTPUSH_DATABASE_URL_FILE"
+
+
+def _url_from_file(path: str) -> str:
+    """The URL in the file ``path`` names. A Spark job submitted to a cluster finds the file
+    shipped with ``--files`` in its working directory, under the same name."""
+    for candidate in (Path(path), Path(Path(path).name)):
+        if candidate.is_file():
+            return candidate.read_text(encoding="utf-8").strip()
+    raise ConfigError(f"{FILE_ENV_VAR} names {path}, which does not exist")
+
+
 def database_url() -> str:
-    """The PostgreSQL URL of the eventpush database, from ``EVENTPUSH_DATABASE_URL``."""
-    url = os.environ.get(ENV_VAR, "").strip()
+    """The PostgreSQL URL of the eventpush database: from the file
+    ``EVENTPUSH_DATABASE_URL_FILE`` names (how Spark jobs get it, as it is never printed),
+    else from ``EVENTPUSH_DATABASE_URL``."""
+    # The file wins: a Spark job inherits the submitting worker's environment too.
+    path = os.environ.get(FILE_ENV_VAR, "").strip()
+    url = _url_from_file(path) if path else os.environ.get(ENV_VAR, "").strip()
     if not url:
         raise ConfigError(f"{ENV_VAR} is not set: give it a PostgreSQL URL")
     if not url.startswith(("postgresql://", "postgres://")):
