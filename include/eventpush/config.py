@@ -12,6 +12,22 @@ class ConfigError(RuntimeError):
     """The configuration is missing or wrong; the message says what to set."""
 
 
+def setting(name: str, default: int | float, minimum: int | float = 1) -> int | float:
+    """A numeric limit from the environment variable ``name``, else its documented
+    ``default`` (see docs/OPERATIONS.md, "Security"); of the default's type."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = type(default)(raw)
+    except ValueError:
+        kind = "a whole number" if isinstance(default, int) else "a number"
+        raise ConfigError(f"{name} must be {kind}, got {raw!r}") from None
+    if not value >= minimum:  # also refuses NaN
+        raise ConfigError(f"{name} must be at least {minimum}, got {raw!r}")
+    return value
+
+
 FILE_ENV_VAR = "EVENTPUSH_DATABASE_URL_FILE"
 
 

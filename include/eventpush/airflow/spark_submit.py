@@ -81,14 +81,15 @@ class EventpushSparkSubmitOperator(SparkSubmitOperator):
         self.env_vars = {**(self.env_vars or {}), **env}
 
 
-def spark_job(job: str, args_from: str) -> EventpushSparkSubmitOperator:
+def spark_job(job: str, args_from: str, **kwargs) -> EventpushSparkSubmitOperator:
     """The task that runs ``spark_jobs/JOB.py`` on ``spark_default``, with the arguments that
     ``args_from`` names: a Jinja expression over XCom, evaluated natively (the batch DAGs set
-    ``render_template_as_native_obj``)."""
+    ``render_template_as_native_obj``). ``kwargs`` go to the operator (e.g. a timeout)."""
     return EventpushSparkSubmitOperator(
         task_id=f"{job}_job",
         application=str(JOBS_DIR / f"{job}.py"),
         conn_id="spark_default",
         name=f"eventpush-{job}",
         application_args="{{ " + args_from + " }}",
+        **kwargs,
     )
