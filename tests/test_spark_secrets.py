@@ -146,3 +146,25 @@ spark.stop()
     doc = json.loads(r.stdout.strip().splitlines()[-1])
     assert doc["auth"] == "true" and doc["secret"] == SPARK_SECRET and doc["count"] == 10
     assert "org.apache.spark" in doc["cmdline"] and SPARK_SECRET not in doc["cmdline"]
+
+
+def test_a_real_submission_reads_the_database_url_from_the_private_file(db_url, monkeypatch):
+    """The operator runs a real ``spark-submit`` (local mode) with Spark's authentication on:
+    the job finds the database through the private file (the worker's own environment
+    points elsewhere), writes its report, and the file is gone afterwards."""
+    from eventpush.airflow.spark_submit import spark_job
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[1]"}')
+    monkeypatch.setenv("AIRFLOW_CONN_EVENTPUSH_DB", db_url)
+    monkeypatch.setenv("EVENTPUSH_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
+    monkeypatch.setenv("EVENTPUSH_SPARK_SECRET", SPARK_SECRET)
+    op = spark_job("audit", "[]")
+    op.application_args = ["--since", "2026-01-01T00:00:00+00:00"]
+    op.execute({})
+    import psycopg2
+
+    with psycopg2.connect(db_url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT window_start FROM event_audit_report")
+        assert [r[0].isoformat() for r in cur.fetchall()] == ["2026-01-01T00:00:00+00:00"]
+    assert not Path(op.env_vars["EVENTPUSH_DATABASE_URL_FILE"]).exists()
+    assert not Path(op.properties_file).exists()
