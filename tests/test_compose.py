@@ -129,8 +129,8 @@ def test_spark_authenticates_master_workers_and_submitter(compose):
     for name in ("spark-master", "spark-worker"):
         service = services[name]
         command = " ".join(service["command"])
-        assert "spark.authenticate true" in command, name
-        assert "spark.authenticate.secret %s" in command and "$$SPARK_AUTH_SECRET" in command
+        assert "spark.authenticate=true" in command, name
+        assert "spark.authenticate.secret=%s" in command and "$$SPARK_AUTH_SECRET" in command
         assert "--properties-file /tmp/spark-auth.properties" in command
         assert "umask 077" in command  # the file is the container user's alone
         ref = REFERENCE.fullmatch(service["environment"]["SPARK_AUTH_SECRET"])

@@ -18,7 +18,7 @@ from eventpush.config import ConfigError, database_url
 REPO = Path(__file__).resolve().parents[1]
 PASSWORD = "s3cr3t-Pa55word"
 DB_URL = f"postgresql://eventpush:{PASSWORD}@db.internal:5432/eventpush"
-SPARK_SECRET = "0123456789abcdef-spark-shared-secret"
+SPARK_SECRET = "0123456789abcdef=spark:shared-secret"  # "=" and ":" survive the file
 
 
 def _private(path: Path, mode: int) -> bool:
@@ -71,8 +71,8 @@ def test_rendered_spark_submit_command_carries_no_secret(monkeypatch, master):
     shown = " ".join(seen["command"]) + json.dumps(seen["env"])
     assert PASSWORD not in shown and SPARK_SECRET not in shown
     assert seen["url"] == DB_URL and seen["url_file_private"] and seen["shipped"]
-    assert f"spark.authenticate.secret {SPARK_SECRET}" in seen["props"]
-    assert "spark.authenticate true" in seen["props"] and seen["props_private"]
+    assert f"spark.authenticate.secret={SPARK_SECRET}" in seen["props"]
+    assert "spark.authenticate=true" in seen["props"] and seen["props_private"]
     assert not seen["url_file"].exists()  # removed once spark-submit returned
 
 

@@ -142,7 +142,8 @@ def auth_properties_file(directory: Path | None = None) -> str | None:
         return None
     if any(c in secret for c in "\r\n\\"):
         raise SparkSetupError("the Spark secret must be one line without backslashes")
-    text = f"spark.authenticate true\nspark.authenticate.secret {secret}\n"
+    # "key=value": after "=" a properties file keeps the value whole, "=" and ":" included
+    text = f"spark.authenticate=true\nspark.authenticate.secret={secret}\n"
     return str(write_private("spark-auth.properties", text, directory))
 
 
