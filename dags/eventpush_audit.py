@@ -2,9 +2,10 @@
 ### eventpush_audit: is every event accounted for?
 
 Hourly over its data interval, and on demand for any window (the form's `since` and
-`until`; empty means the run's data interval).
+`until`; empty means the run's data interval; a time without an offset is UTC).
 
-1. **window**: the window and bus to audit, checked (until after since, the bus exists).
+1. **window**: the window and bus to audit, checked (until after since, the bus exists, no
+   field the form does not have).
 2. **audit_job**: `spark_jobs/audit.py` through SparkSubmitOperator (connection
    `spark_default`): per runner, the events its rule matches in the window against delivery
    rows, failure rows and committed offsets: expected, delivered, failed, pending, missing,
@@ -71,14 +72,19 @@ def eventpush_audit() -> None:
 
         from eventpush.airflow.connection import database_url
         from eventpush.db import connection, transaction
+        from eventpush.sparkjobs.forms import FormError, audit_window
 
         context = get_current_context()
-        params = context["params"]
-        since = params.get("since") or context["data_interval_start"].isoformat()
-        until = params.get("until") or context["data_interval_end"].isoformat()
-        bus = params.get("bus") or None
-        if datetime.fromisoformat(until) <= datetime.fromisoformat(since):
-            raise AirflowFailException(f"until ({until}) must be after since ({since})")
+        try:
+            since_at, until_at, bus = audit_window(
+                dict(context["params"]),
+                context["dag_run"].conf,
+                context["data_interval_start"],
+                context["data_interval_end"],
+            )
+        except FormError as exc:
+            raise AirflowFailException(f"audit request refused: {exc}") from None
+        since, until = since_at.isoformat(), until_at.isoformat()
         if bus:
             with connection(database_url()) as conn, transaction(conn) as cur:
                 cur.execute("SELECT 1 FROM event_bus WHERE name = %s", (bus,))

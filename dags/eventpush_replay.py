@@ -4,15 +4,19 @@
 Trigger it from the form. **What**: `failed` re-pushes the open failure records (those still
 `failed`; the window is when they failed), `missing` the audit's gaps (committed past but
 never delivered nor recorded), `all` every event of the window the rule matches, as an
-archive replay does. Narrow it by bus, rule, target, window and message ids; cap it with a
-maximum count and a rate limit; a dry run only selects and checks.
+archive replay does, and needs a window (at most `EVENTPUSH_REPLAY_MAX_WINDOW_HOURS`, 168 by
+default) unless **everything** is ticked. Narrow it by bus, rule, target, window and message
+ids (at most 1,000, each at most 128 characters); cap it with a maximum count (at most
+`EVENTPUSH_REPLAY_MAX_COUNT`, 1,000,000 by default, which also applies when empty) and a rate
+limit (at least `EVENTPUSH_REPLAY_MIN_RATE`, 1 record per second); a dry run only selects
+and checks. Times without an offset are UTC.
 
-1. **check_request**: refuses impossible forms (until before since, unknown bus, ...) with
-   a message naming the field.
+1. **check_request**: refuses impossible forms (until before since, unknown bus, a field the
+   form does not have, limits exceeded, ...) with a message naming the field.
 2. **replay_job**: `spark_jobs/replay.py` through SparkSubmitOperator (connection
    `spark_default`): Spark selects, Great Expectations checks the selection, the executors
    re-push with the engine's delivery code (same signing, retries and `webhook-id`), then GX
-   checks that the counts add up.
+   checks that the counts add up. Stopped after `EVENTPUSH_REPLAY_TIMEOUT_MINUTES` (240).
 3. **report**: the run's counts from `event_replay_run`.
 
 Safe to run twice: what the first run delivered is not pushed again by a second `failed` or
@@ -27,6 +31,9 @@ from typing import Any
 from airflow.sdk import Param, dag, get_current_context, task
 
 from eventpush.airflow.spark_submit import spark_job
+from eventpush.sparkjobs.forms import MAX_MESSAGE_ID_LENGTH, MAX_MESSAGE_IDS, replay_limits
+
+LIMITS = replay_limits()
 
 
 def optional(kind: str, title: str, description: str, **schema: Any) -> Param:
@@ -63,18 +70,32 @@ def optional(kind: str, title: str, description: str, **schema: Any) -> Param:
         "message_ids": Param(
             [],
             type="array",
-            items={"type": "string", "minLength": 1},
+            items={"type": "string", "minLength": 1, "maxLength": MAX_MESSAGE_ID_LENGTH},
+            maxItems=MAX_MESSAGE_IDS,
             title="Message ids",
             description="only these events (their ids); empty for any",
         ),
         "max_count": optional(
-            "integer", "Maximum count", "replay at most this many records", minimum=1
+            "integer",
+            "Maximum count",
+            f"replay at most this many records (at most {LIMITS.max_count})",
+            minimum=1,
+            maximum=LIMITS.max_count,
         ),
         "rate_limit": optional(
-            "number", "Rate limit", "at most this many records per second", exclusiveMinimum=0
+            "number",
+            "Rate limit",
+            f"at most this many records per second (at least {LIMITS.min_rate:g})",
+            minimum=LIMITS.min_rate,
         ),
         "dry_run": Param(
             False, type="boolean", title="Dry run", description="select and check only"
+        ),
+        "everything": Param(
+            False,
+            type="boolean",
+            title="Everything",
+            description="what=all without a window: every event ever published (on purpose)",
         ),
     },
 )
@@ -94,8 +115,9 @@ def eventpush_replay() -> None:
         )
 
         context = get_current_context()
+        run = context["dag_run"]
         try:
-            request = request_from_form(dict(context["params"]), context["dag_run"].run_id)
+            request = request_from_form(dict(context["params"]), run.run_id, run.conf)
             with connection(database_url()) as conn, transaction(conn) as cur:
                 check_request(request, cur)
         except ReplayRequestError as exc:
@@ -103,7 +125,9 @@ def eventpush_replay() -> None:
         return job_args(request)
 
     args = check_request()
-    job = spark_job("replay", "ti.xcom_pull(task_ids='check_request')")
+    job = spark_job(
+        "replay", "ti.xcom_pull(task_ids='check_request')", execution_timeout=LIMITS.timeout
+    )
 
     @task
     def report() -> dict[str, Any]:

@@ -70,7 +70,9 @@ pg_bin() {
 }
 
 start_private_postgres() {
-  # No server answers: run our own cluster under var/ (git-ignored).
+  # No server answers: run our own cluster under var/ (git-ignored), listening on 127.0.0.1
+  # only and asking for a password (scram-sha-256) on every connection, the socket included:
+  # a generated password, kept in var/postgres/password (mode 0600) and put in the URL.
   local bin
   bin="$(pg_bin)" || { apt_install postgresql; bin="$(pg_bin)"; }
   local as=()
@@ -79,18 +81,38 @@ start_private_postgres() {
     id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
     as=(runuser -u postgres --)
   fi
+  local pwfile="$PRIVATE_PG_DIR/password" data="$PRIVATE_PG_DIR/data"
   mkdir -p "$PRIVATE_PG_DIR"
+  chmod 700 "$PRIVATE_PG_DIR"
+  if [ ! -s "$pwfile" ]; then
+    (umask 077 && od -An -N24 -tx1 /dev/urandom | tr -d ' \n' > "$pwfile")
+  fi
   [ "$(id -u)" -ne 0 ] || chown -R postgres "$PRIVATE_PG_DIR"
-  if [ ! -f "$PRIVATE_PG_DIR/data/PG_VERSION" ]; then
+  if [ ! -f "$data/PG_VERSION" ]; then
     say "creating a private PostgreSQL cluster in var/postgres"
-    "${as[@]}" "$bin/initdb" -q -D "$PRIVATE_PG_DIR/data" -U postgres --auth=trust >/dev/null
+    "${as[@]}" "$bin/initdb" -D "$data" -U postgres --auth=scram-sha-256 \
+      --pwfile="$pwfile" >/dev/null || die "initdb failed in $data"
   fi
   if ! "$bin/pg_isready" -q -h 127.0.0.1 -p "$PRIVATE_PG_PORT"; then
     say "starting the private PostgreSQL on port $PRIVATE_PG_PORT"
-    "${as[@]}" "$bin/pg_ctl" -D "$PRIVATE_PG_DIR/data" -l "$PRIVATE_PG_DIR/server.log" -w \
-      -o "-p $PRIVATE_PG_PORT -k $PRIVATE_PG_DIR -c listen_addresses=127.0.0.1" start >/dev/null
+    "${as[@]}" "$bin/pg_ctl" -D "$data" -l "$PRIVATE_PG_DIR/server.log" -w \
+      -o "-p $PRIVATE_PG_PORT -k $PRIVATE_PG_DIR -c listen_addresses=127.0.0.1" start >/dev/null \
+      || die "the private PostgreSQL did not start: see $PRIVATE_PG_DIR/server.log"
   fi
-  echo "postgresql://postgres@127.0.0.1:$PRIVATE_PG_PORT"
+  if grep -Eq '^[[:space:]]*[^#[:space:]].*[[:space:]]trust[[:space:]]*$' "$data/pg_hba.conf"; then
+    # A cluster from an older setup, open to every local user: give postgres the password
+    # (psql reads it from the file, so it is never on a command line), then require it.
+    say "turning off trust authentication on the private PostgreSQL"
+    "${as[@]}" "$bin/psql" -q -X -h "$PRIVATE_PG_DIR" -p "$PRIVATE_PG_PORT" -U postgres \
+      -d postgres -v ON_ERROR_STOP=1 >/dev/null <<SQL || die "could not set the password"
+\\set pw \`cat '$pwfile'\`
+ALTER ROLE postgres PASSWORD :'pw';
+SQL
+    sed -i -E 's/^([[:space:]]*[^#[:space:]].*[[:space:]])trust[[:space:]]*$/\1scram-sha-256/' \
+      "$data/pg_hba.conf"
+    "${as[@]}" "$bin/pg_ctl" -D "$data" reload >/dev/null
+  fi
+  echo "postgresql://postgres:$(cat "$pwfile")@127.0.0.1:$PRIVATE_PG_PORT"
 }
 
 setup_postgres() {

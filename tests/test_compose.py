@@ -56,7 +56,6 @@ def test_airflow_services_share_image_secret_and_connections(compose):
         for dep in service.get("depends_on", {}):
             assert dep in services
     assert len(secrets) == 1
-    assert "7077:7077" in services["spark-master"]["ports"]
 
 
 def test_long_running_services_have_health_checks_and_volumes_exist(compose):
@@ -69,3 +68,73 @@ def test_long_running_services_have_health_checks_and_volumes_exist(compose):
                 assert (REPO / source).exists(), source
             else:
                 assert source in compose["volumes"], source
+
+
+SECRET_WORDS = re.compile(r"SECRET|PASSWORD|TOKEN|KEY", re.I)
+REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:?[-?+])?([^}]*)\}")
+
+
+def _strings(node):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _strings(key)
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+    elif isinstance(node, str):
+        yield node
+
+
+def test_no_secret_has_a_default(compose):
+    """Every variable that carries a secret is required (${VAR:?message}): compose refuses
+    to start without it instead of falling back to a value anyone can read here."""
+    text = (REPO / "docker-compose.yaml").read_text()
+    assert "change-me" not in text
+    secret_refs = [
+        m for s in _strings(compose) for m in REFERENCE.finditer(s) if SECRET_WORDS.search(m[1])
+    ]
+    names = {m[1] for m in secret_refs}
+    assert {
+        "EVENTPUSH_JWT_SECRET",
+        "EVENTPUSH_API_SECRET_KEY",
+        "EVENTPUSH_SPARK_SECRET",
+        "AIRFLOW_DB_PASSWORD",
+        "EVENTPUSH_DB_PASSWORD",
+    } <= names
+    for m in secret_refs:
+        assert m[2] == ":?" and m[3].strip(), f"{m[0]} must be ${{{m[1]}:?message}}"
+    for name in AIRFLOW_SERVICES:
+        env = compose["services"][name]["environment"]
+        for key in ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__API__SECRET_KEY"):
+            assert REFERENCE.fullmatch(env[key])[2] == ":?", (name, key)
+        for key in ("AIRFLOW_CONN_EVENTPUSH_DB", "EVENTPUSH_DATABASE_URL"):
+            assert ":${EVENTPUSH_DB_PASSWORD:?" in env[key], (name, key)
+
+
+def test_only_the_api_server_is_published_and_on_loopback_only(compose):
+    published = {}
+    for name, service in compose["services"].items():
+        for port in service.get("ports", []):
+            spec = port if isinstance(port, str) else f"{port.get('host_ip', '')}:{port}"
+            published[name] = spec
+            # host_ip:host_port:container_port; without the host ip Docker binds 0.0.0.0.
+            assert spec.count(":") == 2 and spec.startswith("127.0.0.1:"), (name, spec)
+    assert set(published) == {"airflow-apiserver"}
+
+
+def test_spark_authenticates_master_workers_and_submitter(compose):
+    services = compose["services"]
+    assert "ports" not in services["spark-master"] and "ports" not in services["spark-worker"]
+    for name in ("spark-master", "spark-worker"):
+        service = services[name]
+        command = " ".join(service["command"])
+        assert "spark.authenticate=true" in command, name
+        assert "spark.authenticate.secret=%s" in command and "$$SPARK_AUTH_SECRET" in command
+        assert "--properties-file /tmp/spark-auth.properties" in command
+        assert "umask 077" in command  # the file is the container user's alone
+        ref = REFERENCE.fullmatch(service["environment"]["SPARK_AUTH_SECRET"])
+        assert ref[1] == "EVENTPUSH_SPARK_SECRET" and ref[2] == ":?"
+    for name in AIRFLOW_SERVICES:
+        ref = REFERENCE.fullmatch(services[name]["environment"]["EVENTPUSH_SPARK_SECRET"])
+        assert ref[1] == "EVENTPUSH_SPARK_SECRET" and ref[2] == ":?"

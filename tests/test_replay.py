@@ -101,13 +101,17 @@ def test_all_dry_run_max_count_and_rate_limit(db_url, conn, spark, receiver):  #
         conn, "orders", "all", "archive", {"source": ["app.orders"]}, url=f"{receiver.url}/ok"
     )
     publish_lines(conn, "orders", events(5) + events(3, source="app.other"))
-    dry = run_replay(spark, db_url, ReplayRequest(what="all", bus="orders", dry_run=True))
+    dry = run_replay(
+        spark, db_url, ReplayRequest(what="all", bus="orders", dry_run=True, everything=True)
+    )
     assert dry.selected == 5 and dry.delivered == 0
     with conn.cursor() as cur:
         cur.execute("SELECT count(*) FROM event_push_delivery")
         assert cur.fetchone()[0] == 0
     conn.rollback()
-    some = run_replay(spark, db_url, ReplayRequest(what="all", max_count=3, rate_limit=50.0))
+    some = run_replay(
+        spark, db_url, ReplayRequest(what="all", max_count=3, rate_limit=50.0, everything=True)
+    )
     assert (some.selected, some.delivered) == (3, 3)
 
 

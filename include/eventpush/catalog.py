@@ -20,7 +20,8 @@ from eventpush.db import Connection, transaction
 from eventpush.push.policy import DEFAULTS, LIMITS
 from eventpush.push.targets import InvalidTargetUrlError, validate_url
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# fullmatch, never match with "$": "$" also matches before a trailing newline ("bus\n").
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 TRANSFORM_KINDS = ("ORIGINAL", "CONSTANT", "JSONPATH", "TEMPLATE")
 MAX_QUEUES = 1024
 # Mirrored by the CHECK constraints of migration 0002_bus_account_region.
@@ -33,7 +34,7 @@ class CatalogError(ValueError):
 
 
 def check_name(kind: str, name: str) -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise CatalogError(
             f"{kind} name {name!r} is invalid: use 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"

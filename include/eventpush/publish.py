@@ -118,6 +118,16 @@ def prepare_event(
     return event, event_time, key
 
 
+def _has_nul(value: object) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any("\x00" in k or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
@@ -132,8 +142,17 @@ def iter_events(
     for line_no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        event, event_time, key = prepare_event(line, line_no, now_iso, key_path)
-        encoded = _encode(event)
+        try:
+            event, event_time, key = prepare_event(line, line_no, now_iso, key_path)
+            encoded = _encode(event)
+            # PostgreSQL's jsonb has no NUL; the cheap test on the encoding only rarely needs
+            # the exact walk (an escaped backslash before "u0000" also contains the bytes).
+            nul = b"\\u0000" in encoded and _has_nul(event)
+        except RecursionError:
+            # Exit 2 (refused input), never the traceback's exit 1 ("missing deliveries").
+            raise _fail(line_no, "the event is nested too deeply") from None
+        if nul:
+            raise _fail(line_no, "a NUL character (\\u0000) is not allowed in an event")
         if len(encoded) > MAX_EVENT_BYTES:
             raise _fail(line_no, f"event is over the {MAX_EVENT_BYTES}-byte limit")
         if key is None:

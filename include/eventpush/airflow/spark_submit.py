@@ -2,9 +2,11 @@
 
 It adds what every eventpush job needs at execute time, never through templates (rendered
 fields are shown in the UI, and the database URL carries a password): the package zip as
-``--py-files``, the JDBC jar, the database URL in the job's environment, and the Python and
-``spark-submit`` of this installation. A missing Spark connection fails the task with a
-message instead of meaning YARN.
+``--py-files``, the JDBC jar, the database URL in a file of mode 0600 in a private directory
+(the job finds it through ``EVENTPUSH_DATABASE_URL_FILE``; ``--files`` ships it to a
+cluster-mode driver), Spark's shared secret in a private ``--properties-file`` when one is
+set, and the Python and ``spark-submit`` of this installation. A missing Spark connection
+fails the task with a message instead of meaning YARN.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from eventpush.config import FILE_ENV_VAR
+from eventpush.sparkjobs.session import SparkSetupError
 
 # A checkout has spark_jobs/ beside include/; an image says where it put them.
 JOBS_DIR = Path(
@@ -26,33 +32,64 @@ class EventpushSparkSubmitOperator(SparkSubmitOperator):
     """``spark-submit`` of one eventpush job, with the package and driver shipped along."""
 
     def execute(self, context):
-        from eventpush.airflow.connection import database_url
-        from eventpush.sparkjobs.session import jdbc_jar, package_zip, require_airflow_master
+        from eventpush.sparkjobs.session import require_airflow_master
 
         master = require_airflow_master(self._conn_id)
         self.log.info("submitting %s to %s", Path(self.application).name, master)
+        secrets = Path(tempfile.mkdtemp(prefix="eventpush-submit-"))
+        try:
+            self.prepare_submit(secrets)
+            return super().execute(context)
+        finally:
+            # spark-submit has returned: a local or client-mode driver is done with the
+            # files, and a cluster-mode one got its copy through --files at submit time.
+            shutil.rmtree(secrets, ignore_errors=True)
+
+    def prepare_submit(self, secrets: Path) -> None:
+        """Point the submission at the package, the driver and the secrets in ``secrets``
+        (a private directory). The provider prints ``--conf``, and on YARN and Kubernetes
+        turns ``env_vars`` into ``--conf``: only file paths go there, never a secret."""
+        from eventpush.airflow.connection import database_url
+        from eventpush.sparkjobs.session import (
+            auth_properties_file,
+            jdbc_jar,
+            package_zip,
+            write_private,
+        )
+
         self.py_files = package_zip()
         self.jars = jdbc_jar()
+        url_file = str(write_private("database-url", database_url(), secrets))
+        # A cluster-mode driver runs elsewhere: --files puts the file in its working directory.
+        self.files = ",".join(f for f in (self.files, url_file) if f)
+        properties = auth_properties_file(secrets)
+        if properties:
+            if self.properties_file:
+                raise SparkSetupError(
+                    "EVENTPUSH_SPARK_SECRET needs eventpush's own --properties-file; "
+                    f"the task already sets {self.properties_file}"
+                )
+            self.properties_file = properties
         python = sys.executable
         env = {
-            "EVENTPUSH_DATABASE_URL": database_url(),
+            FILE_ENV_VAR: url_file,
             "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", python),
             "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", python),
         }
         if shutil.which("spark-submit") is None:  # the venv's spark-submit, next to python
             env["PATH"] = f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         self.env_vars = {**(self.env_vars or {}), **env}
-        return super().execute(context)
 
 
-def spark_job(job: str, args_from: str) -> EventpushSparkSubmitOperator:
+def spark_job(job: str, args_from: str, **kwargs) -> EventpushSparkSubmitOperator:
     """The task that runs ``spark_jobs/JOB.py`` on ``spark_default``, with the arguments that
     ``args_from`` names: a Jinja expression over XCom, evaluated natively (the batch DAGs set
-    ``render_template_as_native_obj``)."""
+    ``render_template_as_native_obj``). ``kwargs`` go to the operator (e.g. a timeout)."""
     return EventpushSparkSubmitOperator(
         task_id=f"{job}_job",
         application=str(JOBS_DIR / f"{job}.py"),
         conn_id="spark_default",
         name=f"eventpush-{job}",
         application_args="{{ " + args_from + " }}",
+        **kwargs,
     )

@@ -6,6 +6,7 @@ Routes (under the plugin's ``/eventpush`` prefix):
 | --- | --- | --- |
 | ``GET api/status`` | workers and runners: progress, lag, controls, latest metrics | reader |
 | ``GET api/metrics?runner=R&minutes=M`` | one runner's metric series | reader |
+| ``GET openapi.json`` | this API's description | reader |
 | ``GET api/failures?limit=N`` | latest open failures | reader |
 | ``GET api/audits?limit=N`` | latest audit reports | reader |
 | ``POST api/adjust`` ``{"scope", "name", "changes"}`` | validated runtime adjustment | editor |
@@ -14,8 +15,15 @@ Routes (under the plugin's ``/eventpush`` prefix):
 
 Authentication is Airflow's own (``airflow.api_fastapi.core_api.security``): a JWT bearer
 token or the UI's session cookie. Readers need read access to the ``eventpush_push`` DAG,
-editors edit access to it; anyone else gets 401 (no credentials) or 403. Refused adjustments
+editors edit access to it; anyone else gets 401 (no credentials) or 403; the API's own
+description too (FastAPI's public ``/docs`` and ``/redoc`` are off). Refused adjustments
 answer 422 with the reason. Target URLs and secrets are never shown.
+
+``minutes`` is at most ``EVENTPUSH_DASHBOARD_MAX_MINUTES`` (1440), and a series is averaged
+down in SQL to at most ``EVENTPUSH_DASHBOARD_POINTS`` (240) points per runner, so neither the
+database nor the page pays for a long range. Metric rows older than
+``EVENTPUSH_METRIC_RETENTION_HOURS`` are pruned by the workers' heartbeats
+(``eventpush.push.store.heartbeat``).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from eventpush.charts import line_chart
+from eventpush.config import setting
 from eventpush.db import transaction
 
 DAG_ID = "eventpush_push"
@@ -57,12 +66,31 @@ def _conn():
 # --------------------------------------------------------------------------- data
 
 
+# One point per runner and bin of ``stride`` seconds: the totals and gauges as they were at
+# the bin's last row, p50 averaged and p99 the worst, so a week costs as much as an hour.
 METRICS_SQL = """
-SELECT r.name, m.ts, m.delivered, m.failed, m.lag, m.in_flight, m.waiting, m.p50_ms, m.p99_ms
+SELECT r.name, max(m.ts) AS ts, max(m.delivered), max(m.failed),
+       (array_agg(m.lag ORDER BY m.ts DESC))[1],
+       (array_agg(m.in_flight ORDER BY m.ts DESC))[1],
+       (array_agg(m.waiting ORDER BY m.ts DESC))[1],
+       avg(m.p50_ms)::real, max(m.p99_ms)
 FROM event_push_metric m JOIN event_target_runner r ON r.id = m.runner_id
-WHERE m.ts > now() - make_interval(mins => %s) AND (%s::text IS NULL OR r.name = %s)
-ORDER BY r.name, m.ts
+WHERE m.ts > now() - make_interval(mins => %(minutes)s)
+  AND (%(runner)s::text IS NULL OR r.name = %(runner)s)
+GROUP BY r.name, date_bin(make_interval(secs => %(stride)s), m.ts, TIMESTAMPTZ '2000-01-01')
+ORDER BY r.name, ts
 """
+
+
+def max_minutes() -> int:
+    """The longest range the dashboard and the metrics API show."""
+    return setting("EVENTPUSH_DASHBOARD_MAX_MINUTES", 1440)
+
+
+def max_points() -> int:
+    """The most points per runner a series has."""
+    return setting("EVENTPUSH_DASHBOARD_POINTS", 240, minimum=2)
+
 
 LATEST_METRIC_SQL = """
 SELECT DISTINCT ON (m.runner_id) r.name, m.ts, m.p50_ms, m.p99_ms
@@ -108,10 +136,14 @@ def progress(conn) -> dict:
 
 
 def metric_series(conn, runner: str | None, minutes: int) -> dict[str, list[dict]]:
-    """Per runner, its metric points of the last ``minutes``, with throughput (delivered per
-    second since the previous point)."""
+    """Per runner, its metric points of the last ``minutes`` (at most ``max_points()``, each
+    summing up a bin of equal length), with throughput (delivered per second since the
+    previous point)."""
+    stride = max(1.0, minutes * 60 / max_points())
+    # ceil: the window then spans at most max_points() bins (plus one partly filled)
+    stride = float(int(stride) + (stride % 1 > 0))
     with transaction(conn) as cur:
-        cur.execute(METRICS_SQL, (minutes, runner, runner))
+        cur.execute(METRICS_SQL, {"minutes": minutes, "runner": runner, "stride": stride})
         rows = cur.fetchall()
     series: dict[str, list[dict]] = {}
     for name, ts, delivered, failed, lag, in_flight, waiting, p50, p99 in rows:
@@ -360,12 +392,20 @@ def create_app():
 
     read = [Depends(requires_access_dag("GET", param_dag_id=DAG_ID))]
     write = [Depends(requires_access_dag("PUT", param_dag_id=DAG_ID))]
+    # FastAPI serves its description and docs to anyone; they are turned off and the
+    # description is served below behind the same check as every read.
     app = FastAPI(
         title="eventpush",
         description="Progress and runtime controls of the eventpush push workers.",
         docs_url=None,
         redoc_url=None,
+        openapi_url=None,
     )
+    minutes_query = Query(60, ge=1, le=max_minutes())
+
+    @app.get("/openapi.json", dependencies=read, include_in_schema=False)
+    def get_openapi() -> dict:
+        return app.openapi()
 
     @app.get("/api/status", dependencies=read)
     def get_status() -> dict:
@@ -373,7 +413,7 @@ def create_app():
             return progress(conn)
 
     @app.get("/api/metrics", dependencies=read)
-    def get_metrics(runner: str | None = None, minutes: int = Query(60, ge=1, le=10080)) -> dict:
+    def get_metrics(runner: str | None = None, minutes: int = minutes_query) -> dict:
         with _conn() as conn:
             return {"minutes": minutes, "runners": metric_series(conn, runner, minutes)}
 
@@ -411,7 +451,7 @@ def create_app():
         return {"scope": body.scope, "name": body.name, "paused": False}
 
     @app.get("/dashboard", response_class=HTMLResponse, dependencies=read)
-    def dashboard(minutes: int = Query(60, ge=1, le=10080)) -> str:
+    def dashboard(minutes: int = minutes_query) -> str:
         with _conn() as conn:
             return render_dashboard(conn, minutes)
 

@@ -138,15 +138,34 @@ def rebalance(window_minutes, dry_run, as_json) -> None:
 @click.option("--max-count", type=int, help="Replay at most this many records.")
 @click.option("--rate-limit", type=float, help="At most this many records per second.")
 @click.option("--dry-run", is_flag=True, help="Select and check, push nothing.")
+@click.option(
+    "--everything",
+    is_flag=True,
+    help="With --what all and no window: re-push every event ever published, on purpose.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @handles_errors
 def replay(
-    bus, rule, target, since, until, what, message_ids, max_count, rate_limit, dry_run, as_json
+    bus,
+    rule,
+    target,
+    since,
+    until,
+    what,
+    message_ids,
+    max_count,
+    rate_limit,
+    dry_run,
+    everything,
+    as_json,
 ) -> None:
-    """Re-push failed records, audit gaps, or every matching event of a window."""
+    """Re-push failed records, audit gaps, or every matching event of a window.
+
+    --what all needs --since (a window of at most EVENTPUSH_REPLAY_MAX_WINDOW_HOURS) or
+    --everything; a run selects at most EVENTPUSH_REPLAY_MAX_COUNT records."""
     from eventpush.config import database_url
     from eventpush.quality.batch import CheckFailed
-    from eventpush.sparkjobs.replay import ReplayRequest, run_replay
+    from eventpush.sparkjobs.replay import ReplayRequest, check_bounds, run_replay
 
     req = ReplayRequest(
         what=what,
@@ -159,7 +178,9 @@ def replay(
         max_count=max_count,
         rate_limit=rate_limit,
         dry_run=dry_run,
+        everything=everything,
     )
+    check_bounds(req)  # before Spark starts: a refused request costs nothing
     url = database_url()
     try:
         with err.status(f"replaying {what} records with Spark..."):

@@ -87,12 +87,45 @@ def target() -> None:
     """Targets: where a rule's matches are pushed."""
 
 
+def read_secret(secret: str | None, secret_file: str | None) -> str | None:
+    """The secret from --secret, stdin (``--secret -``) or --secret-file; one line, the
+    surrounding whitespace (a file's final newline) dropped."""
+    if secret is not None and secret_file is not None:
+        fail("give --secret or --secret-file, not both")
+    if secret == "-":
+        secret = click.get_text_stream("stdin").read()
+    elif secret_file is not None:
+        with open(secret_file, encoding="utf-8") as f:
+            secret = f.read()
+    else:
+        return secret
+    secret = secret.strip()
+    if not secret:
+        fail(
+            "the secret read from "
+            + ("stdin" if secret_file is None else "--secret-file")
+            + " is empty"
+        )
+    return secret
+
+
 @target.command("create")
 @click.option("--bus", "bus_name", required=True)
 @click.option("--rule", "rule_name", required=True)
 @click.option("--name", required=True)
 @click.option("--url", required=True, help="http or https endpoint.")
-@click.option("--secret", default=None, help="Standard Webhooks secret, whsec_<base64>.")
+@click.option(
+    "--secret",
+    default=None,
+    help="Standard Webhooks secret, whsec_<base64>; '-' reads it from stdin (kept out of "
+    "shell history and ps).",
+)
+@click.option(
+    "--secret-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Read the secret from this file instead.",
+)
 @click.option("--max-attempts", type=int, default=DEFAULTS.max_attempts, show_default=True)
 @click.option("--backoff-ms", type=int, default=DEFAULTS.backoff_ms, show_default=True)
 @click.option("--max-age-s", type=int, default=DEFAULTS.max_age_s, show_default=True)
@@ -114,6 +147,7 @@ def target_create(
     name: str,
     url: str,
     secret: str | None,
+    secret_file: str | None,
     max_attempts: int,
     backoff_ms: int,
     max_age_s: int,
@@ -125,6 +159,7 @@ def target_create(
     transform_spec: str | None,
 ) -> None:
     """Create a target on a rule, and its runner."""
+    secret = read_secret(secret, secret_file)
     spec_value = None
     if transform_spec is not None:
         try:

@@ -356,7 +356,13 @@ def commit(conn: Connection, wid: int, batch: CommitBatch) -> None:
 
 
 def heartbeat(conn: Connection, wid: int, metrics: dict, runner_stats: list[tuple]) -> None:
-    """Worker heartbeat and metrics, and one metric row per runner (lag computed here)."""
+    """Worker heartbeat and metrics, and one metric row per runner (lag computed here). Each
+    heartbeat also drops its runners' rows older than ``EVENTPUSH_METRIC_RETENTION_HOURS``
+    (48 by default): a few rows at a time through the (runner_id, ts) index, so the table
+    stays bounded without a job of its own."""
+    from eventpush.config import setting
+
+    retention_hours = setting("EVENTPUSH_METRIC_RETENTION_HOURS", 48)
     with transaction(conn) as cur:
         cur.execute(
             "UPDATE event_push_worker SET heartbeat_at = now(), metrics = %s WHERE id = %s",
@@ -381,6 +387,11 @@ def heartbeat(conn: Connection, wid: int, metrics: dict, runner_stats: list[tupl
                 "v.p50, v.p99",
                 [(wid, *stats) for stats in runner_stats],
                 template="(%s, %s, %s::real, %s::real)",
+            )
+            cur.execute(
+                "DELETE FROM event_push_metric WHERE runner_id = ANY(%s) "
+                "AND ts < now() - make_interval(hours => %s)",
+                ([stats[0] for stats in runner_stats], retention_hours),
             )
 
 

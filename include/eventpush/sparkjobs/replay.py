@@ -1,7 +1,12 @@
 """Replay: re-push failed records, audit gaps, or every matching event of a window.
 
 A request is checked first (``check_request``: impossible values refused with a message that
-says which field and why). Spark selects the records: ``failed`` reads the open failure rows
+says which field and why). Operator input is bounded by configuration (``replay_limits``):
+``all`` needs a window (or the explicit ``everything``) no longer than
+``EVENTPUSH_REPLAY_MAX_WINDOW_HOURS``, no run selects more than
+``EVENTPUSH_REPLAY_MAX_COUNT`` records, a rate limit is at least ``EVENTPUSH_REPLAY_MIN_RATE``
+records per second, and message ids are few and short (they travel as spark-submit
+arguments). Spark selects the records: ``failed`` reads the open failure rows
 (status ``failed``, window on when they failed), ``missing`` takes the audit's gaps, ``all``
 every event of the window the rule matches (from the start of the bus, as an archive replay
 does). The executors then push them with the engine's delivery code (signing, inline
@@ -17,12 +22,21 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from eventpush.db import connection, transaction
+from eventpush.sparkjobs.forms import (
+    FORM_FIELDS,
+    MAX_MESSAGE_ID_LENGTH,
+    MAX_MESSAGE_IDS,
+    FormError,
+    ReplayLimits,
+    check_form_keys,
+    parse_time,
+    replay_limits,
+)
 
 WHATS = ("failed", "missing", "all")
-MAX_MESSAGE_IDS = 10_000
 PUSH_CONCURRENCY = 16  # requests in flight per partition
 
 
@@ -43,6 +57,7 @@ class ReplayRequest:
     rate_limit: float | None = None  # records per second over the whole replay
     dry_run: bool = False
     label: str | None = None  # who asked: e.g. the Airflow run id, to find the run again
+    everything: bool = False  # ``all`` with no window: every event ever published, on purpose
 
     def to_json(self) -> dict:
         doc = asdict(self)
@@ -66,26 +81,72 @@ class ReplayResult:
         return asdict(self)
 
 
-def check_request(req: ReplayRequest, cur) -> list[int]:
-    """Refuse impossible requests; returns the ids of the runners in scope."""
+def check_bounds(req: ReplayRequest, limits: ReplayLimits | None = None) -> None:
+    """Refuse requests outside what the operator may ask for (no database needed)."""
+    limits = limits or replay_limits()
     if req.what not in WHATS:
         raise ReplayRequestError(f"what must be one of {', '.join(WHATS)}, got {req.what!r}")
     if req.since and req.until and req.until <= req.since:
         raise ReplayRequestError(
             f"until ({req.until.isoformat()}) must be after since ({req.since.isoformat()})"
         )
+    if req.what == "all" and not req.everything:
+        if req.since is None:
+            raise ReplayRequestError(
+                "what=all needs a window: give since (and until), or set everything to "
+                "re-push every event ever published"
+            )
+        span = (req.until or datetime.now(UTC)) - req.since
+        if span > limits.max_window:
+            raise ReplayRequestError(
+                f"the window of what=all spans {_hours(span)} hours, over the limit of "
+                f"{_hours(limits.max_window)} (EVENTPUSH_REPLAY_MAX_WINDOW_HOURS)"
+            )
     if req.max_count is not None and req.max_count <= 0:
         raise ReplayRequestError(f"max count must be a positive number, got {req.max_count}")
+    if req.max_count is not None and req.max_count > limits.max_count:
+        raise ReplayRequestError(
+            f"max count {req.max_count} is over the limit of {limits.max_count} "
+            "(EVENTPUSH_REPLAY_MAX_COUNT)"
+        )
     if req.rate_limit is not None and req.rate_limit <= 0:
         raise ReplayRequestError(
             f"rate limit must be a positive number of records per second, got {req.rate_limit}"
         )
+    if req.rate_limit is not None and req.rate_limit < limits.min_rate:
+        raise ReplayRequestError(
+            f"rate limit must be at least {limits.min_rate:g} records per second "
+            f"(EVENTPUSH_REPLAY_MIN_RATE), got {req.rate_limit:g}"
+        )
+    if req.rate_limit and req.max_count:
+        needs = timedelta(seconds=req.max_count / req.rate_limit)
+        if needs > limits.timeout:
+            raise ReplayRequestError(
+                f"{req.max_count} records at {req.rate_limit:g} per second take "
+                f"{_hours(needs)} hours, longer than the job's timeout of "
+                f"{_hours(limits.timeout)} (EVENTPUSH_REPLAY_TIMEOUT_MINUTES)"
+            )
     if len(req.message_ids) > MAX_MESSAGE_IDS:
         raise ReplayRequestError(
             f"at most {MAX_MESSAGE_IDS} message ids, got {len(req.message_ids)}"
         )
     if any(not isinstance(m, str) or not m.strip() for m in req.message_ids):
         raise ReplayRequestError("message ids must be non-empty strings")
+    for i, message_id in enumerate(req.message_ids, start=1):
+        if len(message_id) > MAX_MESSAGE_ID_LENGTH:
+            raise ReplayRequestError(
+                f"message id {i} is {len(message_id)} characters long, over the limit of "
+                f"{MAX_MESSAGE_ID_LENGTH}"
+            )
+
+
+def _hours(span: timedelta) -> str:
+    return f"{span.total_seconds() / 3600:.4g}"
+
+
+def check_request(req: ReplayRequest, cur) -> list[int]:
+    """Refuse impossible requests; returns the ids of the runners in scope."""
+    check_bounds(req)
     if req.bus is not None:
         cur.execute("SELECT 1 FROM event_bus WHERE name = %s", (req.bus,))
         if cur.fetchone() is None:
@@ -144,9 +205,12 @@ def select(spark, db_url: str, req: ReplayRequest, runner_ids: list[int]):
     if req.message_ids:
         rows = rows.where(F.col("message_id").isin(list(req.message_ids)))
     rows = rows.select(*SELECTION_COLUMNS).orderBy("ctime", "runner_id", "queue_id", "offset")
-    if req.max_count is not None:
-        rows = rows.limit(req.max_count)
-    return rows
+    return rows.limit(effective_max_count(req))
+
+
+def effective_max_count(req: ReplayRequest) -> int:
+    """The request's maximum count, or the configured cap when it gives none."""
+    return req.max_count if req.max_count is not None else replay_limits().max_count
 
 
 def push_partition(
@@ -347,7 +411,7 @@ def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -
         counts = keys["runner_id"].value_counts().to_dict() if len(keys) else {}
         result.runners = {names[int(r)]: int(n) for r, n in counts.items()}
         label = f"{run_label} replay {replay_id}"
-        quality.check_replay_selection(keys, runner_ids, req.max_count, label, db_url)
+        quality.check_replay_selection(keys, runner_ids, effective_max_count(req), label, db_url)
         if not req.dry_run and result.selected:
             parts = max(1, min(result.selected, spark.sparkContext.defaultParallelism))
             rate = req.rate_limit / parts if req.rate_limit else None
@@ -382,20 +446,36 @@ def _form_time(params: dict, key: str) -> datetime | None:
     value = params.get(key)
     if value in (None, ""):
         return None
-    if isinstance(value, datetime):
-        parsed = value
-    else:
-        try:
-            parsed = datetime.fromisoformat(str(value))
-        except ValueError:
-            raise ReplayRequestError(f"{key} {value!r} is not an ISO 8601 time") from None
-    from datetime import UTC
-
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    try:
+        return parse_time(key, value)
+    except FormError as exc:
+        raise ReplayRequestError(str(exc)) from None
 
 
-def request_from_form(params: dict, label: str | None = None) -> ReplayRequest:
-    """A request from the replay DAG's form (empty fields mean "any")."""
+def _form_number(params: dict, key: str, kind: type) -> int | float | None:
+    value = params.get(key)
+    if value in (None, ""):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ReplayRequestError(f"{key} must be a number, got {value!r}")
+    try:
+        number = kind(value)
+    except ValueError:
+        raise ReplayRequestError(f"{key} must be a number, got {value!r}") from None
+    if kind is float and number != number:  # NaN
+        raise ReplayRequestError(f"{key} must be a number, got {value!r}")
+    return number
+
+
+def request_from_form(
+    params: dict, label: str | None = None, conf: dict | None = None
+) -> ReplayRequest:
+    """A request from the replay DAG's form (empty fields mean "any"); ``conf`` is the run's
+    raw configuration, checked for unknown fields too."""
+    try:
+        check_form_keys(params, conf, known=FORM_FIELDS)
+    except FormError as exc:
+        raise ReplayRequestError(str(exc)) from None
 
     def text(key: str) -> str | None:
         value = params.get(key)
@@ -404,6 +484,8 @@ def request_from_form(params: dict, label: str | None = None) -> ReplayRequest:
     ids = params.get("message_ids") or ()
     if isinstance(ids, str):
         ids = [line for line in ids.replace(",", "\n").splitlines() if line.strip()]
+    if not isinstance(ids, list | tuple):
+        raise ReplayRequestError(f"message_ids must be a list of strings, got {ids!r}")
     return ReplayRequest(
         what=str(params.get("what") or "failed"),
         bus=text("bus"),
@@ -412,10 +494,11 @@ def request_from_form(params: dict, label: str | None = None) -> ReplayRequest:
         since=_form_time(params, "since"),
         until=_form_time(params, "until"),
         message_ids=tuple(str(m).strip() for m in ids),
-        max_count=params.get("max_count"),
-        rate_limit=params.get("rate_limit"),
+        max_count=_form_number(params, "max_count", int),
+        rate_limit=_form_number(params, "rate_limit", float),
         dry_run=bool(params.get("dry_run")),
         label=label,
+        everything=bool(params.get("everything")),
     )
 
 
@@ -437,6 +520,8 @@ def job_args(req: ReplayRequest) -> list[str]:
         args += ["--rate-limit", str(req.rate_limit)]
     if req.dry_run:
         args.append("--dry-run")
+    if req.everything:
+        args.append("--everything")
     if req.label:
         args += ["--label", req.label]
     return args

@@ -5,14 +5,22 @@ already set, else ``EVENTPUSH_SPARK_MASTER``, else the Airflow connection ``spar
 (from ``AIRFLOW_CONN_SPARK_DEFAULT`` or, inside an Airflow task, from Airflow), else
 ``local[*]``. A missing connection never means YARN, unlike the Spark provider's default.
 The PostgreSQL JDBC driver comes from ``EVENTPUSH_JDBC_JAR`` (the Debian jar by default) and
-the eventpush package travels to the executors as a zip, so they need not have it installed.
+the eventpush package travels to the executors as a zip, so they need not have it installed;
+the zip is built in a private directory of this process, never at a path others can predict.
+
+Secrets never travel on a command line (``ps``, the Spark UI and the task log show those):
+Spark's shared secret (``EVENTPUSH_SPARK_SECRET`` or the file ``EVENTPUSH_SPARK_SECRET_FILE``
+names) goes to ``spark-submit`` in a properties file of mode 0600 in a private directory.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
+import shlex
+import shutil
 import sys
 import tempfile
 import zipfile
@@ -87,6 +95,61 @@ def jdbc_jar() -> str:
     return jar
 
 
+_private_dir: Path | None = None
+
+
+def private_dir() -> Path:
+    """A directory of this process only (mode 0700, random name), removed at exit: what is
+    written there can be neither read nor planted by another user."""
+    global _private_dir
+    if _private_dir is None or not _private_dir.is_dir():
+        _private_dir = Path(tempfile.mkdtemp(prefix="eventpush-"))
+        atexit.register(shutil.rmtree, _private_dir, True)
+    return _private_dir
+
+
+def write_private(name: str, text: str, directory: Path | None = None) -> Path:
+    """``text`` in a new file of mode 0600 in ``directory`` (default: ``private_dir()``)."""
+    path = (directory or private_dir()) / name
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def spark_secret() -> str | None:
+    """Spark's shared authentication secret, from ``EVENTPUSH_SPARK_SECRET`` or the file
+    ``EVENTPUSH_SPARK_SECRET_FILE`` names; None when neither is set."""
+    secret = os.environ.get("EVENTPUSH_SPARK_SECRET", "").strip()
+    path = os.environ.get("EVENTPUSH_SPARK_SECRET_FILE", "").strip()
+    if not secret and path:
+        try:
+            secret = Path(path).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise SparkSetupError(
+                f"EVENTPUSH_SPARK_SECRET_FILE {path}: {exc.strerror or exc}"
+            ) from None
+        if not secret:
+            raise SparkSetupError(f"EVENTPUSH_SPARK_SECRET_FILE {path} is empty")
+    return secret or None
+
+
+def auth_properties_file(directory: Path | None = None) -> str | None:
+    """A ``--properties-file`` (mode 0600) turning on Spark's authentication with the shared
+    secret, or None when no secret is set. A file, because ``--conf`` shows in ``ps``."""
+    secret = spark_secret()
+    if secret is None:
+        return None
+    if any(c in secret for c in "\r\n\\"):
+        raise SparkSetupError("the Spark secret must be one line without backslashes")
+    # "key=value": after "=" a properties file keeps the value whole, "=" and ":" included
+    text = f"spark.authenticate=true\nspark.authenticate.secret={secret}\n"
+    return str(write_private("spark-auth.properties", text, directory))
+
+
+_zips: dict[str, str] = {}
+
+
 def package_zip() -> str:
     """A zip of the eventpush package for spark.submit.pyFiles, rebuilt when the code changes."""
     import eventpush
@@ -99,13 +162,15 @@ def package_zip() -> str:
     for p in files:
         stat = p.stat()
         digest.update(f"{p}:{stat.st_mtime_ns}:{stat.st_size}".encode())
-    target = Path(tempfile.gettempdir()) / f"eventpush-{digest.hexdigest()[:16]}.zip"
-    if not target.exists():
-        tmp = target.with_suffix(f".{os.getpid()}.tmp")
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+    key = digest.hexdigest()[:16]
+    target = Path(_zips.get(key, ""))
+    if key not in _zips or not target.is_file():
+        # Never a shared /tmp path: another user could plant a zip there for the workers to run.
+        target = private_dir() / f"eventpush-{key}.zip"
+        with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
             for p in files:
                 zf.write(p, Path("eventpush") / p.relative_to(root))
-        tmp.replace(target)  # atomic: concurrent builders never see half a zip
+        _zips[key] = str(target)
     return str(target)
 
 
@@ -118,7 +183,8 @@ def get_spark(master: str | None = None, app_name: str = "eventpush", shuffle_pa
         return active
     builder = SparkSession.builder.appName(app_name)
     # Under spark-submit the master is already set; otherwise resolve it here.
-    if master or not os.environ.get("PYSPARK_GATEWAY_PORT"):
+    launching = not os.environ.get("PYSPARK_GATEWAY_PORT")
+    if master or launching:
         master = resolve_master(master)
         builder = builder.master(master)
     if (master or "").startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
@@ -126,7 +192,7 @@ def get_spark(master: str | None = None, app_name: str = "eventpush", shuffle_pa
         # PySpark reads the variable when the context starts.
         os.environ["PYSPARK_PYTHON"] = sys.executable
     jar = jdbc_jar()
-    spark = (
+    builder = (
         builder.config("spark.jars", jar)
         .config("spark.driver.extraClassPath", jar)
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
@@ -134,8 +200,24 @@ def get_spark(master: str | None = None, app_name: str = "eventpush", shuffle_pa
         .config("spark.ui.enabled", "false")
         .config("spark.driver.memory", os.environ.get("EVENTPUSH_SPARK_DRIVER_MEMORY", "2g"))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .getOrCreate()
     )
+    # Builder options reach the JVM as --conf arguments (visible in ps), so the secret goes
+    # in a private properties file that PySpark's own launcher passes along. Under
+    # spark-submit the JVM is already up and the submitting side passed the file.
+    properties = auth_properties_file() if launching else None
+    saved = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    if properties:
+        rest = saved or "pyspark-shell"
+        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(properties)} {rest}"
+    try:
+        spark = builder.getOrCreate()
+    finally:
+        if properties:
+            if saved is None:
+                os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+            else:
+                os.environ["PYSPARK_SUBMIT_ARGS"] = saved
+            os.unlink(properties)  # the JVM has read it
     spark.sparkContext.setLogLevel("WARN")
     spark.sparkContext.addPyFile(package_zip())
     return spark

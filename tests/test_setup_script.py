@@ -1,0 +1,104 @@
+"""scripts/setup.sh's private PostgreSQL (the fallback when nothing answers on 5432): a real
+cluster on a free loopback port in a temporary directory, asking for a generated password."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BINS = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+pytestmark = pytest.mark.skipif(not BINS, reason="no PostgreSQL server binaries (initdb)")
+AS_POSTGRES = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def pg_dir():
+    # Not pytest's tmp_path: as root the cluster runs as postgres, who cannot enter
+    # /tmp/pytest-of-root (0700).
+    root = Path(tempfile.mkdtemp(prefix="eventpush-setup-"))
+    root.chmod(0o755)
+    port = _free_port()
+    try:
+        yield root / "var" / "postgres", port
+    finally:
+        data = root / "var" / "postgres" / "data"
+        if (data / "postmaster.pid").exists():
+            bindir = Path(BINS[-1]).parent
+            subprocess.run(
+                [*AS_POSTGRES, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+                capture_output=True,
+                timeout=60,
+            )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _start(pg_dir: Path, port: int) -> str:
+    script = (
+        'source "$REPO/scripts/setup.sh"; PRIVATE_PG_DIR="$PG_DIR"; PRIVATE_PG_PORT="$PG_PORT"; '
+        "start_private_postgres"
+    )
+    env = {**os.environ, "REPO": str(REPO), "ROOT": str(REPO), "PG_DIR": str(pg_dir)}
+    env["PG_PORT"] = str(port)
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def _refused_without_password(port: int) -> None:
+    with pytest.raises(psycopg2.OperationalError, match="password"):
+        psycopg2.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", connect_timeout=5)
+
+
+def _hba_methods(pg_dir: Path) -> set[str]:
+    lines = (pg_dir / "data" / "pg_hba.conf").read_text().splitlines()
+    return {
+        line.split()[-1] for line in lines if line.strip() and not line.lstrip().startswith("#")
+    }
+
+
+def test_private_cluster_asks_for_a_generated_password(pg_dir):
+    pg_dir, port = pg_dir
+    url = _start(pg_dir, port)
+    password = (pg_dir / "password").read_text()
+    assert len(password) == 48 and url == f"postgresql://postgres:{password}@127.0.0.1:{port}"
+    assert stat.S_IMODE((pg_dir / "password").stat().st_mode) == 0o600
+    assert stat.S_IMODE(pg_dir.stat().st_mode) == 0o700
+    assert _hba_methods(pg_dir) == {"scram-sha-256"}
+    _refused_without_password(port)
+    psycopg2.connect(f"{url}/postgres", connect_timeout=5).close()
+    assert _start(pg_dir, port) == url  # idempotent: same password, server left running
+
+
+def test_an_older_trust_cluster_is_given_the_password(pg_dir):
+    pg_dir, port = pg_dir
+    pg_dir.mkdir(parents=True)
+    if AS_POSTGRES:
+        shutil.chown(pg_dir, "postgres")
+    bindir = Path(BINS[-1]).parent
+    subprocess.run(
+        [*AS_POSTGRES, str(bindir / "initdb"), "-D", str(pg_dir / "data"), "-U", "postgres"]
+        + ["--auth=trust"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    url = _start(pg_dir, port)
+    assert "trust" not in _hba_methods(pg_dir)
+    _refused_without_password(port)
+    psycopg2.connect(f"{url}/postgres", connect_timeout=5).close()
