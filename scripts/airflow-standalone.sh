@@ -35,6 +35,9 @@ export AIRFLOW__API__PORT="$port"
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="$base/execution/"
 export AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="${AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL:-30}"
 export AIRFLOW_CONN_EVENTPUSH_DB="$EVENTPUSH_DATABASE_URL"
+# The LocalExecutor forks one worker process per slot up front (32 by default): a laptop's
+# worth is plenty for one person's DAGs and keeps the memory for Spark.
+export AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-8}"
 # Standalone starts the scheduler beside the API server, and on a busy machine the API server
 # answers last: tasks queued by the first scheduled runs must wait for it, not fail after the
 # default five quick retries.
