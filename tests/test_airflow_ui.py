@@ -44,11 +44,12 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = REPO / "artifacts" / "airflow-ui"
 ADMIN_URL = os.environ.get("EVENTPUSH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 START_TIMEOUT_S = 600.0  # first start on a busy 2-core machine: imports, metadata DB, parse
-RUN_TIMEOUT_S = 600.0  # a Spark DAG run: three task processes and a spark-submit JVM
+RUN_TIMEOUT_S = 900.0  # a Spark DAG run (three task processes, a spark-submit JVM), busy machine
 BATCH_DAGS = ("eventpush_audit", "eventpush_rebalance", "eventpush_replay")
 
-# Setup (one Airflow start) is charged to the first test; the runs are real Spark jobs.
-pytestmark = pytest.mark.timeout(1500)
+# Ceilings for a machine shared with other work, not the expected times: setup (one Airflow
+# start) is charged to the first test, and each run is a real Spark job.
+pytestmark = pytest.mark.timeout(2400)
 
 
 def _free_port() -> int:
@@ -237,6 +238,34 @@ def test_the_banner_says_what_runs_where(standalone):
     }
 
 
+def test_scheduled_audit_and_rebalance_run_without_unpausing(standalone):
+    """Active on creation: the scheduler starts each one's latest interval by itself. Runs
+    before the replays so that their Spark jobs do not share the machine with these."""
+    for dag_id in ("eventpush_audit", "eventpush_rebalance"):
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while True:
+            runs = standalone.api(
+                "GET", f"dags/{dag_id}/dagRuns", params={"run_type": "scheduled"}
+            ).json()["dag_runs"]
+            if runs:
+                break
+            assert time.monotonic() < deadline, (
+                f"no scheduled {dag_id} run\n{standalone.log_tail()}"
+            )
+            time.sleep(2)
+        run = standalone.wait_for_run(dag_id, runs[0]["dag_run_id"])
+        assert run["state"] == "success", standalone.task_states(dag_id, run["dag_run_id"])
+    with psycopg2.connect(standalone.db_url) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FILTER (WHERE worker_id IS NOT NULL), count(*) "
+            "FROM event_target_runner"
+        )
+        assert cur.fetchone() == (2, 2)  # the rebalance placed both runners on w1
+        cur.execute("SELECT missing FROM event_audit_report")
+        missing = [m for (m,) in cur.fetchall()]
+        assert missing and set(missing) == {0}  # nothing was lost in the audited hour
+
+
 def test_replay_through_the_rest_api(standalone, receiver):
     refused = standalone.api(
         "POST",
@@ -349,30 +378,3 @@ def test_replay_from_the_ui_in_a_real_browser(standalone, receiver):
             shot("06-bad-run-error")
         finally:
             browser.close()
-
-
-def test_scheduled_audit_and_rebalance_run_without_unpausing(standalone):
-    """Active on creation: the scheduler starts each one's latest interval by itself."""
-    for dag_id in ("eventpush_audit", "eventpush_rebalance"):
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while True:
-            runs = standalone.api(
-                "GET", f"dags/{dag_id}/dagRuns", params={"run_type": "scheduled"}
-            ).json()["dag_runs"]
-            if runs:
-                break
-            assert time.monotonic() < deadline, (
-                f"no scheduled {dag_id} run\n{standalone.log_tail()}"
-            )
-            time.sleep(2)
-        run = standalone.wait_for_run(dag_id, runs[0]["dag_run_id"])
-        assert run["state"] == "success", standalone.task_states(dag_id, run["dag_run_id"])
-    with psycopg2.connect(standalone.db_url) as conn, conn.cursor() as cur:
-        cur.execute(
-            "SELECT count(*) FILTER (WHERE worker_id IS NOT NULL), count(*) "
-            "FROM event_target_runner"
-        )
-        assert cur.fetchone() == (2, 2)  # the rebalance placed both runners on w1
-        cur.execute("SELECT missing FROM event_audit_report")
-        missing = [m for (m,) in cur.fetchall()]
-        assert missing and set(missing) == {0}  # nothing was lost in the audited hour
