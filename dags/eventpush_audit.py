@@ -15,6 +15,20 @@ Hourly over its data interval, and on demand for any window (the form's `since` 
    up. Any missing record fails the run.
 5. **gap_to_replay** / **trigger_replay**: when the form's `replay_missing` is on and records
    are missing, triggers `eventpush_replay` with `what=missing` for the same window and bus.
+
+#### Through the REST API
+
+```
+POST /api/v2/dags/eventpush_audit/dagRuns
+Authorization: Bearer TOKEN
+
+{"logical_date": null,
+ "conf": {"bus": "orders", "since": "2026-01-01T00:00:00+00:00",
+          "until": "2026-01-02T00:00:00+00:00", "replay_missing": true}}
+```
+
+`report`'s result (`.../taskInstances/report/xcomEntries/return_value`) holds the report id,
+the window and the per-runner counts; the dashboard shows the last report.
 """
 
 from __future__ import annotations
@@ -36,6 +50,7 @@ from eventpush.airflow.spark_submit import spark_job
     schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"),
     start_date=datetime(2024, 1, 1, tzinfo=UTC),
     catchup=False,
+    is_paused_upon_creation=False,
     max_active_runs=1,
     tags=["eventpush", "audit", "spark"],
     default_args={"owner": "eventpush", "retries": 0},

@@ -12,6 +12,15 @@ Every 10 minutes, and on demand.
    it with a new generation. A refused proposal fails the job and changes nothing.
 3. **report**: the check's outcome and the generation; push workers re-read their runners
    and pick the change up without a restart.
+
+#### Through the REST API
+
+```
+POST /api/v2/dags/eventpush_rebalance/dagRuns
+Authorization: Bearer TOKEN
+
+{"logical_date": null, "conf": {"window_minutes": 60, "dry_run": true}}
+```
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from eventpush.airflow.spark_submit import spark_job
     schedule=timedelta(minutes=10),
     start_date=datetime(2024, 1, 1, tzinfo=UTC),
     catchup=False,
+    is_paused_upon_creation=False,
     max_active_runs=1,
     tags=["eventpush", "rebalance", "spark"],
     default_args={"owner": "eventpush", "retries": 0},

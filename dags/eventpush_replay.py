@@ -21,6 +21,27 @@ and checks. Times without an offset are UTC.
 
 Safe to run twice: what the first run delivered is not pushed again by a second `failed` or
 `missing` replay. The audit DAG triggers this DAG with `what=missing` for its gaps.
+
+#### Through the REST API
+
+The form's fields are the run's `conf`; leave out what you would leave empty. With a token
+from `POST /auth/token` (`{"username": ..., "password": ...}`):
+
+```
+POST /api/v2/dags/eventpush_replay/dagRuns
+Authorization: Bearer TOKEN
+
+{"logical_date": null,
+ "conf": {"what": "failed", "target": "crm", "since": "2026-01-01T00:00:00+00:00",
+          "max_count": 1000, "rate_limit": 50, "dry_run": true}}
+```
+
+A value the form refuses (`"max_count": -5`) is answered 400 at once; a request that cannot
+be served (an unknown target) fails `check_request` with the reason. Poll
+`GET /api/v2/dags/eventpush_replay/dagRuns/RUN_ID` until `state` is `success` or `failed`;
+the counts are `report`'s result:
+`GET /api/v2/dags/eventpush_replay/dagRuns/RUN_ID/taskInstances/report/xcomEntries/return_value`
+gives `{"replay_id", "status", "selected", "delivered", "failed", "dry_run", "error"}`.
 """
 
 from __future__ import annotations
@@ -47,6 +68,7 @@ def optional(kind: str, title: str, description: str, **schema: Any) -> Param:
     schedule=None,
     start_date=datetime(2024, 1, 1, tzinfo=UTC),
     catchup=False,
+    is_paused_upon_creation=False,
     tags=["eventpush", "replay", "spark"],
     default_args={"owner": "eventpush", "retries": 0},
     render_template_as_native_obj=True,

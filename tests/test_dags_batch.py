@@ -52,6 +52,7 @@ def test_dags_load_with_their_contract(bag):
         assert dag.doc_md and dag.doc_md.strip().startswith(f"### {dag_id}")
         assert "eventpush" in dag.tags
         assert dag.default_args["owner"] == "eventpush"
+        assert dag.is_paused_upon_creation is False  # active from the first start
         for t in dag.tasks:
             assert t.doc_md or t.doc or t.task_type.endswith("Operator"), t.task_id
     assert bag.dags["eventpush_rebalance"].timetable.delta == timedelta(minutes=10)

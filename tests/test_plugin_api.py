@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -163,3 +164,36 @@ def test_the_plugin_is_registered_with_its_nav_link(client, tokens):
     (view,) = plugin["external_views"]
     assert view["destination"] == "nav" and view["href"] == "eventpush/dashboard"
     assert client.get("/eventpush/dashboard").status_code == 401
+
+
+def test_replays_are_listed_for_readers_with_their_outcome(api, conn, client, tokens):
+    from eventpush.sparkjobs.replay import ReplayRequest
+
+    seed(conn, "http://127.0.0.1:9/ok")
+    done = ReplayRequest(what="failed", target="t0", label="manual__ui-1")
+    refused = ReplayRequest(what="all", bus="orders", dry_run=True, label="manual__ui-2")
+    with conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO event_replay_run (request, what, dry_run, status, selected, delivered, "
+            "failed, finished_at) VALUES (%s, 'failed', false, 'succeeded', 3, 3, 0, now())",
+            (json.dumps(done.to_json()),),
+        )
+        cur.execute(
+            "INSERT INTO event_replay_run (request, what, dry_run, status, error) "
+            "VALUES (%s, 'all', true, 'failed', 'selection check failed: <b>too many</b>')",
+            (json.dumps(refused.to_json()),),
+        )
+    conn.commit()
+    assert api("GET", "replays", user=None).status_code == 401
+    replays = api("GET", "replays").json()["replays"]
+    assert [(r["run"], r["status"], r["target"], r["delivered"]) for r in replays] == [
+        ("manual__ui-2", "failed", None, 0),
+        ("manual__ui-1", "succeeded", "t0", 3),
+    ]
+    page = client.get(
+        "/eventpush/dashboard", headers={"Authorization": f"Bearer {tokens['viewer']}"}
+    ).text
+    replays_html = page.split("<h2>Replays</h2>", 1)[1]
+    assert "manual__ui-1" in replays_html and "target t0" in replays_html
+    assert "all (dry run)" in replays_html and "bus orders" in replays_html
+    assert "&lt;b&gt;too many&lt;/b&gt;" in replays_html  # errors are escaped, not markup

@@ -9,9 +9,10 @@ Routes (under the plugin's ``/eventpush`` prefix):
 | ``GET openapi.json`` | this API's description | reader |
 | ``GET api/failures?limit=N`` | latest open failures | reader |
 | ``GET api/audits?limit=N`` | latest audit reports | reader |
+| ``GET api/replays?limit=N`` | latest replays: what was asked, outcome and counts | reader |
 | ``POST api/adjust`` ``{"scope", "name", "changes"}`` | validated runtime adjustment | editor |
 | ``POST api/pause`` / ``api/resume`` ``{"scope", "name"}`` | pause or resume | editor |
-| ``GET dashboard`` | charts of lag and throughput, failures, the last audit | reader |
+| ``GET dashboard`` | charts of lag and throughput, failures, the last audit, replays | reader |
 
 Authentication is Airflow's own (``airflow.api_fastapi.core_api.security``): a JWT bearer
 token or the UI's session cookie. Readers need read access to the ``eventpush_push`` DAG,
@@ -109,6 +110,13 @@ SELECT id, bus, window_start, window_end, expected, delivered, failed, missing, 
 FROM event_audit_report ORDER BY created_at DESC, id DESC LIMIT %s
 """
 
+# The request's scope fields only: the form's label is the Airflow run id, shown as "run".
+REPLAYS_SQL = """
+SELECT id, request->>'label', what, request->>'bus', request->>'rule', request->>'target',
+       dry_run, status, selected, delivered, failed, error, started_at, finished_at
+FROM event_replay_run ORDER BY id DESC LIMIT %s
+"""
+
 
 def _iso(value: Any) -> Any:
     return value.isoformat() if isinstance(value, datetime) else value
@@ -203,6 +211,29 @@ def latest_audits(conn, limit: int) -> list[dict]:
     return [dict(zip(keys, map(_iso, row), strict=True)) for row in rows]
 
 
+def latest_replays(conn, limit: int) -> list[dict]:
+    with transaction(conn) as cur:
+        cur.execute(REPLAYS_SQL, (limit,))
+        rows = cur.fetchall()
+    keys = (
+        "id",
+        "run",
+        "what",
+        "bus",
+        "rule",
+        "target",
+        "dry_run",
+        "status",
+        "selected",
+        "delivered",
+        "failed",
+        "error",
+        "started_at",
+        "finished_at",
+    )
+    return [dict(zip(keys, map(_iso, row), strict=True)) for row in rows]
+
+
 # --------------------------------------------------------------------------- page
 
 STYLE = """
@@ -256,6 +287,7 @@ def render_dashboard(conn, minutes: int = 60) -> str:
     series = metric_series(conn, None, minutes)
     failures = latest_failures(conn, 20)
     audits = latest_audits(conn, 1)
+    replays = latest_replays(conn, 10)
 
     def points(key: str) -> dict[str, list[tuple[float, float]]]:
         return {
@@ -334,6 +366,23 @@ def render_dashboard(conn, minutes: int = 60) -> str:
         )
     else:
         audit_html = '<p class="muted">no audit yet</p>'
+    replay_rows = [
+        [
+            r["id"],
+            r["run"] or "-",
+            r["what"] + (" (dry run)" if r["dry_run"] else ""),
+            " ".join(f"{k} {r[k]}" for k in ("bus", "rule", "target") if r[k]) or "all",
+            f'<span class="{"ok" if r["status"] == "succeeded" else "bad"}">'
+            f"{html.escape(r['status'])}</span>",
+            r["selected"],
+            r["delivered"],
+            f'<span class="bad">{r["failed"]}</span>' if r["failed"] else "0",
+            r["started_at"][:19],
+            f'<span title="{html.escape(r["error"] or "")}">'
+            f"{html.escape((r['error'] or '')[:120])}</span>",
+        ]
+        for r in replays
+    ]
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return f"""<!doctype html><html><head><meta charset="utf-8">
 <meta http-equiv="refresh" content="15"><title>eventpush</title><style>{STYLE}</style>
@@ -367,6 +416,26 @@ def render_dashboard(conn, minutes: int = 60) -> str:
         else '<p class="muted">none</p>'
     }
 <h2>Last audit</h2>{audit_html}
+<h2>Replays</h2>{
+        _table(
+            [
+                "replay",
+                "run",
+                "what",
+                "scope",
+                "status",
+                "selected",
+                "delivered",
+                "failed",
+                "started",
+                "error",
+            ],
+            replay_rows,
+            {4, 7, 9},
+        )
+        if replay_rows
+        else '<p class="muted">none yet</p>'
+    }
 </body></html>"""
 
 
@@ -426,6 +495,11 @@ def create_app():
     def get_audits(limit: int = Query(10, ge=1, le=500)) -> dict:
         with _conn() as conn:
             return {"audits": latest_audits(conn, limit)}
+
+    @app.get("/api/replays", dependencies=read)
+    def get_replays(limit: int = Query(10, ge=1, le=500)) -> dict:
+        with _conn() as conn:
+            return {"replays": latest_replays(conn, limit)}
 
     def _control(fn, *args) -> Any:
         try:
