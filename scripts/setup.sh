@@ -6,6 +6,7 @@
 VENV="$ROOT/.venv"
 PYTHON_BIN="${PYTHON_BIN:-python3.11}"
 JDBC_JAR="/usr/share/java/postgresql.jar"
+UV_VERSION="0.13.9"
 PRIVATE_PG_DIR="$ROOT/var/postgres"
 PRIVATE_PG_PORT="${EVENTPUSH_PRIVATE_PG_PORT:-54329}"
 
@@ -35,9 +36,10 @@ setup_venv() {
   fi
   say "installing Python packages into .venv (from requirements.lock)"
   [ -x "$VENV/bin/python" ] || "$PYTHON_BIN" -m venv "$VENV"
-  [ -x "$VENV/bin/uv" ] || "$VENV/bin/python" -m pip install -q uv
+  [ -x "$VENV/bin/uv" ] || "$VENV/bin/python" -m pip install -q "uv==$UV_VERSION"
   # pyspark and pyspark-client share the pyspark/ folder; sync installs both at one version.
-  "$VENV/bin/uv" pip sync -q --python "$VENV/bin/python" requirements.lock
+  # Every wheel is checked against the lock's hashes: a tampered or swapped file is refused.
+  "$VENV/bin/uv" pip sync -q --require-hashes --python "$VENV/bin/python" requirements.lock
   "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --no-deps -e .
   "$VENV/bin/python" - <<'PY' || die "pyspark's Python version does not match the Spark jars it ships"
 import glob, os, pyspark

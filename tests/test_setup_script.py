@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import socket
 import stat
@@ -102,3 +103,14 @@ def test_an_older_trust_cluster_is_given_the_password(pg_dir):
     assert "trust" not in _hba_methods(pg_dir)
     _refused_without_password(port)
     psycopg2.connect(f"{url}/postgres", connect_timeout=5).close()
+
+
+def test_the_lock_pins_every_package_by_hash_and_setup_requires_them():
+    """A swapped or tampered wheel is refused at install: every pin carries its hashes."""
+    lock = (REPO / "requirements.lock").read_text()
+    blocks = re.split(r"\n(?=[a-z0-9])", lock.split("\n", 2)[2])
+    pins = [b for b in blocks if "==" in b.split("\n", 1)[0]]
+    assert len(pins) > 100
+    unhashed = [b.split(" ", 1)[0] for b in pins if "--hash=sha256:" not in b]
+    assert unhashed == []
+    assert "--require-hashes" in (REPO / "scripts" / "setup.sh").read_text()
