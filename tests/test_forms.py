@@ -31,7 +31,7 @@ NOW = datetime.now(UTC)
         ({"what": "all"}, "what=all needs a window: give since"),
         ({"what": "all", "until": NOW}, "what=all needs a window"),
         (
-            {"what": "all", "since": NOW - timedelta(days=30)},
+            {"what": "all", "since": NOW - timedelta(days=30), "until": NOW},
             r"spans 720 hours, over the limit of 168 \(EVENTPUSH_REPLAY_MAX_WINDOW_HOURS\)",
         ),
         ({"max_count": 1_000_001}, r"over the limit of 1000000 \(EVENTPUSH_REPLAY_MAX_COUNT\)"),
@@ -65,7 +65,7 @@ def test_replay_limits_come_from_the_environment(monkeypatch):
     assert (limits.max_count, limits.min_rate) == (50, 5.0)
     assert (limits.max_window, limits.timeout) == (timedelta(hours=1), timedelta(minutes=10))
     with pytest.raises(ReplayRequestError, match="spans 2 hours, over the limit of 1"):
-        check_bounds(ReplayRequest(what="all", since=NOW - timedelta(hours=2)))
+        check_bounds(ReplayRequest(what="all", since=NOW - timedelta(hours=2), until=NOW))
     with pytest.raises(ReplayRequestError, match="max count 51 is over the limit of 50"):
         check_bounds(ReplayRequest(max_count=51))
     monkeypatch.setenv("EVENTPUSH_REPLAY_MAX_COUNT", "lots")
