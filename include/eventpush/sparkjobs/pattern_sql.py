@@ -26,7 +26,7 @@ import json
 import math
 from functools import lru_cache
 
-from eventpush.rules.patterns import compile_pattern
+from eventpush.rules.patterns import RuleIndex, compile_pattern
 
 # An array whose element is an array: "[ [" or ", [" outside strings (inside strings it only
 # makes us take the safe, slower path).
@@ -388,6 +388,16 @@ def _compiled(pattern_json: str):
     return compile_pattern(pattern_json)
 
 
+@lru_cache(maxsize=16)
+def _indexes(rules: tuple[tuple[int, int, str], ...]) -> dict[int, RuleIndex]:
+    """bus id -> the rule index of the rules on that bus: built once per executor process, so
+    an event costs what its fields match, not how many rules there are."""
+    by_bus: dict[int, list] = {}
+    for rid, bus_id, pattern in rules:
+        by_bus.setdefault(bus_id, []).append((rid, pattern))
+    return {bus_id: RuleIndex(rs) for bus_id, rs in by_bus.items()}
+
+
 def python_matches(pattern_json: str, body: str) -> bool:
     """The Python engine's answer, as executors compute it (patterns cached per process)."""
     return _compiled(pattern_json).matches(json.loads(body))
@@ -422,8 +432,8 @@ def with_matching_runners(
 
         @F.udf(T.ArrayType(T.IntegerType()))
         def matching(bus_id: int, text: str) -> list[int]:
-            event = json.loads(text)
-            return [rid for rid, b, p in chosen if b == bus_id and _compiled(p).matches(event)]
+            index = _indexes(chosen).get(bus_id)
+            return index.matching(json.loads(text)) if index is not None else []
 
         return matching(F.col("bus_id"), F.col(body))
 
