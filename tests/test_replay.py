@@ -217,3 +217,66 @@ def test_replay_treats_targets_as_adversaries_like_the_engine(
         ("literal", None, "refused address: address 127.0.0.2 is in the denied range 127.0.0.0/8"),
     }
     assert not any("REPLAYSECRET" in str(row) for row in got)
+
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+def test_replay_sends_a_batch_target_batches_signed_and_an_ordered_one_in_order(
+    db_url,
+    conn,
+    spark,  # noqa: F811
+):
+    """As the live engine: batches of the target's size, Standard Webhooks signatures that the
+    library verifies, and per queue, in offset order, for an ordered target."""
+    from standardwebhooks import Webhook
+
+    with Receiver() as receiver:  # its own: the module's receiver has other tests' requests
+        _replay_batched_and_ordered(db_url, conn, spark, receiver, Webhook(SECRET))
+
+
+def _replay_batched_and_ordered(db_url, conn, spark, receiver, hook):  # noqa: F811
+
+    batched = make_runner(
+        conn,
+        "orders",
+        "all",
+        "bulk",
+        {"source": ["app.orders"]},
+        url=f"{receiver.url}/ok?t=bulk",
+        batch_size=5,
+        secret=SECRET,
+    )
+    ordered = make_runner(
+        conn,
+        "orders",
+        "all",
+        "ledger",
+        {"source": ["app.orders"]},
+        url=f"{receiver.url}/ok?t=ledger",
+        ordered=True,
+    )
+    publish_lines(conn, "orders", events(23))
+    for runner in (batched, ordered):
+        simulate_push(conn, runner, fail=set(range(23)))  # every record on the books as failed
+    result = run_replay(spark, db_url, ReplayRequest(what="failed", bus="orders"))
+    assert (result.selected, result.delivered, result.failed) == (46, 46, 0)
+
+    bulk = [r for r in receiver.state.delivered("/ok") if "webhook-signature" in r.headers]
+    sizes = sorted(len(json.loads(r.body)) for r in bulk)
+    # Two queues: 23 records split into whole batches of five per runner, the rest together.
+    assert sum(sizes) == 23 and max(sizes) == 5 and len(sizes) <= 6
+    for r in bulk:
+        headers = {k: v for k, v in r.headers.items() if k.startswith("webhook")}
+        assert isinstance(hook.verify(r.body, headers), list)
+    single = [r for r in receiver.state.delivered("/ok") if "webhook-signature" not in r.headers]
+    assert len(single) == 23
+    with conn.cursor() as cur:
+        cur.execute('SELECT message_id, queue_id, "offset" FROM bus_event')
+        position = {m: (q, o) for m, q, o in cur.fetchall()}
+    conn.rollback()
+    arrived: dict[int, list[int]] = {}
+    for r in sorted(single, key=lambda r: r.at):
+        queue, offset = position[json.loads(r.body)["id"]]
+        arrived.setdefault(queue, []).append(offset)
+    assert arrived and all(offsets == sorted(offsets) for offsets in arrived.values())

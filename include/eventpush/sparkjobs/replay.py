@@ -272,31 +272,54 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
         interval = 1.0 / rate if rate else 0.0
         start = time.monotonic()
         outcomes: list = []
-        skipped = 0
 
-        async def one(i, row, session):
+        def record(row) -> Record:
+            raw = bodies[(row["runner_id"], row["queue_id"], row["offset"])]
+            return Record(row["queue_id"], row["offset"], row["message_id"], json.loads(raw), raw)
+
+        async def send(first: int, batch: list, session) -> None:
+            """One request of up to ``batch_size`` records, paced by its first record's index."""
             async with gate:
-                if interval:  # paced starts: record i goes no earlier than i / rate
-                    delay = start + i * interval - time.monotonic()
+                if interval:  # record i goes no earlier than i / rate
+                    delay = start + first * interval - time.monotonic()
                     if delay > 0:
                         await asyncio.sleep(delay)
-                target = targets[row["runner_id"]]
-                raw = bodies[(row["runner_id"], row["queue_id"], row["offset"])]
-                record = Record(
-                    row["queue_id"], row["offset"], row["message_id"], json.loads(raw), raw
-                )
-                outcome = await deliver(session, target, [record], transforms[target.runner_id])
-                outcomes.append((row, target, record, outcome))
+                target = targets[batch[0]["runner_id"]]
+                records = [record(row) for row in batch]
+                outcome = await deliver(session, target, records, transforms[target.runner_id])
+                pairs = zip(batch, records, strict=True)
+                outcomes.extend((row, target, rec, outcome) for row, rec in pairs)
 
-        todo = []
+        async def in_order(batches: list[tuple[int, list]], session) -> None:
+            for first, batch in batches:
+                await send(first, batch, session)
+
+        todo: dict[int, list] = {}
+        skipped = 0
         for row in rows:
             key = (row["runner_id"], row["queue_id"], row["offset"])
             if key in already or key not in bodies or row["runner_id"] not in targets:
                 skipped += 1
             else:
-                todo.append(row)
+                todo.setdefault(row["runner_id"], []).append(row)
+        # As live: a batch target gets batches of its size; an ordered target gets one sender
+        # per queue that sends its batches in offset order, each after the one before is final.
+        lines: list[list[tuple[int, list]]] = []
+        first = 0
+        for runner_id, runner_rows in sorted(todo.items()):
+            target = targets[runner_id]
+            runner_rows.sort(key=lambda r: (r["queue_id"], r["offset"]))
+            queues: dict[int, list] = {}
+            for row in runner_rows:
+                queues.setdefault(row["queue_id"] if target.ordered else -1, []).append(row)
+            for queue_rows in queues.values():
+                line = []
+                for k in range(0, len(queue_rows), target.batch_size):
+                    line.append((first, queue_rows[k : k + target.batch_size]))
+                    first += len(line[-1][1])
+                lines.extend([line] if target.ordered else [[b] for b in line])
         async with new_session(policy=policy) as session:
-            await asyncio.gather(*(one(i, row, session) for i, row in enumerate(todo)))
+            await asyncio.gather(*(in_order(line, session) for line in lines))
 
         delivered = [o for o in outcomes if o[3].kind == DELIVERED]
         failed = [o for o in outcomes if o[3].kind != DELIVERED]
