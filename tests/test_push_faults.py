@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from eventpush import catalog
-from eventpush.demo.receiver import Receiver
+from eventpush.demo.receiver import Receiver, ReceiverProcess
 from eventpush.publish import publish
 from eventpush.push import controls, run_worker
 from eventpush.push.cursor import UNCOMMITTED_SPANS
@@ -348,3 +348,36 @@ def test_an_error_no_retry_can_mend_stops_the_worker_loudly(conn):
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, err
     assert "orders/r/t: control lane_limit must be a positive integer, got 'lots'" in lines[0]
+
+
+def test_a_dispatcher_sleeps_while_its_half_open_probe_hangs(conn):
+    """A dead target opens the breaker; its probe then hangs for seconds. The dispatcher must
+    sleep until the probe's outcome, not wake every millisecond: the worker's CPU time over
+    that stretch stays near nothing (0.01 s here; a 1 ms wake loop spent 0.19 s)."""
+    # The receiver runs in a process of its own: dozens of hanging handlers torn down in this
+    # process's interpreter trip a CPython 3.11.7 bug (AST recursion depth mismatch).
+    with ReceiverProcess() as rx:
+        setup(conn, rx, "/hang", timeout_ms=3000, concurrency=20, max_attempts=100, queues=1)
+        publish(conn, "orders", events(60))
+        worker = Worker("w1", "--max-seconds", "12")
+
+        def count(rx) -> int:
+            return rx.stats()["count"].get("/hang", 0)
+
+        wait_until(lambda: count(rx) >= 20, 15, "the first attempts")
+        # They time out after 3 s and open the breaker; 1 s later one probe goes out and
+        # hangs another 3 s.
+        time.sleep(3.0 + 1.0 + 0.4)
+        proc = psutil.Process(worker.proc.pid)
+
+        def cpu() -> float:
+            times = proc.cpu_times()
+            return times.user + times.system
+
+        sent, before = count(rx), cpu()
+        time.sleep(2.0)
+        spent, sent = cpu() - before, count(rx) - sent
+        code, _, err = worker.finish(60)
+    assert code == 0, err
+    assert sent <= 1, "while the breaker is open, one probe at a time"
+    assert spent < 0.08, f"the worker spent {spent:.2f} s of CPU while its probe hung"
