@@ -354,7 +354,7 @@ async def deliver(
     except Exception as exc:  # a transform that cannot apply to these events: final, as live
         for r in records:
             r.attempts += 1
-        return Outcome(FINAL, None, f"transform failed: {_short(exc)}", 0.0)
+        return Outcome(FINAL, None, f"transform failed: {_short(exc)}", 0.0, reached=False)
     start = time.monotonic()
     for r in records:
         r.first_seen = r.first_seen or start

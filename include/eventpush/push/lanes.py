@@ -327,16 +327,19 @@ class Lanes:
         try:
             body, headers = delivery.build_request(runner.target, batch, runner.transform)
         except Exception as exc:  # a transform that cannot apply to this event: final
-            outcome = Outcome(delivery.FINAL, None, f"transform failed: {first_line(exc)}", 0.0)
+            outcome = Outcome(
+                delivery.FINAL, None, f"transform failed: {first_line(exc)}", 0.0, reached=False
+            )
         else:
             outcome = await delivery.attempt(self.session, runner.target, body, headers)
         for r in batch:
             r.attempts += 1
         runner.last_outcome = outcome
-        # No status and final: the request never reached the target (transform failed,
-        # address refused), which says nothing about the target's health.
-        reached = outcome.http_status is not None or outcome.kind == delivery.RETRY
-        runner.breaker.record(granted, reached=reached, failed=outcome.kind == delivery.RETRY)
+        # A request that never left (transform failed, address refused) says nothing about the
+        # target's health.
+        runner.breaker.record(
+            granted, reached=outcome.reached, failed=outcome.kind == delivery.RETRY
+        )
         return outcome
 
     async def send(self, runner: Runner, batch: list[Record], granted: Pass) -> None:
