@@ -102,7 +102,7 @@ fi
      curl -X POST $base/api/v2/dags/eventpush_replay/dagRuns \\
        -H "Authorization: Bearer \$TOKEN" -H 'Content-Type: application/json' \\
        -d '{"logical_date": null, "conf": {"what": "failed", "target": "crm", "dry_run": true}}'
-   Each DAG's page (Docs) lists its form fields and an example conf.
+   Each DAG's docs (the book icon on its page) list its fields and an example conf.
 ==========================================================================================
 EOF
       exit 0

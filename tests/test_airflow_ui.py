@@ -343,9 +343,11 @@ def test_replay_from_the_ui_in_a_real_browser(standalone, receiver):
                 dialog = page.get_by_role("dialog")
                 dialog.get_by_text("Maximum count").wait_for()
                 dialog.locator("#element_target").fill(target)
+                shot(f"{step}-form")
+                # a run id of our own, to find the run again (the accordion shows one section)
                 dialog.get_by_role("button", name="Advanced Options").click()
                 dialog.locator("input[name=dagRunId]").fill(run_id)
-                shot(f"{step}-form", full_page=True)
+                shot(f"{step}-form-run-id")
                 dialog.get_by_role("button", name="Trigger", exact=True).click()
                 dialog.wait_for(state="hidden")
 
