@@ -225,7 +225,7 @@ class Engine:
         runners = list(self.runners.values())
         for runner in runners:
             self.lanes.stop_taking(runner)
-        sends = set(self.lanes.sends)
+        sends = set().union(*(r.sends for r in runners))
         if sends:
             longest_s = max((r.target.timeout_ms for r in runners), default=0) / 1000
             _, pending = await asyncio.wait(sends, timeout=min(STOP_GRACE_S, longest_s) + 0.5)

@@ -142,7 +142,6 @@ class Lanes:
         self.paused = False
         self.pool = Limiter(self.settings.pool_max)
         self.seq = itertools.count()
-        self.sends: set[asyncio.Task] = set()
         self.runners: dict[int, Runner] = {}
 
     # --- life of a runner -----------------------------------------------------------------
@@ -282,8 +281,6 @@ class Lanes:
         task = self.spawn(self.send(runner, batch, granted), f"send {runner.target.runner}")
         runner.sends.add(task)
         task.add_done_callback(runner.sends.discard)
-        self.sends.add(task)
-        task.add_done_callback(self.sends.discard)
 
     @staticmethod
     def _unavailable(runner: Runner) -> Outcome:

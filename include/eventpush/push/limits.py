@@ -76,11 +76,14 @@ class CircuitBreaker:
         self.open_until = 0.0
         self.probing = False
         self.epoch = 0
+        self._pass = Pass(0)  # the one pass of the current epoch while closed (hot path)
 
     def admit(self, now: float | None = None) -> Pass | None:
         """A pass for one request now, or None. In the half-open state one probe at a time."""
         if not self.is_open:
-            return Pass(self.epoch)
+            if self._pass.epoch != self.epoch:
+                self._pass = Pass(self.epoch)
+            return self._pass
         now = time.monotonic() if now is None else now
         if now < self.open_until or self.probing:
             return None
