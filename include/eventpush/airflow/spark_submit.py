@@ -39,6 +39,9 @@ class EventpushSparkSubmitOperator(SparkSubmitOperator):
         secrets = Path(tempfile.mkdtemp(prefix="eventpush-submit-"))
         try:
             self.prepare_submit(secrets)
+            if master.startswith("local"):
+                # A local job has no peers: its driver stays on loopback, not the first NIC.
+                self.env_vars = {"SPARK_LOCAL_IP": "127.0.0.1", **self.env_vars}
             return super().execute(context)
         finally:
             # spark-submit has returned: a local or client-mode driver is done with the

@@ -187,6 +187,9 @@ def get_spark(master: str | None = None, app_name: str = "eventpush", shuffle_pa
     if master or launching:
         master = resolve_master(master)
         builder = builder.master(master)
+    if (master or "").startswith("local"):
+        # A local session has no peers: its driver binds loopback, not the first interface.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     if (master or "").startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
         # Local Python workers must be this interpreter (with pyarrow), not any python3;
         # PySpark reads the variable when the context starts.
