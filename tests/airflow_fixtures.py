@@ -72,6 +72,16 @@ def airflow_db() -> Iterator[Path]:
     yield HOME
 
 
+@pytest.fixture(scope="module")
+def client(airflow_db):
+    """The real Airflow API server app (with the eventpush plugin), in process."""
+    from airflow.api_fastapi.app import create_app
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app("core")) as c:
+        yield c
+
+
 @pytest.fixture
 def airflow_conn_env(db_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """The ``eventpush_db`` Airflow connection, from the environment, at this test's database."""

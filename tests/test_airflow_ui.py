@@ -35,6 +35,7 @@ import httpx
 import psycopg2
 import pytest
 from batch_support import events, make_runner, publish_lines, simulate_push
+from conftest import ADMIN_URL, _admin
 
 from eventpush import catalog
 from eventpush.demo.receiver import Receiver
@@ -42,7 +43,6 @@ from tests.airflow_fixtures import REPO
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = REPO / "artifacts" / "airflow-ui"
-ADMIN_URL = os.environ.get("EVENTPUSH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 START_TIMEOUT_S = 600.0  # first start on a busy 2-core machine: imports, metadata DB, parse
 RUN_TIMEOUT_S = 900.0  # a Spark DAG run (three task processes, a spark-submit JVM), busy machine
 BATCH_DAGS = ("eventpush_audit", "eventpush_rebalance", "eventpush_replay")
@@ -56,16 +56,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _admin(sql: str) -> None:
-    conn = psycopg2.connect(ADMIN_URL)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(sql)
-    finally:
-        conn.close()
 
 
 @dataclass

@@ -16,15 +16,6 @@ pytest_plugins = ["tests.airflow_fixtures"]
 
 
 @pytest.fixture(scope="module")
-def client(airflow_db):
-    from airflow.api_fastapi.app import create_app
-    from fastapi.testclient import TestClient
-
-    with TestClient(create_app("core")) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def viewer(client) -> dict[str, str]:
     r = client.post("/auth/token", json={"username": "viewer", "password": PASSWORDS["viewer"]})
     assert r.status_code == 201, r.text

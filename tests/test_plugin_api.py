@@ -15,15 +15,6 @@ pytest_plugins = ["tests.airflow_fixtures"]
 
 
 @pytest.fixture(scope="module")
-def client(airflow_db):
-    from airflow.api_fastapi.app import create_app
-    from fastapi.testclient import TestClient
-
-    with TestClient(create_app("core")) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def tokens(client) -> dict[str, str]:
     out = {}
     for user, password in PASSWORDS.items():
