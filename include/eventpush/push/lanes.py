@@ -28,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 
+from eventpush import tracing
 from eventpush.push import delivery
 from eventpush.push.committing import Committer
 from eventpush.push.controls import WorkerSettings
@@ -131,6 +132,7 @@ class Lanes:
         signals: BusSignals,
         committer: Committer,
         spawn: Callable[[Coroutine, str], asyncio.Task],
+        metrics=None,
     ) -> None:
         self.report = report
         self.session = session
@@ -144,6 +146,7 @@ class Lanes:
         self.seq = itertools.count()
         self.sends: set[asyncio.Task] = set()
         self.runners: dict[int, Runner] = {}
+        self.metrics = metrics  # eventpush.metrics.WorkerMetrics, or None
 
     # --- life of a runner -----------------------------------------------------------------
 
@@ -322,14 +325,23 @@ class Lanes:
     # --- sending --------------------------------------------------------------------------
 
     async def attempt(self, runner: Runner, batch: list[Record], granted: Pass) -> Outcome:
-        if batch[0].attempts:
+        retry = batch[0].attempts > 0
+        if retry:
             self.report.retried += 1
-        try:
-            body, headers = delivery.build_request(runner.target, batch, runner.transform)
-        except Exception as exc:  # a transform that cannot apply to this event: final
-            outcome = Outcome(delivery.FINAL, None, f"transform failed: {first_line(exc)}", 0.0)
-        else:
-            outcome = await delivery.attempt(self.session, runner.target, body, headers)
+        with tracing.deliver_span(runner.target, batch, batch[0].attempts + 1) as (span, parent):
+            try:
+                body, headers = delivery.build_request(runner.target, batch, runner.transform)
+            except Exception as exc:  # a transform that cannot apply to this event: final
+                error = f"transform failed: {first_line(exc)}"
+                outcome = Outcome(delivery.FINAL, None, error, 0.0)
+            else:
+                headers["traceparent"] = parent
+                outcome = await delivery.attempt(self.session, runner.target, body, headers)
+            tracing.finish_deliver_span(span, outcome)
+        if self.metrics is not None:
+            self.metrics.attempted(
+                runner.target.runner, outcome.kind, outcome.latency_ms / 1000, retry
+            )
         for r in batch:
             r.attempts += 1
         runner.last_outcome = outcome
