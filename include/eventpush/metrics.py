@@ -233,10 +233,11 @@ def batch_registry(job: str, results: dict[str, list[tuple[dict[str, str], float
 
 
 BATCH_HELP = {
-    "eventpush_audit_expected_records": "Records the audit expected delivered or failed",
-    "eventpush_audit_missing_records": "Records the audit found neither delivered nor failed",
-    "eventpush_audit_failed_records": "Records the audit found failed",
-    "eventpush_audit_alert": "1 when the last audit found missing records",
+    "eventpush_audit_expected_records": "Records the last audit expected, per runner",
+    "eventpush_audit_missing_records": "Records the last audit found neither delivered nor failed",
+    "eventpush_audit_failed_records": "Records the last audit found failed, per runner",
+    "eventpush_rebalance_spread": "Load spread over workers after the last rebalance (1 = even)",
+    "eventpush_alert": "1 while an alert raised by an Airflow callback stands",
     "eventpush_replay_records": (
         "Records of the last replay, by stage (selected, delivered, failed)"
     ),
@@ -274,3 +275,31 @@ def publish_batch(job: str, results: dict[str, list[tuple[dict[str, str], float]
                 "push to gateway %s failed: %s", redact_url(gateway), str(exc).splitlines()[0]
             )
     return where
+
+
+Results = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def audit_results(result) -> Results:
+    """An audit's figures per runner (``sparkjobs.audit.AuditResult``)."""
+    out: Results = {}
+    for key in ("expected", "missing", "failed"):
+        out[f"eventpush_audit_{key}_records"] = [
+            ({"runner": r.runner}, getattr(r, key)) for r in result.runners
+        ]
+    return out
+
+
+def replay_results(result) -> Results:
+    """A replay's counts by stage (``sparkjobs.replay.ReplayResult``)."""
+    stages = ("selected", "delivered", "failed", "skipped")
+    return {"eventpush_replay_records": [({"stage": s}, getattr(result, s)) for s in stages]}
+
+
+def rebalance_results(result, applied: bool) -> Results:
+    """A rebalance's moves and spread (``sparkjobs.rebalance.RebalanceResult``)."""
+    labels = {"applied": "true" if applied else "false"}
+    return {
+        "eventpush_rebalance_moves": [(labels, result.proposal.moves)],
+        "eventpush_rebalance_spread": [(labels, result.proposal.spread)],
+    }
