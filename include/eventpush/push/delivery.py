@@ -28,6 +28,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
+from eventpush import tracing
 from eventpush.config import redact, redact_url
 from eventpush.push.policy import DEFAULTS
 from eventpush.push.targets import (
@@ -359,7 +360,10 @@ async def deliver(
     for r in records:
         r.first_seen = r.first_seen or start
     while True:
-        outcome = await attempt(session, target, body, headers)
+        with tracing.deliver_span(target, records, records[0].attempts + 1) as (span, parent):
+            headers["traceparent"] = parent
+            outcome = await attempt(session, target, body, headers)
+            tracing.finish_deliver_span(span, outcome)
         for r in records:
             r.attempts += 1
         if outcome.kind != RETRY:
