@@ -435,7 +435,11 @@ class Engine:
 
     async def _refresh_lag(self) -> None:
         names = {r.id: r.target.runner for r in list(self.runners.values())}
-        lag = await self.aux.call(metrics_mod.read_lag, sorted(names), give_up_s=5)
+        try:
+            lag = await self.aux.call(metrics_mod.read_lag, sorted(names), give_up_s=5)
+        except Exception as exc:  # a gauge left stale never stops the pushing
+            log.warning("lag for metrics not read: %s", first_line(exc))
+            return
         for rid, (events, waiting, seconds) in lag.items():
             if rid in names:
                 self.metrics.lag(names[rid], events, waiting, seconds)
