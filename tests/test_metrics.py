@@ -235,3 +235,13 @@ def test_a_taken_metrics_port_stops_a_standalone_worker_with_one_line(conn, db_u
             metrics_required=False,
         )
         assert report.delivered == 0
+
+
+def test_worker_run_refuses_a_bad_metrics_port_in_one_line(conn, cli):
+    catalog.create_worker(conn, "w1")
+    bad_env = cli("worker", "run", "w1", "--until-idle", env={"EVENTPUSH_METRICS_PORT": "http"})
+    assert bad_env.returncode == 2
+    assert "EVENTPUSH_METRICS_PORT must be a port number, got 'http'" in bad_env.stderr
+    assert "Traceback" not in bad_env.stderr
+    bad_flag = cli("worker", "run", "w1", "--until-idle", "--metrics-port", "70000")
+    assert bad_flag.returncode == 2 and "--metrics-port" in bad_flag.stderr
