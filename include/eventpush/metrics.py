@@ -184,8 +184,8 @@ class WorkerMetrics:
         self.held = set(runners)
 
     def lag(self, runner: str, events: int, waiting: int, seconds: float) -> None:
-        if runner not in self.held:
-            return
+        """Lag figures of a runner held now (read at the heartbeat)."""
+        self.held.add(runner)
         self.lag_events.labels(runner).set(events)
         self.waiting.labels(runner).set(waiting)
         self.lag_seconds.labels(runner).set(seconds if events else 0.0)
