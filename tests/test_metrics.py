@@ -121,12 +121,15 @@ def test_scraped_counters_equal_the_delivery_and_failure_rows(conn, db_url, rx, 
             return done == expected
 
         wait_until(all_committed, what="all outcomes committed")
-        # The gauges follow at the next heartbeat: lag 0 once the offsets are committed.
+        # The gauges follow: lag at the next heartbeat (0 once the offsets are committed),
+        # in-flight and breaker at the next 0.25 s sample.
         samples = wait_until(
             lambda: (
                 (s := scrape(worker.port))
                 and value(s, "eventpush_lag_events", runner="orders/r/ok") == 0
                 and value(s, "eventpush_lag_events", runner="orders/r/gone") == 0
+                and value(s, "eventpush_in_flight_records", runner="orders/r/ok") == 0
+                and value(s, "eventpush_breaker_open", runner="orders/r/gone") is not None
                 and s
             ),
             what="lag 0 on /metrics",
@@ -186,8 +189,15 @@ def test_scraped_counters_equal_the_delivery_and_failure_rows(conn, db_url, rx, 
         assert value(samples, "eventpush_breaker_open", runner="orders/r/gone") == 0
         assert value(samples, "eventpush_commit_duration_seconds_count") >= 1
         assert value(samples, "eventpush_event_loop_lag_seconds", worker="w1") >= 0
-        [(beat,)] = rows(conn, "SELECT metrics FROM event_push_worker WHERE name = 'w1'")
-        assert isinstance(beat["loop_lag_ms"], int | float) and beat["loop_lag_ms"] >= 0
+
+        # The heartbeat JSON carries the loop lag for the rebalancer (from the first sample on).
+        def beat():
+            [(metrics,)] = rows(conn, "SELECT metrics FROM event_push_worker WHERE name = 'w1'")
+            conn.rollback()
+            return metrics if metrics.get("loop_lag_ms") is not None else None
+
+        lag_ms = wait_until(beat, what="loop_lag_ms in the heartbeat")["loop_lag_ms"]
+        assert isinstance(lag_ms, int | float) and 0 <= lag_ms < 60_000
     with pytest.raises(OSError):  # the worker stopped: so did its /metrics
         scrape(worker.port)
 

@@ -109,6 +109,7 @@ class Engine:
         self.metrics_port = metrics_port
         self.metrics_required = metrics_required
         self.loop_lags: list[float] = []  # samples since the last heartbeat, seconds
+        self.loop_lag_ms: float | None = None
 
     @property
     def settings(self) -> WorkerSettings:
@@ -429,9 +430,12 @@ class Engine:
             )
 
     def _loop_lag_ms(self) -> float | None:
-        """The mean loop lag since the last heartbeat, for the rebalancer's headroom."""
+        """The mean loop lag since the last heartbeat, for the rebalancer's headroom (the
+        previous figure when no sample came in between; None before the first)."""
         lags, self.loop_lags = self.loop_lags, []
-        return round(sum(lags) / len(lags) * 1000, 2) if lags else None
+        if lags:
+            self.loop_lag_ms = round(sum(lags) / len(lags) * 1000, 2)
+        return self.loop_lag_ms
 
     async def _refresh_lag(self) -> None:
         names = {r.id: r.target.runner for r in list(self.runners.values())}
