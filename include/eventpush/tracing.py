@@ -24,6 +24,7 @@ import os
 import random
 import re
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -37,6 +38,8 @@ _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
 _propagator = TraceContextTextMapPropagator()
 _provider: TracerProvider | None = None
+# The traceparent of the delivery attempt under way in this task: ``delivery.attempt`` sends it.
+OUTGOING: ContextVar[str | None] = ContextVar("eventpush_outgoing_traceparent", default=None)
 _enabled: bool | None = None
 
 

@@ -287,6 +287,9 @@ async def attempt(
     started = time.perf_counter()
     status: int | None = None
     retry_after = location = None
+    traceparent = tracing.OUTGOING.get()
+    if traceparent is not None:  # the span of this attempt, so the receiver can join it
+        headers = {**headers, "traceparent": traceparent}
     try:
         async with asyncio.timeout(target.timeout_ms / 1000):
             async with session.post(
@@ -361,8 +364,11 @@ async def deliver(
         r.first_seen = r.first_seen or start
     while True:
         with tracing.deliver_span(target, records, records[0].attempts + 1) as (span, parent):
-            headers["traceparent"] = parent
-            outcome = await attempt(session, target, body, headers)
+            token = tracing.OUTGOING.set(parent)
+            try:
+                outcome = await attempt(session, target, body, headers)
+            finally:
+                tracing.OUTGOING.reset(token)
             tracing.finish_deliver_span(span, outcome)
         for r in records:
             r.attempts += 1

@@ -322,26 +322,36 @@ class Lanes:
             for _, _, batch in expired:
                 self.finish(runner, batch, outcome)
 
-    # --- sending --------------------------------------------------------------------------
+    # --- observed attempts ----------------------------------------------------------------
 
-    async def attempt(self, runner: Runner, batch: list[Record], granted: Pass) -> Outcome:
+    async def traced_attempt(self, runner: Runner, batch: list[Record], granted: Pass) -> Outcome:
+        """``attempt`` in a span of its own whose ``traceparent`` the request carries
+        (``tracing.OUTGOING``), observed in the worker's metrics."""
         retry = batch[0].attempts > 0
-        if retry:
-            self.report.retried += 1
         with tracing.deliver_span(runner.target, batch, batch[0].attempts + 1) as (span, parent):
+            token = tracing.OUTGOING.set(parent)
             try:
-                body, headers = delivery.build_request(runner.target, batch, runner.transform)
-            except Exception as exc:  # a transform that cannot apply to this event: final
-                error = f"transform failed: {first_line(exc)}"
-                outcome = Outcome(delivery.FINAL, None, error, 0.0)
-            else:
-                headers["traceparent"] = parent
-                outcome = await delivery.attempt(self.session, runner.target, body, headers)
+                outcome = await self.attempt(runner, batch, granted)
+            finally:
+                tracing.OUTGOING.reset(token)
             tracing.finish_deliver_span(span, outcome)
         if self.metrics is not None:
             self.metrics.attempted(
                 runner.target.runner, outcome.kind, outcome.latency_ms / 1000, retry
             )
+        return outcome
+
+    # --- sending --------------------------------------------------------------------------
+
+    async def attempt(self, runner: Runner, batch: list[Record], granted: Pass) -> Outcome:
+        if batch[0].attempts:
+            self.report.retried += 1
+        try:
+            body, headers = delivery.build_request(runner.target, batch, runner.transform)
+        except Exception as exc:  # a transform that cannot apply to this event: final
+            outcome = Outcome(delivery.FINAL, None, f"transform failed: {first_line(exc)}", 0.0)
+        else:
+            outcome = await delivery.attempt(self.session, runner.target, body, headers)
         for r in batch:
             r.attempts += 1
         runner.last_outcome = outcome
@@ -353,7 +363,7 @@ class Lanes:
 
     async def send(self, runner: Runner, batch: list[Record], granted: Pass) -> None:
         try:
-            outcome = await self.attempt(runner, batch, granted)
+            outcome = await self.traced_attempt(runner, batch, granted)
         finally:
             runner.limiter.release()
             was_full = self.pool.free() == 0
@@ -404,7 +414,7 @@ class Lanes:
                 while not self.pool.try_acquire():
                     await self.pool.changed(IDLE_WAIT_S)
                 try:
-                    outcome = await self.attempt(runner, batch, granted)
+                    outcome = await self.traced_attempt(runner, batch, granted)
                 finally:
                     runner.limiter.release()
                     self.pool.release()
