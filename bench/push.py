@@ -1,6 +1,7 @@
 """Push engine benchmarks: throughput beside wrk, batching, latency, isolation, memory.
 
     .venv/bin/python bench/push.py [all|throughput|batch|latency|isolation|memory]
+    .venv/bin/python bench/push.py [drain|metrics]   # no wrk; metrics: /metrics scraped or not
 
 The receiver (``python -m eventpush.demo.receiver``) runs in a process of its own on loopback;
 wrk hits the same receiver in the same run, so the ratio compares like with like.
@@ -194,18 +195,92 @@ def bench_memory(n: int = 1_000_000, seconds: int = 30) -> None:
     )
 
 
+def _drain_only(n: int, metrics_port: int | None, **spec) -> tuple[float, int, int]:
+    """Publish n events for four targets and push them with one worker (no wrk); with a
+    metrics port, /metrics is scraped once a second meanwhile. Returns seconds, deliveries
+    and successful scrapes."""
+    import threading
+    import urllib.request
+
+    scrapes = 0
+    done = threading.Event()
+
+    def scrape() -> None:
+        nonlocal scrapes
+        while not done.wait(1.0):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as r:
+                    scrapes += bool(r.read())
+            except OSError:
+                pass
+
+    with ReceiverProcess() as rx, scratch_database() as url:
+        conn = psycopg2.connect(url)
+        topology(conn, rx.url, ["/ok/a", "/ok/b", "/ok/c", "/ok/d"], **spec)
+        for i in range(0, n, 50_000):
+            publish(conn, "orders", events(min(50_000, n - i), i))
+        extra = {} if metrics_port is None else {"metrics_port": metrics_port}
+        scraper = threading.Thread(target=scrape, daemon=True)
+        if metrics_port is not None:
+            scraper.start()
+        started = time.perf_counter()
+        report = run_worker("w1", until_idle=True, max_seconds=600, **extra)
+        elapsed = time.perf_counter() - started
+        done.set()
+    return elapsed, report.delivered, scrapes
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench_drain(n: int = 20_000) -> None:
+    """The same drain whatever the engine's version (compare trees with PYTHONPATH)."""
+    elapsed, delivered, _ = _drain_only(n, None, concurrency=8)
+    print(
+        f"drain, 4 targets: {delivered:,} deliveries in {elapsed:.2f} s = "
+        f"{delivered / elapsed:,.0f}/s"
+    )
+
+
+def bench_metrics(n: int = 20_000, rounds: int = 2) -> None:
+    """The drain without and with /metrics served and scraped every second, alternated."""
+    for r in range(rounds):
+        for port in (None, _free_port()):
+            elapsed, delivered, scrapes = _drain_only(n, port, concurrency=8)
+            what = "no /metrics server" if port is None else f"/metrics scraped {scrapes}x"
+            print(
+                f"metrics round {r + 1}, {what}: {delivered:,} deliveries in "
+                f"{elapsed:.2f} s = {delivered / elapsed:,.0f}/s"
+            )
+            sys.stdout.flush()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
         "which",
         nargs="?",
         default="all",
-        choices=["all", "throughput", "batch", "latency", "isolation", "memory"],
+        choices=[
+            "all",
+            "throughput",
+            "batch",
+            "latency",
+            "isolation",
+            "memory",
+            "drain",
+            "metrics",
+        ],
     )
     args = parser.parse_args()
     print(f"machine: {machine()}")
-    for name in ("throughput", "batch", "latency", "isolation", "memory"):
-        if args.which in ("all", name):
+    for name in ("throughput", "batch", "latency", "isolation", "memory", "drain", "metrics"):
+        if args.which == name or (args.which == "all" and name not in ("drain", "metrics")):
             globals()[f"bench_{name}"]()
             sys.stdout.flush()
 

@@ -12,7 +12,9 @@ Hourly over its data interval, and on demand for any window (the form's `since` 
    duplicates. Writes an `event_audit_report` row.
 3. **report**: reads that report back.
 4. **check**: a Great Expectations suite: no runner has a missing record and the counts add
-   up. Any missing record fails the run.
+   up. Any missing record fails the run, and the task's failure callback raises the
+   `audit_missing` alert: an `ALERT eventpush audit_missing: ...` log line and
+   `eventpush_alert{alert="audit_missing"} 1` (cleared by the next passing check).
 5. **gap_to_replay** / **trigger_replay**: when the form's `replay_missing` is on and records
    are missing, triggers `eventpush_replay` with `what=missing` for the same window and bus.
 
@@ -39,6 +41,7 @@ from typing import Any
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_context, task
 
+from eventpush.airflow import alerts
 from eventpush.airflow.spark_submit import spark_job
 
 
@@ -131,7 +134,7 @@ def eventpush_audit() -> None:
         print(f"audit report {report_id}: {expected} expected, {missing} missing")
         return {**spec, "report_id": report_id, "missing": missing, "runners": runners}
 
-    @task
+    @task(on_failure_callback=alerts.audit_failed, on_success_callback=alerts.audit_passed)
     def check(report: dict[str, Any]) -> dict[str, Any]:
         """Great Expectations: no missing record, counts add up. Fails the run otherwise."""
         from eventpush.airflow.connection import database_url

@@ -15,7 +15,9 @@ Runs continuously, one run at a time. Each run:
      held elsewhere). Returns the slice's counts.
    - **check**: a Great Expectations suite over what the slice wrote: offsets never moved
      backwards, every delivery row belongs to a runner of this worker and matches its rule,
-     failure rows carry an error, counts add up. Fails the task loudly otherwise.
+     failure rows carry an error, counts add up. Fails the task loudly otherwise, and also
+     when the worker's lag is past `EVENTPUSH_ALERT_LAG_EVENTS` (100000 by default); its
+     failure callback raises the `push_check` alert (`eventpush.airflow.alerts`).
 
 The eventpush database is the Airflow connection `eventpush_db`, or `EVENTPUSH_DATABASE_URL`.
 """
@@ -27,6 +29,7 @@ from typing import Any
 
 from airflow.sdk import Param, dag, get_current_context, task, task_group
 
+from eventpush.airflow import alerts
 from eventpush.airflow.triggers import WorkerWorkSensor
 
 WAIT_TIMEOUT_S = 300.0
@@ -91,16 +94,22 @@ def eventpush_push() -> None:
         print(f"worker {worker}: {result['report']}")
         return result
 
-    @task
+    @task(on_failure_callback=alerts.push_failed)
     def check(result: dict[str, Any]) -> dict[str, Any]:
-        """The Great Expectations check of the slice; raises ``CheckFailed`` when it breaks."""
+        """The Great Expectations check of the slice; raises ``CheckFailed`` when it breaks,
+        and fails when the worker's lag is past ``EVENTPUSH_ALERT_LAG_EVENTS`` (an alert)."""
+        from airflow.sdk.exceptions import AirflowFailException
+
         from eventpush.airflow.connection import database_url
         from eventpush.quality.push_slice import check_push_slice
 
-        label = f"{get_current_context()['dag_run'].run_id}/{result['before']['worker']}"
-        outcome = check_push_slice(
-            database_url(), result["before"], result["after"], result["report"], label
-        )
+        worker = result["before"]["worker"]
+        label = f"{get_current_context()['dag_run'].run_id}/{worker}"
+        url = database_url()
+        outcome = check_push_slice(url, result["before"], result["after"], result["report"], label)
+        lagging = alerts.push_lag_check(url, worker)
+        if lagging:
+            raise AirflowFailException(lagging)
         return {"report": result["report"], "check": outcome["statistics"]}
 
     @task_group(group_id="worker")

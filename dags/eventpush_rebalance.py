@@ -30,6 +30,7 @@ from typing import Any
 
 from airflow.sdk import Param, dag, get_current_context, task
 
+from eventpush.airflow import alerts
 from eventpush.airflow.spark_submit import spark_job
 
 
@@ -43,7 +44,13 @@ from eventpush.airflow.spark_submit import spark_job
     is_paused_upon_creation=False,
     max_active_runs=1,
     tags=["eventpush", "rebalance", "spark"],
-    default_args={"owner": "eventpush", "retries": 0},
+    # Any task failing (inputs refused, the GX check of the proposal, a stale apply) raises
+    # the rebalance_check alert; a passing report clears it (eventpush.airflow.alerts).
+    default_args={
+        "owner": "eventpush",
+        "retries": 0,
+        "on_failure_callback": alerts.rebalance_failed,
+    },
     render_template_as_native_obj=True,
     params={
         "window_minutes": Param(
@@ -84,7 +91,7 @@ def eventpush_rebalance() -> None:
 
     job = spark_job("rebalance", "ti.xcom_pull(task_ids='check_inputs')")
 
-    @task
+    @task(on_success_callback=alerts.rebalance_passed)
     def report() -> dict[str, Any]:
         """The proposal check's outcome and the assignment's current generation."""
         from eventpush.airflow.connection import database_url

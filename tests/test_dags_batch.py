@@ -108,7 +108,11 @@ def test_rebalance_dag_applies_an_even_assignment(bag, conn, spark_conn):
     assert all(g > 0 for *_, g in rows)
 
 
-def test_audit_dag_fails_on_missing_and_triggers_the_replay(bag, conn, spark_conn, receiver):
+def test_audit_dag_fails_on_missing_and_triggers_the_replay(
+    bag, conn, spark_conn, receiver, tmp_path, monkeypatch
+):
+    # The job's results and the check's alert land in a node-exporter textfile directory.
+    monkeypatch.setenv("EVENTPUSH_METRICS_TEXTFILE_DIR", str(tmp_path))
     runner = make_runner(
         conn, "orders", "all", "crm", {"source": ["app.orders"]}, url=f"{receiver.url}/ok"
     )
@@ -135,6 +139,21 @@ def test_audit_dag_fails_on_missing_and_triggers_the_replay(bag, conn, spark_con
         cur.execute("SELECT success FROM event_check_result WHERE suite = 'audit'")
         assert cur.fetchall() == [(False,)]
     conn.rollback()
+    # The failure callback raised the alert; the job itself reported the gap per runner.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def samples(name: str) -> dict:
+        text = (tmp_path / name).read_text()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    alert = samples("eventpush_alert_audit_missing.prom")
+    assert alert[("eventpush_alert", (("alert", "audit_missing"),))] == 1
+    audit = samples("eventpush_audit.prom")
+    assert audit[("eventpush_audit_missing_records", (("runner", runner),))] == 2
 
     from airflow.models import DagRun
 

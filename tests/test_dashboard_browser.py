@@ -213,6 +213,29 @@ def test_dashboard_renders_charts_in_a_real_browser(api_server, conn, airflow_co
                 break
             assert time.monotonic() < deadline, page
             await asyncio.sleep(0.2)
+        # Live: a new audit with a gap shows up by polling, with no reload of the page.
+        await call("Runtime.evaluate", expression="window.stayed = true")
+        with conn.cursor() as cur:
+            cur.execute(
+                "INSERT INTO event_audit_report (bus, window_start, window_end, expected, "
+                "delivered, failed, missing, pending, duplicates, runners) "
+                "VALUES ('orders', now() - interval '1 hour', now(), 120, 77, 40, 3, 0, 0, '[]')"
+            )
+        conn.commit()
+        live = (
+            "JSON.stringify({stayed: window.stayed === true,"
+            " text: document.getElementById('live').innerText,"
+            " charts: document.querySelectorAll('#live svg.chart').length})"
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            result = await call("Runtime.evaluate", expression=live, returnByValue=True)
+            updated = json.loads(result["result"]["value"])
+            if "3 missing" in updated["text"]:
+                break
+            assert time.monotonic() < deadline, updated
+            await asyncio.sleep(0.5)
+        assert updated["stayed"] and updated["charts"] == 3
         shot = await call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
         unauth = await call("Network.deleteCookies", name="_token", url=api_server)
         return page, base64.b64decode(shot["data"]), unauth
@@ -231,5 +254,5 @@ def test_dashboard_renders_charts_in_a_real_browser(api_server, conn, airflow_co
     text = page["text"]
     assert "orders/orders-rule/gone" in text and "Open failures" in text
     assert "410" in text  # the real failure the engine recorded
-    assert "nothing missing" in text  # the last audit
+    assert "nothing missing" in text  # the last audit, before the live update
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000

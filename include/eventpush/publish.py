@@ -19,7 +19,9 @@ from datetime import UTC, datetime
 
 import msgspec
 
+from eventpush import tracing
 from eventpush.db import Connection, copy_text, transaction
+from eventpush.tracing import TRACEPARENT_FIELD
 
 MAX_EVENT_BYTES = 256 * 1024  # EventBridge's PutEvents entry limit
 
@@ -133,9 +135,13 @@ _encode = msgspec.json.Encoder().encode
 
 
 def iter_events(
-    lines: Iterable[str], queues: int, partition_key: str | None = None
+    lines: Iterable[str],
+    queues: int,
+    partition_key: str | None = None,
+    traceparent: str | None = None,
 ) -> Iterator[_Prepared]:
-    """Each line validated and placed on a queue; MalformedEventError at the first bad one."""
+    """Each line validated and placed on a queue; MalformedEventError at the first bad one.
+    ``traceparent`` is stamped on events that carry none (see ``eventpush.tracing``)."""
     now_iso = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     key_path = partition_key.split(".") if partition_key else None
     next_queue = random.randrange(queues)
@@ -144,6 +150,8 @@ def iter_events(
             continue
         try:
             event, event_time, key = prepare_event(line, line_no, now_iso, key_path)
+            if traceparent is not None and TRACEPARENT_FIELD not in event:
+                event[TRACEPARENT_FIELD] = traceparent
             encoded = _encode(event)
             # PostgreSQL's jsonb has no NUL; the cheap test on the encoding only rarely needs
             # the exact walk (an escaped backslash before "u0000" also contains the bytes).
@@ -207,7 +215,22 @@ class _CopySource:
 def publish(
     conn: Connection, bus: str, lines: Iterable[str], partition_key: str | None = None
 ) -> PublishResult:
-    """Append every event of ``lines`` to ``bus`` in one transaction, or none of them."""
+    """Append every event of ``lines`` to ``bus`` in one transaction, or none of them. With
+    tracing on, in a span of its own whose context events without a ``traceparent`` get."""
+    with tracing.publish_span(bus) as (span, stamp):
+        result = _publish(conn, bus, lines, partition_key, stamp)
+        if span.is_recording():
+            span.set_attribute("eventpush.events", result.count)
+    return result
+
+
+def _publish(
+    conn: Connection,
+    bus: str,
+    lines: Iterable[str],
+    partition_key: str | None,
+    traceparent: str | None,
+) -> PublishResult:
     from eventpush.catalog import CatalogError
 
     with transaction(conn) as cur:
@@ -230,7 +253,7 @@ def publish(
 
         def rows() -> Iterator[str]:
             chunk: list[str] = []
-            for event in iter_events(lines, queues, partition_key):
+            for event in iter_events(lines, queues, partition_key, traceparent):
                 offset = next_offset[event.queue_id]
                 next_offset[event.queue_id] = offset + 1
                 per_queue[event.queue_id] = per_queue.get(event.queue_id, 0) + 1

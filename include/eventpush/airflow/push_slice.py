@@ -25,11 +25,21 @@ def push_slice(worker: str, url: str, max_seconds: float) -> dict:
     Raises the engine's ``WorkerBusyError`` when another process holds the worker's lease.
     """
     from eventpush.db import connection
+    from eventpush.metrics import metrics_port
     from eventpush.push import run_worker
     from eventpush.quality.push_slice import snapshot
 
     with connection(url) as conn:
         before = snapshot(conn, worker)
-        report = run_worker(worker, until_idle=True, max_seconds=max_seconds, url=url)
+        # With EVENTPUSH_METRICS_PORT set the slice serves /metrics while it runs; slices
+        # of other workers on the same host find the port taken and run without (warned).
+        report = run_worker(
+            worker,
+            until_idle=True,
+            max_seconds=max_seconds,
+            url=url,
+            metrics_port=metrics_port(None),
+            metrics_required=False,
+        )
         after = snapshot(conn, worker)
     return {"report": report.as_dict(), "before": before, "after": after}

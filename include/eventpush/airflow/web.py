@@ -13,6 +13,7 @@ Routes (under the plugin's ``/eventpush`` prefix):
 | ``POST api/adjust`` ``{"scope", "name", "changes"}`` | validated runtime adjustment | editor |
 | ``POST api/pause`` / ``api/resume`` ``{"scope", "name"}`` | pause or resume | editor |
 | ``GET dashboard`` | charts of lag and throughput, failures, the last audit, replays | reader |
+| ``GET api/dashboard?minutes=M`` | the dashboard's live part as JSON (polled every 5 s) | reader |
 
 Authentication is Airflow's own (``airflow.api_fastapi.core_api.security``): a JWT bearer
 token or the UI's session cookie. Readers need read access to the ``eventpush_push`` DAG,
@@ -42,6 +43,7 @@ from eventpush.config import setting
 from eventpush.db import transaction
 
 DAG_ID = "eventpush_push"
+POLL_S = 5  # how often the dashboard re-reads its figures
 URL_CACHE_S = 30.0
 _url_cache: dict[str, tuple[float, str]] = {}
 
@@ -258,8 +260,20 @@ async function control(action, scope, name) {
   const r = await fetch('api/' + action, {method: 'POST',
     headers: {'Content-Type': 'application/json'}, body: JSON.stringify({scope, name})});
   if (!r.ok) { alert((await r.json()).detail || r.statusText); return; }
-  location.reload();
+  refresh();
 }
+// Short polling: the live part is replaced in place, the page (and its scroll) stays.
+async function refresh() {
+  try {
+    const r = await fetch('api/dashboard' + location.search,
+                          {headers: {Accept: 'application/json'}});
+    if (!r.ok) return;
+    const page = await r.json();
+    document.getElementById('live').innerHTML = page.html;
+    document.getElementById('updated').textContent = page.generated_at;
+  } catch (e) { /* offline for a moment: the next poll tries again */ }
+}
+setInterval(refresh, POLL_MS);
 """
 
 
@@ -283,6 +297,19 @@ def _button(action: str, scope: str, name: str) -> str:
 
 
 def render_dashboard(conn, minutes: int = 60) -> str:
+    """The whole page; its ``#live`` part is re-read every ``POLL_S`` from ``api/dashboard``."""
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"""<!doctype html><html><head><meta charset="utf-8">
+<title>eventpush</title><style>{STYLE}</style>
+<script>const POLL_MS = {POLL_S * 1000};{SCRIPT}</script></head><body>
+<h1>eventpush</h1><p class="muted">push progress, last {minutes} min · updated
+<span id="updated">{now}</span> · live every {POLL_S} s</p>
+<div id="live">{render_live(conn, minutes)}</div>
+</body></html>"""
+
+
+def render_live(conn, minutes: int = 60) -> str:
+    """The dashboard's figures: charts and tables, as the page shows them."""
     status = progress(conn)
     series = metric_series(conn, None, minutes)
     failures = latest_failures(conn, 20)
@@ -383,12 +410,7 @@ def render_dashboard(conn, minutes: int = 60) -> str:
         ]
         for r in replays
     ]
-    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return f"""<!doctype html><html><head><meta charset="utf-8">
-<meta http-equiv="refresh" content="15"><title>eventpush</title><style>{STYLE}</style>
-<script>{SCRIPT}</script></head><body>
-<h1>eventpush</h1><p class="muted">push progress, last {minutes} min · {now}</p>
-<div class="grid2" id="charts">{charts}</div>
+    return f"""<div class="grid2" id="charts">{charts}</div>
 <h2>Workers</h2>{
         _table(["worker", "enabled", "heartbeat", "runners", "state", ""], worker_rows, {2, 5})
     }
@@ -435,8 +457,7 @@ def render_dashboard(conn, minutes: int = 60) -> str:
         )
         if replay_rows
         else '<p class="muted">none yet</p>'
-    }
-</body></html>"""
+    }"""
 
 
 # --------------------------------------------------------------------------- app
@@ -523,6 +544,13 @@ def create_app():
     def post_resume(body: Target) -> dict:
         _control(set_paused, body.scope, body.name, False)
         return {"scope": body.scope, "name": body.name, "paused": False}
+
+    @app.get("/api/dashboard", dependencies=read)
+    def get_dashboard(minutes: int = minutes_query) -> dict:
+        with _conn() as conn:
+            html_ = render_live(conn, minutes)
+        now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return {"minutes": minutes, "generated_at": now, "html": html_}
 
     @app.get("/dashboard", response_class=HTMLResponse, dependencies=read)
     def dashboard(minutes: int = minutes_query) -> str:

@@ -76,11 +76,25 @@ def worker_enable(name: str) -> None:
 @click.option("--until-idle", is_flag=True, help="Return once nothing is left to deliver or retry.")
 @click.option("--max-seconds", type=float, default=None, help="Stop after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run's counts as JSON.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus /metrics on this port (default: EVENTPUSH_METRICS_PORT; "
+    "host 127.0.0.1 unless EVENTPUSH_METRICS_HOST).",
+)
 @handles_errors
-def worker_run(name: str, until_idle: bool, max_seconds: float | None, as_json: bool) -> None:
+def worker_run(
+    name: str,
+    until_idle: bool,
+    max_seconds: float | None,
+    as_json: bool,
+    metrics_port: int | None,
+) -> None:
     """Run worker NAME's push loop (SIGTERM or Ctrl-C stops it gracefully)."""
     import logging
 
+    from eventpush.metrics import metrics_port as resolve_metrics_port
     from eventpush.push import (
         LeaseLostError,
         UnknownWorkerError,
@@ -90,6 +104,10 @@ def worker_run(name: str, until_idle: bool, max_seconds: float | None, as_json: 
     )
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        port = resolve_metrics_port(metrics_port)
+    except ValueError as exc:
+        fail(str(exc))
     live = None
     progress = None
     if out.is_terminal and not as_json:
@@ -112,6 +130,7 @@ def worker_run(name: str, until_idle: bool, max_seconds: float | None, as_json: 
             max_seconds=max_seconds,
             progress=progress,
             handle_signals=True,
+            metrics_port=port,
         )
     except UnknownWorkerError as exc:
         fail(str(exc))

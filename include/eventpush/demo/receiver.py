@@ -20,7 +20,8 @@ Each path behaves like a kind of target:
 A path's first segment picks its behaviour (``/ok/a`` is ``/ok``); counts are per full path,
 and ``GET /_stats`` returns them with the latency percentiles.
 
-Every request is recorded (path, webhook headers, body) so a test can check what arrived.
+Every request is recorded (path, webhook and traceparent headers, body) so a test can check
+what arrived.
 """
 
 from __future__ import annotations
@@ -125,7 +126,11 @@ def make_app(state: ReceiverState) -> web.Application:
             request.transport.close()
             return web.Response(status=500)
         if state.keep_bodies or status != 200:
-            record = {k.lower(): v for k, v in request.headers.items() if k.startswith("webhook")}
+            record = {
+                k.lower(): v
+                for k, v in request.headers.items()
+                if k.lower().startswith("webhook") or k.lower() == "traceparent"
+            }
             record["status"] = status
             with state.lock:
                 state.requests.append(Received(path, record, body, arrived))

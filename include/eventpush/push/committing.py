@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
+from eventpush import tracing
 from eventpush.push import delivery, store
 from eventpush.push.delivery import Outcome, Record, Target
 from eventpush.push.slots import DbSlot, first_line
@@ -61,6 +62,7 @@ class Committer:
         owned: Callable[[], Iterable],
         on_fenced: Callable[[frozenset[int]], Awaitable[None]],
         on_committed: Callable[[], None],
+        metrics=None,
     ) -> None:
         self.lease = lease
         self.aux = aux  # for commit status look-ups: they must not need the lease
@@ -73,6 +75,7 @@ class Committer:
         self.pending: tuple[store.CommitBatch, list] | None = None
         self.lock = asyncio.Lock()
         self.failing = False
+        self.metrics = metrics  # eventpush.metrics.WorkerMetrics, or None
 
     def add(self, target: Target, batch: list[Record], outcome: Outcome) -> None:
         rows = outcome_rows(target, batch, outcome)
@@ -120,9 +123,14 @@ class Committer:
                     if batch.empty():
                         return
                     self.pending = (batch, written)
-                await self._write(deadline)
-                _, written = self.pending
+                started = time.perf_counter()
+                with tracing.commit_span(self.metrics.worker if self.metrics else str(self.wid)):
+                    await self._write(deadline)
+                batch, written = self.pending
                 self.pending = None
+                if self.metrics is not None:
+                    self.metrics.commit_seconds.observe(time.perf_counter() - started)
+                    self.metrics.committed(batch.deliveries, batch.failures)
                 for _, cursor, committable, pulled in written:
                     cursor.committed_db = max(cursor.committed_db, committable)
                     cursor.pulled_db = pulled

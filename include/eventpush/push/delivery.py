@@ -28,6 +28,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
 
+from eventpush import tracing
 from eventpush.config import redact, redact_url
 from eventpush.push.policy import DEFAULTS
 from eventpush.push.targets import (
@@ -286,6 +287,9 @@ async def attempt(
     started = time.perf_counter()
     status: int | None = None
     retry_after = location = None
+    traceparent = tracing.OUTGOING.get()
+    if traceparent is not None:  # the span of this attempt, so the receiver can join it
+        headers = {**headers, "traceparent": traceparent}
     try:
         async with asyncio.timeout(target.timeout_ms / 1000):
             async with session.post(
@@ -359,7 +363,13 @@ async def deliver(
     for r in records:
         r.first_seen = r.first_seen or start
     while True:
-        outcome = await attempt(session, target, body, headers)
+        with tracing.deliver_span(target, records, records[0].attempts + 1) as (span, parent):
+            token = tracing.OUTGOING.set(parent)
+            try:
+                outcome = await attempt(session, target, body, headers)
+            finally:
+                tracing.OUTGOING.reset(token)
+            tracing.finish_deliver_span(span, outcome)
         for r in records:
             r.attempts += 1
         if outcome.kind != RETRY:

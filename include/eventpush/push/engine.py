@@ -26,7 +26,9 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass
 
+from eventpush import metrics as metrics_mod
 from eventpush.config import database_url
+from eventpush.metrics import WorkerMetrics, metrics_host
 from eventpush.push import delivery, store
 from eventpush.push.committing import Committer
 from eventpush.push.controls import WorkerSettings, worker_settings
@@ -52,6 +54,8 @@ LEASE_KEEPALIVE = {
     "keepalives_interval": 2,
     "keepalives_count": 3,
 }
+LOOP_SAMPLE_S = 0.25
+LOOP_SAMPLES_KEPT = 240  # a minute of samples, should heartbeats stall
 CACHE_SHARE = 8  # the window cache may hold 1/CACHE_SHARE of a worker's buffer_bytes
 
 
@@ -84,6 +88,8 @@ class Engine:
         until_idle: bool = False,
         max_seconds: float | None = None,
         progress: Callable[[dict], None] | None = None,
+        metrics_port: int | None = None,
+        metrics_required: bool = True,
     ) -> None:
         self.worker = worker
         self.url = url
@@ -99,6 +105,11 @@ class Engine:
         self.fatal: BaseException | None = None
         self.wid = 0
         self.readers: asyncio.Queue[DbSlot] = asyncio.Queue()
+        self.metrics = WorkerMetrics(worker)
+        self.metrics_port = metrics_port
+        self.metrics_required = metrics_required
+        self.loop_lags: list[float] = []  # samples since the last heartbeat, seconds
+        self.loop_lag_ms: float | None = None
 
     @property
     def settings(self) -> WorkerSettings:
@@ -138,6 +149,27 @@ class Engine:
 
     async def run(self) -> WorkerReport:
         started = time.monotonic()
+        self._serve_metrics()
+        try:
+            return await self._run(started)
+        finally:
+            self.metrics.close()
+
+    def _serve_metrics(self) -> None:
+        if self.metrics_port is None:
+            return
+        host = metrics_host()
+        try:
+            port = self.metrics.serve(self.metrics_port, host)
+        except OSError as exc:
+            why = f"metrics cannot be served on {host}:{self.metrics_port}: {exc.strerror or exc}"
+            if self.metrics_required:
+                raise WorkerFailedError(why) from None
+            log.warning("%s; the worker runs without them", why)
+            return
+        log.info("worker %s serves metrics on http://%s:%d/metrics", self.worker, host, port)
+
+    async def _run(self, started: float) -> WorkerReport:
         boot = DbSlot(self.url)
         try:
             self.wid = await boot.call(store.worker_id, self.worker, give_up_s=STARTUP_GIVE_UP_S)
@@ -162,14 +194,22 @@ class Engine:
             lambda: self.runners.values(),
             self._hand_off,
             self._committed,
+            metrics=self.metrics,
         )
         self.lanes = Lanes(
-            self.report, self.session, self.cache, self.signals, self.committer, self._spawn
+            self.report,
+            self.session,
+            self.cache,
+            self.signals,
+            self.committer,
+            self._spawn,
+            metrics=self.metrics,
         )
         self.lanes.runners = self.runners
         background = [
             self._spawn(self._committing(), "committer"),
             self._spawn(self._heartbeat(), "heartbeat"),
+            self._spawn(self._sampler(), "metrics sampler"),
             self._spawn(self.signals.listen(self.url), "listener"),
         ]
         try:
@@ -370,6 +410,44 @@ class Engine:
             await asyncio.sleep(COMMIT_INTERVAL_S)
             await self.committer.commit()
 
+    # --- metrics --------------------------------------------------------------------------
+
+    async def _sampler(self) -> None:
+        """Event-loop lag (how late a short timer fires) and the runners' live gauges."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + LOOP_SAMPLE_S
+            await asyncio.sleep(LOOP_SAMPLE_S)
+            lag = max(loop.time() - due, 0.0)
+            self.loop_lags.append(lag)
+            del self.loop_lags[:-LOOP_SAMPLES_KEPT]
+            self.metrics.loop_lag.labels(self.worker).set(lag)
+            self.metrics.runner_state(
+                {
+                    r.target.runner: (r.inflight, r.breaker.is_open)
+                    for r in list(self.runners.values())
+                }
+            )
+
+    def _loop_lag_ms(self) -> float | None:
+        """The mean loop lag since the last heartbeat, for the rebalancer's headroom (the
+        previous figure when no sample came in between; None before the first)."""
+        lags, self.loop_lags = self.loop_lags, []
+        if lags:
+            self.loop_lag_ms = round(sum(lags) / len(lags) * 1000, 2)
+        return self.loop_lag_ms
+
+    async def _refresh_lag(self) -> None:
+        names = {r.id: r.target.runner for r in list(self.runners.values())}
+        try:
+            lag = await self.aux.call(metrics_mod.read_lag, sorted(names), give_up_s=5)
+        except Exception as exc:  # a gauge left stale never stops the pushing
+            log.warning("lag for metrics not read: %s", first_line(exc))
+            return
+        for rid, (events, waiting, seconds) in lag.items():
+            if rid in names:
+                self.metrics.lag(names[rid], events, waiting, seconds)
+
     # --- heartbeat ------------------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
@@ -414,11 +492,13 @@ class Engine:
             "latency_p50_ms": quantiles[49] if quantiles else None,
             "latency_p99_ms": quantiles[98] if quantiles else None,
             "window_cache_bytes": self.cache.bytes,
+            "loop_lag_ms": self._loop_lag_ms(),
             "report": self.report.as_dict(),
             "lanes": lanes,
         }
         try:
             await self.aux.call(store.heartbeat, self.wid, metrics, runner_stats, give_up_s=5)
+            await self._refresh_lag()
         except Exception as exc:
             if not store.is_transient(exc):
                 raise
@@ -433,11 +513,23 @@ def run_worker(
     url: str | None = None,
     progress: Callable[[dict], None] | None = None,
     handle_signals: bool = False,
+    metrics_port: int | None = None,
+    metrics_required: bool = True,
 ) -> WorkerReport:
     """Run one worker's push loop until idle, a time budget, or SIGTERM/SIGINT (graceful:
-    in-flight sends finish or are handed back, outcomes are committed, the lease released)."""
+    in-flight sends finish or are handed back, outcomes are committed, the lease released).
+    With ``metrics_port`` (0: any free port) it serves Prometheus ``/metrics`` meanwhile; a
+    port it cannot bind stops it at once unless ``metrics_required`` is False."""
     url = url or database_url()
-    engine = Engine(worker, url, until_idle=until_idle, max_seconds=max_seconds, progress=progress)
+    engine = Engine(
+        worker,
+        url,
+        until_idle=until_idle,
+        max_seconds=max_seconds,
+        progress=progress,
+        metrics_port=metrics_port,
+        metrics_required=metrics_required,
+    )
 
     async def main() -> WorkerReport:
         if handle_signals and threading.current_thread() is threading.main_thread():

@@ -28,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 
+from eventpush import tracing
 from eventpush.push import delivery
 from eventpush.push.committing import Committer
 from eventpush.push.controls import WorkerSettings
@@ -131,6 +132,7 @@ class Lanes:
         signals: BusSignals,
         committer: Committer,
         spawn: Callable[[Coroutine, str], asyncio.Task],
+        metrics=None,
     ) -> None:
         self.report = report
         self.session = session
@@ -143,6 +145,7 @@ class Lanes:
         self.pool = Limiter(self.settings.pool_max)
         self.seq = itertools.count()
         self.runners: dict[int, Runner] = {}
+        self.metrics = metrics  # eventpush.metrics.WorkerMetrics, or None
 
     # --- life of a runner -----------------------------------------------------------------
 
@@ -316,6 +319,25 @@ class Lanes:
             for _, _, batch in expired:
                 self.finish(runner, batch, outcome)
 
+    # --- observed attempts ----------------------------------------------------------------
+
+    async def traced_attempt(self, runner: Runner, batch: list[Record], granted: Pass) -> Outcome:
+        """``attempt`` in a span of its own whose ``traceparent`` the request carries
+        (``tracing.OUTGOING``), observed in the worker's metrics."""
+        retry = batch[0].attempts > 0
+        with tracing.deliver_span(runner.target, batch, batch[0].attempts + 1) as (span, parent):
+            token = tracing.OUTGOING.set(parent)
+            try:
+                outcome = await self.attempt(runner, batch, granted)
+            finally:
+                tracing.OUTGOING.reset(token)
+            tracing.finish_deliver_span(span, outcome)
+        if self.metrics is not None:
+            self.metrics.attempted(
+                runner.target.runner, outcome.kind, outcome.latency_ms / 1000, retry
+            )
+        return outcome
+
     # --- sending --------------------------------------------------------------------------
 
     async def attempt(self, runner: Runner, batch: list[Record], granted: Pass) -> Outcome:
@@ -341,7 +363,7 @@ class Lanes:
 
     async def send(self, runner: Runner, batch: list[Record], granted: Pass) -> None:
         try:
-            outcome = await self.attempt(runner, batch, granted)
+            outcome = await self.traced_attempt(runner, batch, granted)
         finally:
             runner.limiter.release()
             was_full = self.pool.free() == 0
@@ -392,7 +414,7 @@ class Lanes:
                 while not self.pool.try_acquire():
                     await self.pool.changed(IDLE_WAIT_S)
                 try:
-                    outcome = await self.attempt(runner, batch, granted)
+                    outcome = await self.traced_attempt(runner, batch, granted)
                 finally:
                     runner.limiter.release()
                     self.pool.release()

@@ -263,4 +263,9 @@ def run_audit(
     if save:
         with connection(db_url) as conn, transaction(conn) as cur:
             report_id = write_report(cur, bus, since, until, runners)
-    return AuditResult(runners, report_id, since, until)
+    result = AuditResult(runners, report_id, since, until)
+    if save:  # a saved audit is a result operators watch: textfile / Pushgateway when set
+        from eventpush.metrics import audit_results, publish_batch
+
+        publish_batch("audit", audit_results(result))
+    return result

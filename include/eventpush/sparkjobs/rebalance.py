@@ -403,4 +403,8 @@ def run_rebalance(
         db_url=db_url,
     )
     generation = apply(db_url, inputs, proposal) if apply_it else 0
-    return RebalanceResult(proposal, inputs, generation, check.id)
+    result = RebalanceResult(proposal, inputs, generation, check.id)
+    from eventpush.metrics import publish_batch, rebalance_results
+
+    publish_batch("rebalance", rebalance_results(result, applied=apply_it))
+    return result

@@ -456,6 +456,9 @@ def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -
         finish_run(db_url, result, error=error or type(exc).__name__)
         raise
     finish_run(db_url, result)
+    from eventpush.metrics import publish_batch, replay_results
+
+    publish_batch("replay", replay_results(result))
     return result
 
 

@@ -1,0 +1,305 @@
+"""Prometheus metrics: what a push worker serves on ``/metrics``, and what the batch jobs
+leave behind as a textfile or push to a Pushgateway.
+
+Every worker has its own :class:`WorkerMetrics` (its own ``CollectorRegistry``, never the
+global one: several engines may run in one process, as in the tests). Names follow the
+Prometheus conventions: counters end in ``_total``, durations are ``_seconds``.
+
+- ``eventpush_deliveries_total{runner, outcome}``: records committed as ``delivered`` or
+  ``failed`` (the rows written to ``event_push_delivery`` / ``event_push_failure``);
+- ``eventpush_retries_total{runner}``: requests that retried an earlier attempt;
+- ``eventpush_attempt_duration_seconds{runner, outcome}`` (histogram): one HTTP attempt,
+  outcome ``delivered``, ``retry`` or ``final``;
+- ``eventpush_commit_duration_seconds`` (histogram): one fenced commit, retries included;
+- ``eventpush_in_flight_records{runner}``: pulled by this worker and not yet finished;
+- ``eventpush_waiting_records{runner}``: published and not yet pulled;
+- ``eventpush_lag_events{runner}``: published and not yet committed;
+- ``eventpush_lag_seconds{runner}``: age of the oldest event not yet committed (0: none);
+- ``eventpush_breaker_open{runner}``: 1 while the target's circuit breaker is open;
+- ``eventpush_event_loop_lag_seconds{worker}``: how late the event loop ran a 0.25 s timer.
+
+The runner gauges are those of the runners the worker holds now; a runner that moves away
+leaves them. Lag, waiting and the loop lag are refreshed every heartbeat / sample; the
+counters and histograms as things happen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+log = logging.getLogger("eventpush.metrics")
+
+DEFAULT_HOST = "127.0.0.1"  # a worker's metrics are nobody else's business unless widened
+ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+COMMIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+LAG_SQL = """
+SELECT o.runner_id,
+       coalesce(sum(q.next_offset - o."offset"), 0)::bigint,
+       coalesce(sum(greatest(q.next_offset - greatest(o.pulled, o."offset"), 0)), 0)::bigint,
+       coalesce(extract(epoch FROM now() - min(e.ctime)), 0)::float8
+FROM event_push_offset o
+JOIN event_target_runner r ON r.id = o.runner_id
+JOIN event_target t ON t.id = r.target_id
+JOIN event_rule ru ON ru.id = t.rule_id
+JOIN event_bus_queue q ON q.bus_id = ru.bus_id AND q.queue_id = o.queue_id
+LEFT JOIN bus_event e
+  ON e.bus_id = ru.bus_id AND e.queue_id = o.queue_id AND e."offset" = o."offset"
+WHERE o.runner_id = ANY(%s)
+GROUP BY o.runner_id
+"""
+
+
+def read_lag(conn, runner_ids: list[int]) -> dict[int, tuple[int, int, float]]:
+    """Per runner: (lag in events, waiting records, lag in seconds). The age is that of the
+    first uncommitted event of each queue (a primary-key look-up), the oldest one counting."""
+    from eventpush.db import transaction
+
+    if not runner_ids:
+        return {}
+    with transaction(conn) as cur:
+        cur.execute(LAG_SQL, (list(runner_ids),))
+        return {rid: (lag, waiting, max(age, 0.0)) for rid, lag, waiting, age in cur.fetchall()}
+
+
+def metrics_port(port: int | None) -> int | None:
+    """The port asked for (``--metrics-port``), else ``EVENTPUSH_METRICS_PORT``, else None."""
+    if port is not None:
+        return port
+    value = os.environ.get("EVENTPUSH_METRICS_PORT", "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or not 0 <= int(value) <= 65535:
+        raise ValueError(f"EVENTPUSH_METRICS_PORT must be a port number, got {value!r}")
+    return int(value)
+
+
+def metrics_host() -> str:
+    return os.environ.get("EVENTPUSH_METRICS_HOST", "").strip() or DEFAULT_HOST
+
+
+class WorkerMetrics:
+    """One worker's metrics, in a registry of its own."""
+
+    def __init__(self, worker: str) -> None:
+        self.worker = worker
+        self.registry = r = CollectorRegistry()
+        self.deliveries = Counter(
+            "eventpush_deliveries",
+            "Records committed, by outcome (delivered or failed)",
+            ["runner", "outcome"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "eventpush_retries", "Requests that retried an earlier attempt", ["runner"], registry=r
+        )
+        self.attempt_seconds = Histogram(
+            "eventpush_attempt_duration_seconds",
+            "Duration of one HTTP attempt to a target",
+            ["runner", "outcome"],
+            buckets=ATTEMPT_BUCKETS,
+            registry=r,
+        )
+        self.commit_seconds = Histogram(
+            "eventpush_commit_duration_seconds",
+            "Duration of one fenced commit of outcomes and offsets",
+            buckets=COMMIT_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "eventpush_in_flight_records",
+            "Records pulled and not yet finished",
+            ["runner"],
+            registry=r,
+        )
+        self.waiting = Gauge(
+            "eventpush_waiting_records",
+            "Records published and not yet pulled",
+            ["runner"],
+            registry=r,
+        )
+        self.lag_events = Gauge(
+            "eventpush_lag_events",
+            "Records published and not yet committed",
+            ["runner"],
+            registry=r,
+        )
+        self.lag_seconds = Gauge(
+            "eventpush_lag_seconds", "Age of the oldest uncommitted record", ["runner"], registry=r
+        )
+        self.breaker_open = Gauge(
+            "eventpush_breaker_open",
+            "1 while the target's circuit breaker is open",
+            ["runner"],
+            registry=r,
+        )
+        self.loop_lag = Gauge(
+            "eventpush_event_loop_lag_seconds",
+            "How late the worker's event loop ran a short timer",
+            ["worker"],
+            registry=r,
+        )
+        self.loop_lag.labels(worker)
+        self.held: set[str] = set()  # runners whose gauges are set now
+        self.server = None
+        self.thread = None
+
+    # --- what the engine reports ----------------------------------------------------------
+
+    def committed(self, deliveries: Iterable, failures: Iterable) -> None:
+        """Rows that a commit wrote: the counters follow the tables exactly."""
+        for outcome, rows in (("delivered", deliveries), ("failed", failures)):
+            counts: dict[str, int] = {}
+            for row in rows:
+                counts[row.runner] = counts.get(row.runner, 0) + 1
+            for runner, n in counts.items():
+                self.deliveries.labels(runner, outcome).inc(n)
+
+    def attempted(self, runner: str, outcome: str, seconds: float, retry: bool) -> None:
+        self.attempt_seconds.labels(runner, outcome).observe(seconds)
+        if retry:
+            self.retries.labels(runner).inc()
+
+    def runner_state(self, runners: dict[str, tuple[int, bool]]) -> None:
+        """runner name -> (in-flight records, breaker open), for the runners held now."""
+        for name, (in_flight, breaker_open) in runners.items():
+            self.in_flight.labels(name).set(in_flight)
+            self.breaker_open.labels(name).set(1 if breaker_open else 0)
+        for gone in self.held - set(runners):
+            for gauge in (
+                self.in_flight,
+                self.breaker_open,
+                self.waiting,
+                self.lag_events,
+                self.lag_seconds,
+            ):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(gone)
+        self.held = set(runners)
+
+    def lag(self, runner: str, events: int, waiting: int, seconds: float) -> None:
+        """Lag figures of a runner held now (read at the heartbeat)."""
+        self.held.add(runner)
+        self.lag_events.labels(runner).set(events)
+        self.waiting.labels(runner).set(waiting)
+        self.lag_seconds.labels(runner).set(seconds if events else 0.0)
+
+    # --- serving --------------------------------------------------------------------------
+
+    def serve(self, port: int, host: str | None = None) -> int:
+        """Serve ``/metrics`` on host:port (port 0: any free one); returns the port."""
+        from prometheus_client import start_http_server
+
+        self.server, self.thread = start_http_server(
+            port, addr=host or metrics_host(), registry=self.registry
+        )
+        return self.server.server_address[1]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+# --- batch jobs ---------------------------------------------------------------------------
+
+
+def batch_registry(job: str, results: dict[str, list[tuple[dict[str, str], float]]]) -> object:
+    """A registry of gauges for one batch job's results: ``{metric name: [(labels, value)]}``
+    plus ``eventpush_batch_last_success_timestamp_seconds{job}``."""
+    import time
+
+    registry = CollectorRegistry()
+    for name, samples in results.items():
+        labels = sorted({k for lbls, _ in samples for k in lbls})
+        gauge = Gauge(name, BATCH_HELP.get(name, name), labels, registry=registry)
+        for lbls, value in samples:
+            (gauge.labels(**lbls) if labels else gauge).set(value)
+    done = Gauge(
+        "eventpush_batch_last_success_timestamp_seconds",
+        "When the batch job last finished",
+        ["job"],
+        registry=registry,
+    )
+    done.labels(job).set(time.time())
+    return registry
+
+
+BATCH_HELP = {
+    "eventpush_audit_expected_records": "Records the last audit expected, per runner",
+    "eventpush_audit_missing_records": "Records the last audit found neither delivered nor failed",
+    "eventpush_audit_failed_records": "Records the last audit found failed, per runner",
+    "eventpush_rebalance_spread": "Load spread over workers after the last rebalance (1 = even)",
+    "eventpush_alert": "1 while an alert raised by an Airflow callback stands",
+    "eventpush_replay_records": (
+        "Records of the last replay, by stage (selected, delivered, failed)"
+    ),
+    "eventpush_rebalance_moves": "Runners the last rebalance moved (or would move)",
+}
+
+
+def publish_batch(job: str, results: dict[str, list[tuple[dict[str, str], float]]]) -> list[str]:
+    """Write a batch job's results where the environment says: a node-exporter textfile in
+    ``EVENTPUSH_METRICS_TEXTFILE_DIR`` (atomically: a temp file renamed over
+    ``eventpush_<job>.prom``) and/or ``EVENTPUSH_PUSHGATEWAY_URL`` (grouped by job). Returns
+    where it went; a failure to push is logged, never fails the job that did the work."""
+    from prometheus_client import push_to_gateway, write_to_textfile
+
+    registry = batch_registry(job, results)
+    where = []
+    directory = os.environ.get("EVENTPUSH_METRICS_TEXTFILE_DIR", "").strip()
+    if directory:
+        path = Path(directory) / f"eventpush_{job}.prom"
+        try:
+            # write_to_textfile writes a temp file beside the target and renames it over.
+            write_to_textfile(str(path), registry)
+            where.append(str(path))
+        except OSError as exc:
+            log.error("metrics textfile %s not written: %s", path, exc)
+    gateway = os.environ.get("EVENTPUSH_PUSHGATEWAY_URL", "").strip()
+    if gateway:
+        try:
+            push_to_gateway(gateway, job=f"eventpush_{job}", registry=registry, timeout=10)
+            where.append(gateway)
+        except Exception as exc:  # the job's result stands; the push is a report of it
+            from eventpush.config import redact_url
+
+            log.error(
+                "push to gateway %s failed: %s", redact_url(gateway), str(exc).splitlines()[0]
+            )
+    return where
+
+
+Results = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def audit_results(result) -> Results:
+    """An audit's figures per runner (``sparkjobs.audit.AuditResult``)."""
+    out: Results = {}
+    for key in ("expected", "missing", "failed"):
+        out[f"eventpush_audit_{key}_records"] = [
+            ({"runner": r.runner}, getattr(r, key)) for r in result.runners
+        ]
+    return out
+
+
+def replay_results(result) -> Results:
+    """A replay's counts by stage (``sparkjobs.replay.ReplayResult``)."""
+    stages = ("selected", "delivered", "failed", "skipped")
+    return {"eventpush_replay_records": [({"stage": s}, getattr(result, s)) for s in stages]}
+
+
+def rebalance_results(result, applied: bool) -> Results:
+    """A rebalance's moves and spread (``sparkjobs.rebalance.RebalanceResult``)."""
+    labels = {"applied": "true" if applied else "false"}
+    return {
+        "eventpush_rebalance_moves": [(labels, result.proposal.moves)],
+        "eventpush_rebalance_spread": [(labels, result.proposal.spread)],
+    }

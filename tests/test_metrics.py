@@ -1,0 +1,257 @@
+"""Prometheus metrics of a real worker: scraped over HTTP from ``/metrics`` while it pushes to a
+loopback receiver, parsed with prometheus_client's own parser, checked against PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from eventpush import catalog
+from eventpush.demo.receiver import Receiver
+from eventpush.publish import publish
+from eventpush.push import controls, engine
+
+
+@pytest.fixture
+def rx():
+    with Receiver() as receiver:
+        yield receiver
+
+
+def events(n: int) -> list[str]:
+    return [
+        json.dumps({"source": "shop", "detail-type": "Order", "detail": {"n": i}}) for i in range(n)
+    ]
+
+
+def rows(conn, sql: str, *params):
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchall()
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics: (sample name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: dict, name: str, **labels) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+class RunningWorker:
+    """An engine on its own thread, serving metrics on a free loopback port."""
+
+    def __init__(self, worker: str, url: str) -> None:
+        self.engine = engine.Engine(worker, url, metrics_port=0)
+        self.error: BaseException | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        async def main():
+            self.loop = asyncio.get_running_loop()
+            await self.engine.run()
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+    def __enter__(self) -> RunningWorker:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while self.engine.metrics.server is None:
+            assert time.monotonic() < deadline and self.error is None, self.error
+            time.sleep(0.02)
+        self.port = self.engine.metrics.server.server_address[1]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.engine.stop)
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+        assert self.error is None, self.error
+
+
+def wait_until(check, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_scraped_counters_equal_the_delivery_and_failure_rows(conn, db_url, rx, monkeypatch):
+    monkeypatch.setattr(engine, "HEARTBEAT_INTERVAL_S", 0.2)
+    catalog.create_bus(conn, "orders", 2)
+    catalog.create_rule(conn, "orders", "r", {"source": ["shop"]})
+    flaky = catalog.TargetSpec(name="ok", url=rx.url + "/flaky?fail=1", backoff_ms=5)
+    catalog.create_target(conn, "orders", "r", flaky)
+    catalog.create_target(
+        conn, "orders", "r", catalog.TargetSpec(name="gone", url=rx.url + "/gone")
+    )
+    catalog.create_worker(conn, "w1")
+    catalog.assign(conn)
+    publish(conn, "orders", events(12))
+    with RunningWorker("w1", db_url) as worker:
+        expected = 24  # every event, once per target
+
+        def all_committed():
+            [(done,)] = rows(
+                conn,
+                "SELECT (SELECT count(*) FROM event_push_delivery)"
+                " + (SELECT count(*) FROM event_push_failure)",
+            )
+            return done == expected
+
+        wait_until(all_committed, what="all outcomes committed")
+        # The gauges follow: lag at the next heartbeat (0 once the offsets are committed),
+        # in-flight and breaker at the next 0.25 s sample.
+        samples = wait_until(
+            lambda: (
+                (s := scrape(worker.port))
+                and value(s, "eventpush_lag_events", runner="orders/r/ok") == 0
+                and value(s, "eventpush_lag_events", runner="orders/r/gone") == 0
+                and value(s, "eventpush_in_flight_records", runner="orders/r/ok") == 0
+                and value(s, "eventpush_breaker_open", runner="orders/r/gone") is not None
+                and s
+            ),
+            what="lag 0 on /metrics",
+        )
+        delivered = dict(
+            rows(conn, "SELECT consumer_group, count(*) FROM event_push_delivery GROUP BY 1")
+        )
+        failed = dict(
+            rows(conn, "SELECT consumer_group, count(*) FROM event_push_failure GROUP BY 1")
+        )
+        assert delivered == {"orders/r/ok": 12} and failed == {"orders/r/gone": 12}
+        counted = {
+            (labels["runner"], labels["outcome"]): v
+            for (name, lbls), v in samples.items()
+            if name == "eventpush_deliveries_total" and (labels := dict(lbls))
+        }
+        assert counted == {
+            **{(runner, "delivered"): n for runner, n in delivered.items()},
+            **{(runner, "failed"): n for runner, n in failed.items()},
+        }
+        # Every request the receiver saw is one observed attempt; the flaky target's second
+        # attempts are the retries.
+        ok_requests = rx.state.count["/flaky"]
+        assert ok_requests == 24
+        assert (
+            value(
+                samples,
+                "eventpush_attempt_duration_seconds_count",
+                runner="orders/r/ok",
+                outcome="retry",
+            )
+            == 12
+        )
+        assert (
+            value(
+                samples,
+                "eventpush_attempt_duration_seconds_count",
+                runner="orders/r/ok",
+                outcome="delivered",
+            )
+            == 12
+        )
+        assert (
+            value(
+                samples,
+                "eventpush_attempt_duration_seconds_count",
+                runner="orders/r/gone",
+                outcome="final",
+            )
+            == 12
+        )
+        assert value(samples, "eventpush_retries_total", runner="orders/r/ok") == 12
+        assert value(samples, "eventpush_retries_total", runner="orders/r/gone") is None
+        assert value(samples, "eventpush_in_flight_records", runner="orders/r/ok") == 0
+        assert value(samples, "eventpush_waiting_records", runner="orders/r/ok") == 0
+        assert value(samples, "eventpush_lag_seconds", runner="orders/r/ok") == 0
+        assert value(samples, "eventpush_breaker_open", runner="orders/r/gone") == 0
+        assert value(samples, "eventpush_commit_duration_seconds_count") >= 1
+        assert value(samples, "eventpush_event_loop_lag_seconds", worker="w1") >= 0
+
+        # The heartbeat JSON carries the loop lag for the rebalancer (from the first sample on).
+        def beat():
+            [(metrics,)] = rows(conn, "SELECT metrics FROM event_push_worker WHERE name = 'w1'")
+            conn.rollback()
+            return metrics if metrics.get("loop_lag_ms") is not None else None
+
+        lag_ms = wait_until(beat, what="loop_lag_ms in the heartbeat")["loop_lag_ms"]
+        assert isinstance(lag_ms, int | float) and 0 <= lag_ms < 60_000
+    with pytest.raises(OSError):  # the worker stopped: so did its /metrics
+        scrape(worker.port)
+
+
+def test_lag_in_events_and_seconds_while_a_runner_is_paused(conn, db_url, rx, monkeypatch):
+    monkeypatch.setattr(engine, "HEARTBEAT_INTERVAL_S", 0.2)
+    catalog.create_bus(conn, "orders", 1)
+    catalog.create_rule(conn, "orders", "r", {"source": ["shop"]})
+    catalog.create_target(conn, "orders", "r", catalog.TargetSpec(name="t", url=rx.url + "/ok"))
+    catalog.create_worker(conn, "w1")
+    catalog.assign(conn)
+    controls.set_paused(conn, "runner", "orders/r/t", True)
+    publish(conn, "orders", events(5))
+    time.sleep(0.3)  # the oldest event is at least this old
+    with RunningWorker("w1", db_url) as worker:
+        samples = wait_until(
+            lambda: (
+                (s := scrape(worker.port))
+                and value(s, "eventpush_lag_events", runner="orders/r/t") == 5
+                and s
+            ),
+            what="lag 5 on /metrics",
+        )
+        assert value(samples, "eventpush_waiting_records", runner="orders/r/t") == 5
+        assert value(samples, "eventpush_lag_seconds", runner="orders/r/t") >= 0.3
+        assert rx.state.count["/ok"] == 0
+
+
+def test_a_taken_metrics_port_stops_a_standalone_worker_with_one_line(conn, db_url, rx):
+    catalog.create_bus(conn, "orders", 1)
+    catalog.create_worker(conn, "w1")
+    with Receiver() as other:  # a port that is certainly taken
+        port = int(other.url.rsplit(":", 1)[1])
+        with pytest.raises(
+            engine.WorkerFailedError, match=r"metrics cannot be served on 127\.0\.0\.1"
+        ):
+            engine.run_worker("w1", until_idle=True, max_seconds=5, url=db_url, metrics_port=port)
+        # A push slice of the DAG runs on without them.
+        report = engine.run_worker(
+            "w1",
+            until_idle=True,
+            max_seconds=5,
+            url=db_url,
+            metrics_port=port,
+            metrics_required=False,
+        )
+        assert report.delivered == 0
+
+
+def test_worker_run_refuses_a_bad_metrics_port_in_one_line(conn, cli):
+    catalog.create_worker(conn, "w1")
+    bad_env = cli("worker", "run", "w1", "--until-idle", env={"EVENTPUSH_METRICS_PORT": "http"})
+    assert bad_env.returncode == 2
+    assert "EVENTPUSH_METRICS_PORT must be a port number, got 'http'" in bad_env.stderr
+    assert "Traceback" not in bad_env.stderr
+    bad_flag = cli("worker", "run", "w1", "--until-idle", "--metrics-port", "70000")
+    assert bad_flag.returncode == 2 and "--metrics-port" in bad_flag.stderr
