@@ -30,7 +30,7 @@ from eventpush.config import allow_loopback_receiver
 from eventpush.demo.receiver import ReceiverProcess
 from eventpush.publish import publish
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DEMO_DB = "eventpush_demo"
 SECRET = "whsec_ZGVtby1zZWNyZXQtZm9yLWV2ZW50cHVzaC1kZW1v"
 console = Console(width=max(Console().width, 110))
