@@ -181,3 +181,13 @@ def test_no_file_points_outside_the_repository() -> None:
 @pytest.mark.parametrize("needle", OUTSIDE)
 def test_the_doc_stands_alone(needle: str) -> None:
     assert needle not in doc_text()
+
+
+def test_paths_the_package_computes_point_into_the_checkout():
+    """Modules that find the checkout from their own file (the demo, the Spark DAGs' jobs)
+    must follow a move of the module."""
+    from eventpush.airflow.spark_submit import JOBS_DIR
+    from eventpush.demo.story import REPO as DEMO_REPO
+
+    assert (DEMO_REPO / "dags" / "eventpush_push.py").is_file()
+    assert (JOBS_DIR / "audit.py").is_file()
