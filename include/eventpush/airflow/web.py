@@ -184,56 +184,65 @@ def metric_series(conn, runner: str | None, minutes: int) -> dict[str, list[dict
     return series
 
 
-def latest_failures(conn, limit: int) -> list[dict]:
+FAILURE_KEYS = (
+    "runner",
+    "queue_id",
+    "offset",
+    "message_id",
+    "attempts",
+    "http_status",
+    "error",
+    "at",
+)
+AUDIT_KEYS = (
+    "id",
+    "bus",
+    "window_start",
+    "window_end",
+    "expected",
+    "delivered",
+    "failed",
+    "missing",
+    "pending",
+    "duplicates",
+    "runners",
+    "created_at",
+)
+REPLAY_KEYS = (
+    "id",
+    "run",
+    "what",
+    "bus",
+    "rule",
+    "target",
+    "dry_run",
+    "status",
+    "selected",
+    "delivered",
+    "failed",
+    "error",
+    "started_at",
+    "finished_at",
+)
+
+
+def _latest(conn, sql: str, keys: tuple[str, ...], limit: int) -> list[dict]:
     with transaction(conn) as cur:
-        cur.execute(FAILURES_SQL, (limit,))
+        cur.execute(sql, (limit,))
         rows = cur.fetchall()
-    keys = ("runner", "queue_id", "offset", "message_id", "attempts", "http_status", "error", "at")
     return [dict(zip(keys, map(_iso, row), strict=True)) for row in rows]
+
+
+def latest_failures(conn, limit: int) -> list[dict]:
+    return _latest(conn, FAILURES_SQL, FAILURE_KEYS, limit)
 
 
 def latest_audits(conn, limit: int) -> list[dict]:
-    with transaction(conn) as cur:
-        cur.execute(AUDITS_SQL, (limit,))
-        rows = cur.fetchall()
-    keys = (
-        "id",
-        "bus",
-        "window_start",
-        "window_end",
-        "expected",
-        "delivered",
-        "failed",
-        "missing",
-        "pending",
-        "duplicates",
-        "runners",
-        "created_at",
-    )
-    return [dict(zip(keys, map(_iso, row), strict=True)) for row in rows]
+    return _latest(conn, AUDITS_SQL, AUDIT_KEYS, limit)
 
 
 def latest_replays(conn, limit: int) -> list[dict]:
-    with transaction(conn) as cur:
-        cur.execute(REPLAYS_SQL, (limit,))
-        rows = cur.fetchall()
-    keys = (
-        "id",
-        "run",
-        "what",
-        "bus",
-        "rule",
-        "target",
-        "dry_run",
-        "status",
-        "selected",
-        "delivered",
-        "failed",
-        "error",
-        "started_at",
-        "finished_at",
-    )
-    return [dict(zip(keys, map(_iso, row), strict=True)) for row in rows]
+    return _latest(conn, REPLAYS_SQL, REPLAY_KEYS, limit)
 
 
 # --------------------------------------------------------------------------- page
