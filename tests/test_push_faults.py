@@ -99,6 +99,31 @@ class Worker:
         self.peak = 0
         self.watch = threading.Thread(target=self._watch, daemon=True)
         self.watch.start()
+        # Read both pipes as the worker writes: a full pipe would block its logging, and so
+        # the worker, which a test would then take for an engine stall.
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.readers = [
+            threading.Thread(target=self._drain, args=(pipe, sink), daemon=True)
+            for pipe, sink in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))
+        ]
+        for reader in self.readers:
+            reader.start()
+
+    @staticmethod
+    def _drain(pipe, sink: list[str]) -> None:
+        for line in pipe:
+            sink.append(line)
+
+    def _collected(self, timeout: float) -> tuple[str, str]:
+        self.proc.wait(timeout)
+        for reader in self.readers:
+            reader.join(5)
+        return "".join(self.out), "".join(self.err)
+
+    def describe(self) -> str:
+        state = "running" if self.alive() else f"exited {self.proc.returncode}"
+        return f"{self.proc.args[3]} {state}; stderr tail: {''.join(self.err[-5:])!r}"
 
     def _watch(self) -> None:
         try:
@@ -118,20 +143,23 @@ class Worker:
 
     def stop(self, timeout: float = 30) -> tuple[int, str]:
         self.proc.send_signal(signal.SIGTERM)
-        _, err = self.proc.communicate(timeout=timeout)
+        _, err = self._collected(timeout)
         return self.proc.returncode, err
 
     def finish(self, timeout: float = 60) -> tuple[int, str, str]:
-        out, err = self.proc.communicate(timeout=timeout)
+        out, err = self._collected(timeout)
         self.watch.join(1)
         return self.proc.returncode, out, err
 
 
-def wait_until(predicate, timeout: float, what: str) -> None:
+def wait_until(predicate, timeout: float, what: str, workers=()) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            states = "; ".join(w.describe() for w in workers)
+            raise AssertionError(
+                f"timed out waiting for {what}" + (f" ({states})" if states else "")
+            )
         time.sleep(0.05)
 
 
@@ -178,7 +206,7 @@ def test_commits_failing_with_several_sqlstates_then_sigkill_lose_nothing(conn):
             set_fault(conn, code)
             time.sleep(0.8)
         sent_during = rx.state.count["/slow"] - sent_before
-        assert worker.alive(), worker.proc.stderr.read()
+        assert worker.alive(), worker.describe()
         rows_before = delivered_rows(conn)
         set_fault(conn)
         wait_until(lambda: delivered_rows(conn) > rows_before, 15, "commits to resume")
@@ -266,13 +294,13 @@ def test_a_runner_moved_between_running_workers_has_one_sender_per_queue(conn):
         sql(conn, "UPDATE event_target_runner SET worker_id = %s", ids["w1"])
         workers = [Worker(name, "--max-seconds", "60") for name in ("w1", "w2")]
         for to, at in (("w2", 150), ("w1", 600)):
-            wait_until(lambda at=at: rx.state.count["/slow"] >= at, 30, f"{at} sends")
+            wait_until(lambda at=at: rx.state.count["/slow"] >= at, 30, f"{at} sends", workers)
             sql(
                 conn,
                 "UPDATE event_target_runner SET worker_id = %s, generation = generation + 1",
                 ids[to],
             )
-        wait_until(lambda: lag(conn) == 0, 60, "everything committed")
+        wait_until(lambda: lag(conn) == 0, 60, "everything committed", workers)
         for w in workers:
             assert w.alive()
             code, err = w.stop()
