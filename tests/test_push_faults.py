@@ -282,12 +282,6 @@ def test_shutdown_during_a_slow_commit_commits_once(conn):
     assert lag(conn) == 0
 
 
-@pytest.mark.xfail(
-    reason="known bug, issue 10 stays open: about half the runs stall after the first "
-    "hand-off (w1's commit is fenced, w2 never sends); the stall is in the engine's hand-off "
-    "or claim, not in this test",
-    strict=False,
-)
 def test_a_runner_moved_between_running_workers_has_one_sender_per_queue(conn):
     """Under load, an ordered target's runner moves w1 -> w2 -> w1 while both run: the
     target sees one in-order sequence per queue (a restart at each hand-off, never two

@@ -9,14 +9,15 @@ import math
 
 import psycopg2
 import pytest
+import uvloop
 
 from eventpush import catalog
 from eventpush.push import delivery, store
 from eventpush.push.committing import outcome_rows
 from eventpush.push.cursor import UNCOMMITTED_SPANS, QueueCursor
 from eventpush.push.delivery import Outcome, Record, Target
-from eventpush.push.lanes import MAX_RETRY_DELAY_S, retry_delay
-from eventpush.push.limits import CircuitBreaker
+from eventpush.push.lanes import MAX_RETRY_DELAY_S, retry_delay, wait_for_event
+from eventpush.push.limits import CircuitBreaker, Limiter
 from eventpush.push.policy import DEFAULTS, LIMITS
 from eventpush.push.reading import WINDOW, WindowCache
 from eventpush.push.slots import finite
@@ -263,3 +264,51 @@ def test_the_lease_connection_keeps_alive_and_a_runner_starts_once(conn, db_url)
     assert params["keepalives"] == "1" and int(params["keepalives_idle"]) > 0
     assert len(engine.runners) == 1
     thread.join(15)
+
+
+async def _stopped_while_woken(wait, wake) -> bool:
+    """A task looping on ``wait()`` is cancelled just after ``wake()`` completed its wait,
+    before it ran again: whether the cancel stops it."""
+
+    async def loop() -> None:
+        while True:
+            await wait()
+
+    task = asyncio.create_task(loop())
+    await asyncio.sleep(0)  # the task now waits
+    wake()
+    await asyncio.sleep(0)  # the wait inside completes...
+    task.cancel()  # ...and the cancel lands before the task wakes to see it
+    done, _ = await asyncio.wait([task], timeout=1.0)
+    if not done:  # a swallowed cancel: stop it for good before the loop closes
+        task.cancel()
+        await asyncio.wait([task], timeout=1.0)
+    return bool(done) and task.cancelled()
+
+
+def _event_waiter():
+    event = asyncio.Event()
+
+    async def wait() -> None:
+        event.clear()  # as the feeders and senders do before they wait
+        await wait_for_event(event, 10.0)
+
+    return wait, event.set
+
+
+def _limiter_waiter():
+    limiter = Limiter(1)
+    return lambda: limiter.changed(10.0), lambda: limiter.resize(2)
+
+
+@pytest.mark.parametrize("waiter", [_event_waiter, _limiter_waiter], ids=["event", "limiter"])
+def test_a_cancel_that_meets_a_wake_still_stops_the_task(waiter):
+    """A hand-off cancels a runner's feeders and senders and waits for them before letting
+    go of the runner's claim. Python 3.11's ``asyncio.wait_for`` returns normally when a
+    cancel arrives just after its inner wait completed, so a feeder woken by a finished send
+    in the same step as the cancel looped on, and the next worker waited for it forever."""
+
+    async def main() -> bool:
+        return await _stopped_while_woken(*waiter())
+
+    assert uvloop.run(main())  # the loop the engine runs on

@@ -123,7 +123,8 @@ class WorkerWorkTrigger(BaseTrigger):
                     )
                     return
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken.wait(), min(self.poll_interval, left))
+                    async with asyncio.timeout(min(self.poll_interval, left)):
+                        await woken.wait()
         finally:
             if listener is not None:
                 with contextlib.suppress(Exception):

@@ -32,7 +32,7 @@ from eventpush.metrics import WorkerMetrics, metrics_host
 from eventpush.push import delivery, store
 from eventpush.push.committing import Committer
 from eventpush.push.controls import WorkerSettings, worker_settings
-from eventpush.push.lanes import Lanes, Runner
+from eventpush.push.lanes import Lanes, Runner, wait_for_event
 from eventpush.push.reading import BusSignals, WindowCache
 from eventpush.push.slots import DbSlot, first_line
 
@@ -233,8 +233,7 @@ class Engine:
     async def _supervise(self, started: float) -> None:
         last_progress = 0.0
         while not self.stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), 0.05)
+            await wait_for_event(self.stopping, 0.05)
             now = time.monotonic()
             if self.max_seconds is not None and now - started >= self.max_seconds:
                 break
@@ -278,7 +277,8 @@ class Engine:
         # A commit under way is let finish; if it will not, it is cancelled and stays
         # pending with its transaction id, and the final commit looks it up first.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._quiet(committer)), COMMITTER_STOP_S)
+            async with asyncio.timeout(COMMITTER_STOP_S):
+                await asyncio.shield(self._quiet(committer))
         committer.cancel()
         await asyncio.gather(*background, return_exceptions=True)
         if self.fatal is None:

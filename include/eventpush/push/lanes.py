@@ -117,8 +117,11 @@ def retry_delay(target: Target, attempts: int, retry_after_s: float | None) -> f
 
 
 async def wait_for_event(event: asyncio.Event, timeout: float) -> None:
+    # asyncio.timeout, not wait_for: Python 3.11's wait_for returns normally when a cancel
+    # meets a completed wait, and a feeder that survives its hand-off holds the runner forever.
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), finite(timeout, IDLE_WAIT_S, MIN_WAIT_S))
+        async with asyncio.timeout(finite(timeout, IDLE_WAIT_S, MIN_WAIT_S)):
+            await event.wait()
 
 
 class Lanes:

@@ -37,7 +37,8 @@ class Limiter:
     async def changed(self, timeout: float) -> None:
         self._changed.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            async with asyncio.timeout(timeout):  # never wait_for: see lanes.wait_for_event
+                await self._changed.wait()
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,8 +56,10 @@ class DbSlot:
         """Wait for a call abandoned by a cancelled task to end (it holds the connection)."""
         orphan, self.orphan = self.orphan, None
         if orphan is not None:
+            # asyncio.timeout, not wait_for: a cancel of the waiting task must never be lost.
             with contextlib.suppress(Exception):  # its own error was its caller's business
-                await asyncio.wait_for(asyncio.shield(orphan), _timeout(timeout))
+                async with asyncio.timeout(_timeout(timeout)):
+                    await asyncio.shield(orphan)
             if not orphan.done():
                 self.orphan = orphan
 
