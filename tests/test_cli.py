@@ -70,3 +70,40 @@ def test_password_never_shown_in_connection_errors(cli):
     r = cli("status", env={"EVENTPUSH_DATABASE_URL": "postgresql://u:sup3rs3cret@127.0.0.1:1/x"})
     assert r.returncode == 3
     assert "sup3rs3cret" not in r.stderr and "***" in r.stderr
+
+
+def test_worker_disable_and_enable_say_what_the_assignment_did(cli, db_url):
+    assert cli("db", "migrate").returncode == 0
+    assert cli("bus", "create", "orders").returncode == 0
+    r = cli("rule", "create", "--bus", "orders", "--name", "r", "--pattern", '{"source": ["a"]}')
+    assert r.returncode == 0, r.stderr
+    for name in ("t1", "t2"):
+        r = cli(
+            "target",
+            "create",
+            "--bus",
+            "orders",
+            "--rule",
+            "r",
+            "--name",
+            name,
+            "--url",
+            "http://127.0.0.1:9/x",
+        )
+        assert r.returncode == 0, r.stderr
+    for name in ("w1", "w2"):
+        assert cli("worker", "create", name).returncode == 0
+    assert "2 runners assigned" in cli("assign").stdout
+    said = {}  # rich may wrap a long line: compare the words
+    for verb, name in (("disable", "w1"), ("disable", "w2"), ("enable", "w1")):
+        r = cli("worker", verb, name)
+        assert r.returncode == 0, r.stderr
+        said[verb, name] = " ".join(r.stdout.split())
+    assert said == {
+        ("disable", "w1"): "worker w1 disabled; 1 runners moved to other workers",
+        # no other worker left: its runners wait unassigned
+        ("disable", "w2"): "worker w2 disabled; 0 runners moved to other workers",
+        ("enable", "w1"): "worker w1 enabled; 2 unassigned runners placed",
+    }
+    r = cli("worker", "enable", "w9")
+    assert r.returncode == 2 and "unknown worker 'w9'" in r.stderr

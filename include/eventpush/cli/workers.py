@@ -35,6 +35,29 @@ def _pause_and_resume(group: click.Group, scope: str, pause_note: str) -> None:
     make(False)
 
 
+def _enable_and_disable(group: click.Group) -> None:
+    """Add ``enable NAME`` and ``disable NAME`` to ``group``: one shape, told apart by what
+    the assignment does with the worker's runners."""
+
+    def make(enabled: bool, summary: str, result: str) -> None:
+        verb = "enable" if enabled else "disable"
+
+        @group.command(verb, help=summary)
+        @click.argument("name")
+        @handles_errors
+        def command(name: str) -> None:
+            with connection() as conn:
+                count = catalog.set_worker_enabled(conn, name, enabled)
+            out.print(f"worker {name} {verb}d; {count} {result}")
+
+    make(
+        False,
+        "Disable worker NAME; its runners go to the other enabled workers.",
+        "runners moved to other workers",
+    )
+    make(True, "Enable worker NAME (rebalancing gives it runners).", "unassigned runners placed")
+
+
 @click.group()
 def worker() -> None:
     """Push workers."""
@@ -51,24 +74,7 @@ def worker_create(name: str, capacity: int) -> None:
     out.print(f"worker {name} created (capacity {capacity})")
 
 
-@worker.command("disable")
-@click.argument("name")
-@handles_errors
-def worker_disable(name: str) -> None:
-    """Disable worker NAME; its runners go to the other enabled workers."""
-    with connection() as conn:
-        moved = catalog.set_worker_enabled(conn, name, False)
-    out.print(f"worker {name} disabled; {moved} runners moved to other workers")
-
-
-@worker.command("enable")
-@click.argument("name")
-@handles_errors
-def worker_enable(name: str) -> None:
-    """Enable worker NAME (rebalancing gives it runners)."""
-    with connection() as conn:
-        placed = catalog.set_worker_enabled(conn, name, True)
-    out.print(f"worker {name} enabled; {placed} unassigned runners placed")
+_enable_and_disable(worker)
 
 
 @worker.command("run")
