@@ -1062,15 +1062,28 @@ class _Intervals:
                 out.add(state)
 
 
+# An affix table's kind -> (matched at the end of the leaf, matched on the leaf lower-cased,
+# items are (wildcard test, state) to check in full rather than states).
+_AFFIX_KINDS = {
+    "prefix": (False, False, False),
+    "suffix": (True, False, False),
+    "prefix-ic": (False, True, False),
+    "suffix-ic": (True, True, False),
+    "wild-head": (False, False, True),
+    "wild-tail": (True, False, True),
+}
+
+
 class _Affixes:
-    """Prefixes (or suffixes) filed by length, then by text: a leaf is looked up once per
-    distinct length, however many affixes there are."""
+    """Prefixes (or suffixes) of one kind filed by length, then by text: a leaf is looked up
+    once per distinct length, however many affixes there are."""
 
-    __slots__ = ("by_length", "lengths")
+    __slots__ = ("by_length", "lengths", "at_end", "folded", "tested")
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str) -> None:
         self.by_length: dict[int, dict[str, list]] = {}
         self.lengths: list[int] = []
+        self.at_end, self.folded, self.tested = _AFFIX_KINDS[kind]
 
     def add(self, text: str, item: Any) -> None:
         table = self.by_length.get(len(text))
@@ -1089,27 +1102,20 @@ class _Affixes:
                 del self.by_length[len(text)]
                 self.lengths = sorted(self.by_length)
 
-    def prefixed(self, s: str) -> list[list]:
-        """The buckets of the affixes ``s`` starts with."""
-        size, by_length, out = len(s), self.by_length, []
+    def reached(self, leaf: str, low: str | None, out: set) -> None:
+        """Add to ``out`` the states of the affixes ``leaf`` meets (``low``: the leaf
+        lower-cased, for the ignore-case kinds)."""
+        s = low if self.folded else leaf
+        size, by_length, at_end, tested = len(s), self.by_length, self.at_end, self.tested
         for n in self.lengths:
             if n > size:
                 break
-            bucket = by_length[n].get(s[:n])
+            bucket = by_length[n].get(s[size - n :] if at_end else s[:n])
             if bucket:
-                out.append(bucket)
-        return out
-
-    def suffixed(self, s: str) -> list[list]:
-        """The buckets of the affixes ``s`` ends with."""
-        size, by_length, out = len(s), self.by_length, []
-        for n in self.lengths:
-            if n > size:
-                break
-            bucket = by_length[n].get(s[size - n :])
-            if bucket:
-                out.append(bucket)
-        return out
+                if tested:
+                    out.update(state for test, state in bucket if test(s))
+                else:
+                    out.update(bucket)
 
 
 def _add_to(table: dict, key: Hashable, item: Any) -> None:
@@ -1213,7 +1219,7 @@ class _FieldNode:
             if texts:
                 table = self.affixes.get(kind)
                 if table is None:
-                    table = self.affixes[kind] = _Affixes()
+                    table = self.affixes[kind] = _Affixes(kind)
                 for text in texts:
                     if undo:
                         table.remove(text, item)
@@ -1282,38 +1288,16 @@ class _FieldNode:
                 out.update(bucket)
             if not self.other:
                 return
-            affixes = self.affixes
-            if affixes:
-                table = affixes.get("prefix")
-                if table:
-                    for bucket in table.prefixed(leaf):
-                        out.update(bucket)
-                table = affixes.get("suffix")
-                if table:
-                    for bucket in table.suffixed(leaf):
-                        out.update(bucket)
-                table = affixes.get("wild-head")
-                if table:
-                    for bucket in table.prefixed(leaf):
-                        out.update(state for test, state in bucket if test(leaf))
-                table = affixes.get("wild-tail")
-                if table:
-                    for bucket in table.suffixed(leaf):
-                        out.update(state for test, state in bucket if test(leaf))
-            if self.folded or "prefix-ic" in affixes or "suffix-ic" in affixes:
+            low = None
+            if self.folded:
                 low = leaf.lower()
-                if self.folded:
-                    bucket = self.folded.get(low)
-                    if bucket:
-                        out.update(bucket)
-                table = affixes.get("prefix-ic")
-                if table:
-                    for bucket in table.prefixed(low):
-                        out.update(bucket)
-                table = affixes.get("suffix-ic")
-                if table:
-                    for bucket in table.suffixed(low):
-                        out.update(bucket)
+                bucket = self.folded.get(low)
+                if bucket:
+                    out.update(bucket)
+            for table in self.affixes.values():
+                if table.folded and low is None:
+                    low = leaf.lower()
+                table.reached(leaf, low, out)
             for test, state in self.wild_any:
                 if test(leaf):
                     out.add(state)
