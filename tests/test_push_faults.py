@@ -321,6 +321,58 @@ def test_a_runner_moved_between_running_workers_has_one_sender_per_queue(conn):
     assert duplicates <= 2 * 2 * UNCOMMITTED_SPANS * SPAN  # two hand-offs, two queues
 
 
+def test_a_hand_off_whose_tasks_will_not_stop_stops_the_worker_loudly(conn, monkeypatch):
+    """A moved runner's task that outlives its cancel (as one did through Python 3.11's
+    ``wait_for``) would hold the runner's claim for good, the next worker waiting silently:
+    the worker stops instead, naming the task, and its claims go with its connection."""
+    import asyncio
+    import contextlib
+
+    from eventpush.push import engine, lanes, store
+
+    async def swallows_one_cancel() -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # the fault, on purpose
+            await asyncio.sleep(3600)
+        await asyncio.sleep(3600)  # the loop's own cancel at exit ends it
+
+    start = lanes.Lanes.start
+
+    def start_with_a_stubborn_task(self, runner) -> None:
+        start(self, runner)
+        runner.tasks.append(self.spawn(swallows_one_cancel(), "stubborn task"))
+
+    monkeypatch.setattr(lanes.Lanes, "start", start_with_a_stubborn_task)
+    monkeypatch.setattr(engine, "HAND_OFF_GIVE_UP_S", 1.0)
+    with Receiver() as rx:
+        setup(conn, rx, "/ok", workers=("w1", "w2"))
+        publish(conn, "orders", events(20))
+        sql(
+            conn,
+            "UPDATE event_target_runner SET worker_id = (SELECT min(id) FROM event_push_worker)",
+        )
+        move = threading.Timer(
+            1.0, sql, (conn, "UPDATE event_target_runner SET generation = generation + 1")
+        )
+        move.start()
+        began = time.monotonic()
+        try:
+            with pytest.raises(engine.WorkerFailedError) as failed:
+                run_worker("w1", max_seconds=30)
+        finally:
+            move.join()
+    assert "hand-off stuck: stubborn task still running 1 s after being cancelled" in str(
+        failed.value
+    )
+    assert time.monotonic() - began < 15, "stopped at once, not at the end of its budget"
+    [(claims,)] = sql(
+        conn,
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        store.RUNNER_NAMESPACE,
+    )
+    assert claims == 0, "the runner's claim went with the stopped worker"
+
+
 def test_start_up_with_a_slow_database_starts_each_runner_once(conn, db_url):
     """The assignment read is held up longer than the control interval at start-up: the
     controller must not race the first refresh into a second copy of the runner."""

@@ -46,6 +46,9 @@ STOP_GRACE_S = 10.0
 STARTUP_GIVE_UP_S = 60.0  # a database slow to answer at start-up is waited for this long
 FINAL_COMMIT_GIVE_UP_S = 30.0
 COMMITTER_STOP_S = 5.0
+# A moved runner's tasks end within a step of their cancel; any still running after this long
+# would hold the runner's claim for good, so the worker stops instead (its claims go with it).
+HAND_OFF_GIVE_UP_S = 10.0
 # The lease connection notices a dead peer in about idle + interval x count seconds, so a
 # worker cut off from the database loses its lease (and runner claims) promptly.
 LEASE_KEEPALIVE = {
@@ -371,7 +374,14 @@ class Engine:
             tasks.extend(self.lanes.fence(runner))
             self.committer.drop(runner.id)
             self._forget_bus(runner.target.bus_id)
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _, running = await asyncio.wait(tasks, timeout=HAND_OFF_GIVE_UP_S)
+            if running:
+                names = ", ".join(sorted(task.get_name() for task in running))
+                raise WorkerFailedError(
+                    f"hand-off stuck: {names} still running {HAND_OFF_GIVE_UP_S:g} s after "
+                    "being cancelled"
+                )
         if runners:
             await self.lease.call(store.release_runners, [r.id for r in runners])
 
