@@ -2,6 +2,8 @@
 
 import json
 
+from eventpush import catalog
+
 
 def test_end_to_end_through_the_cli(cli, db_url):
     assert cli("db", "migrate").returncode == 0
@@ -72,28 +74,16 @@ def test_password_never_shown_in_connection_errors(cli):
     assert "sup3rs3cret" not in r.stderr and "***" in r.stderr
 
 
-def test_worker_disable_and_enable_say_what_the_assignment_did(cli, db_url):
-    assert cli("db", "migrate").returncode == 0
-    assert cli("bus", "create", "orders").returncode == 0
-    r = cli("rule", "create", "--bus", "orders", "--name", "r", "--pattern", '{"source": ["a"]}')
-    assert r.returncode == 0, r.stderr
+def test_worker_disable_and_enable_say_what_the_assignment_did(cli, conn):
+    catalog.create_bus(conn, "orders", 1)
+    catalog.create_rule(conn, "orders", "r", {"source": ["a"]})
     for name in ("t1", "t2"):
-        r = cli(
-            "target",
-            "create",
-            "--bus",
-            "orders",
-            "--rule",
-            "r",
-            "--name",
-            name,
-            "--url",
-            "http://127.0.0.1:9/x",
+        catalog.create_target(
+            conn, "orders", "r", catalog.TargetSpec(name=name, url="http://127.0.0.1:9/x")
         )
-        assert r.returncode == 0, r.stderr
     for name in ("w1", "w2"):
-        assert cli("worker", "create", name).returncode == 0
-    assert "2 runners assigned" in cli("assign").stdout
+        catalog.create_worker(conn, name)
+    assert catalog.assign(conn) == 2
     said = {}  # rich may wrap a long line: compare the words
     for verb, name in (("disable", "w1"), ("disable", "w2"), ("enable", "w1")):
         r = cli("worker", verb, name)
