@@ -1,9 +1,9 @@
 """A NATS server with JetStream of the test's own: a free loopback port, a store directory in
 the test's tmp dir, never the machine's shared server on 4222.
 
-Use it with ``from nats_support import nats_server  # noqa: F401`` and a ``nats_server``
-argument. The object it yields has ``.url`` (``nats://127.0.0.1:PORT``), ``.port``,
-``.store`` (the JetStream directory), ``.kill()`` (SIGKILL, as a crash) and ``.start()``
+``tests/conftest.py`` imports the fixture, so any test takes a ``nats_server`` argument.
+The object it yields has ``.url`` (``nats://127.0.0.1:PORT``), ``.port``, ``.store`` (the
+JetStream directory), ``.kill()`` (SIGKILL, as a crash) and ``.start()``
 (again on the same port and store, waiting until it serves). The server is stopped after the
 test whatever happened.
 """

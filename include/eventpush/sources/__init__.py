@@ -215,21 +215,31 @@ def record_heads(conn: Connection, bus_id: int, heads: dict[int, int]) -> None:
         )
 
 
-def sync_heads(conn: Connection, buses: Iterable[Bus] | None = None) -> list[str]:
-    """Ask every bus on another source for its heads and record them. A source that does
-    not answer keeps its last heads; the one-line reasons are returned (and logged)."""
+def sync_heads(conn: Connection, *, worker: str | None = None) -> list[str]:
+    """Ask every bus on another source (or only those of ``worker``'s runners) for its heads
+    and record them. A source that does not answer keeps its last heads; the one-line reasons
+    are returned (and logged)."""
     from eventpush.config import redact
 
+    with transaction(conn) as cur:
+        cur.execute(
+            "SELECT DISTINCT b.id, b.name, b.queues, b.source_url FROM event_bus b "
+            "LEFT JOIN event_rule ru ON ru.bus_id = b.id "
+            "LEFT JOIN event_target t ON t.rule_id = ru.id "
+            "LEFT JOIN event_target_runner r ON r.target_id = t.id "
+            "LEFT JOIN event_push_worker w ON w.id = r.worker_id "
+            "WHERE b.source_url IS NOT NULL AND (%s::text IS NULL OR w.name = %s)",
+            (worker, worker),
+        )
+        buses = [Bus(*row) for row in cur.fetchall()]
     problems = []
-    for bus in read_buses(conn).values() if buses is None else buses:
-        if bus.source_url is None:
-            continue
+    for bus in buses:
         try:
             heads = kind_for(bus.source_url).heads(conn, bus)
         except Exception as exc:
             why = redact(f"bus {bus.name}: source not read: {exc}", bus.source_url)
             log.warning("%s", why)
-            problems.append(why)
+            problems.append(why.splitlines()[0])
             continue
         record_heads(conn, bus.id, heads)
     return problems
