@@ -58,8 +58,9 @@ class Bus:
 class Chunk:
     """What one read of a queue returned: ``rows`` of (position, message id, event JSON
     text) in position order, and ``end``: every event of the queue below ``end`` is in
-    ``rows`` or before the read's start. ``end`` may pass the read's ``stop`` when the source
-    knows where the queue's next event is."""
+    ``rows`` or before the read's start. A source whose positions have gaps must say where
+    the queue's next event is when it knows one exists past ``stop`` (``end`` >= ``stop``,
+    up to that event's position): the engine steps over the gap instead of waiting there."""
 
     rows: list[tuple[int, str, str]]
     end: int

@@ -60,6 +60,8 @@ RETRY_MAX_S = 5.0
 PUBLISH_IN_FLIGHT = 256
 PUBLISH_ATTEMPTS = 5
 REQUEST_TIMEOUT_S = 5.0
+RANGE_FETCH_S = 1.0
+RANGE_STALL_S = 30.0  # a batch read that gets nothing this long while messages are pending fails
 WINDOW_PER_QUEUE = 256  # an engine window spans this many positions per queue of the bus
 
 _decode = msgspec.json.Decoder().decode
@@ -193,7 +195,7 @@ def publish(conn: Connection, bus: Bus, events: Iterable) -> dict[int, tuple[int
 
 
 async def _publish(js, bus: Bus, prepared: list) -> list[int]:
-    from nats.errors import NoRespondersError, TimeoutError
+    from nats.errors import NoRespondersError
 
     async def one(event) -> int:
         delay = RETRY_FIRST_S
@@ -371,9 +373,8 @@ class NatsReader(Reader):
         return Chunk(rows, end)
 
     async def _fetch(self, bus: Bus, queue_id: int, feed: _Feed) -> bool:
-        """One batch into the feed's buffer; False when the queue had nothing more."""
-        from nats.errors import TimeoutError
-
+        """One batch into the feed's buffer; False when the queue had nothing more. (Any
+        TimeoutError: nats-py raises both its own and asyncio's when nothing came.)"""
         if feed.sub is None:
             feed.sub = await self._subscribe(bus, queue_id, feed.pos)
         try:
@@ -475,8 +476,9 @@ def heads(conn: Connection, bus: Bus) -> dict[int, int]:
 
 
 async def _range(js, bus: Bus, queue_id: int, start: int, stop: int) -> list[Stored]:
-    """Every event of the queue in [start, stop), through one throw-away consumer."""
-    from nats.errors import TimeoutError
+    """Every event of the queue in [start, stop), through one throw-away consumer. What the
+    consumer has pending is asked first, so a slow answer is waited for, never taken for the
+    end of the queue."""
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
     out: list[Stored] = []
@@ -492,11 +494,16 @@ async def _range(js, bus: Bus, queue_id: int, start: int, stop: int) -> list[Sto
     )
     sub = await js.pull_subscribe(subject(bus, queue_id), stream=bus.name, config=config)
     try:
-        while True:
+        pending = (await sub.consumer_info()).num_pending
+        deadline = time.monotonic() + RANGE_STALL_S
+        while pending:
             try:
-                msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
+                msgs = await sub.fetch(FETCH_BATCH, timeout=RANGE_FETCH_S)
             except TimeoutError:
-                return out
+                if time.monotonic() > deadline:
+                    raise
+                continue
+            deadline = time.monotonic() + RANGE_STALL_S
             for msg in msgs:
                 seq, ts_ns, pending = _ack_fields(msg.reply)
                 if seq >= stop:
@@ -505,8 +512,7 @@ async def _range(js, bus: Bus, queue_id: int, start: int, stop: int) -> list[Sto
                 if row is not None:
                     ctime = datetime.fromtimestamp(ts_ns / 1e9, UTC)
                     out.append(Stored(queue_id, seq, row[1], ctime, row[2]))
-                if pending == 0:
-                    return out
+        return out
     finally:
         await _quietly(sub.unsubscribe())
 
@@ -518,7 +524,6 @@ def read_range(
 
 
 async def _position_at(js, bus: Bus, queue_id: int, when: datetime) -> int:
-    from nats.errors import TimeoutError
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
     config = ConsumerConfig(
@@ -531,10 +536,10 @@ async def _position_at(js, bus: Bus, queue_id: int, when: datetime) -> int:
     )
     sub = await js.pull_subscribe(subject(bus, queue_id), stream=bus.name, config=config)
     try:
-        msgs = await sub.fetch(1, timeout=FETCH_WAIT_S)
+        if not (await sub.consumer_info()).num_pending:
+            return (await _heads(js, bus))[queue_id]
+        msgs = await sub.fetch(1, timeout=RANGE_STALL_S)
         return _ack_fields(msgs[0].reply)[0]
-    except TimeoutError:
-        return (await _heads(js, bus))[queue_id]
     finally:
         await _quietly(sub.unsubscribe())
 
