@@ -16,6 +16,7 @@ import psycopg2.errors
 import psycopg2.extras
 from psycopg2 import sql
 
+from eventpush import sources
 from eventpush.db import Connection, transaction
 from eventpush.push.policy import DEFAULTS, LIMITS
 from eventpush.push.targets import InvalidTargetUrlError, validate_url
@@ -84,9 +85,7 @@ def create_bus(
         raise CatalogError(f"--region must look like an AWS region (us-east-1), got {region!r}")
     kind = None
     if source is not None:
-        from eventpush.sources import kind_for
-
-        kind = kind_for(source)
+        kind = sources.kind_for(source)
         source = kind.check(source)
     try:
         with transaction(conn) as cur:
@@ -107,16 +106,11 @@ def create_bus(
                 )
             )
             if kind is not None:
-                from eventpush.sources import Bus
+                from eventpush.sources import Bus, write_heads
 
                 bus = Bus(bus_id, name, queues, source)
                 kind.create(conn, bus)
-                cur.execute(
-                    "UPDATE event_bus_queue q SET next_offset = v.head "
-                    "FROM unnest(%s::int[], %s::bigint[]) AS v(queue_id, head) "
-                    "WHERE q.bus_id = %s AND q.queue_id = v.queue_id",
-                    (*map(list, zip(*kind.heads(conn, bus).items(), strict=True)), bus_id),
-                )
+                write_heads(cur, bus_id, kind.heads(conn, bus))  # an adopted stream's ends
     except psycopg2.errors.UniqueViolation:
         raise CatalogError(f"bus {name!r} already exists") from None
     return bus_id
@@ -206,26 +200,18 @@ def check_target(spec: TargetSpec) -> None:
         raise CatalogError(f"target {spec.name!r}: invalid transform: {exc}") from None
 
 
-def broker_name(source_url: str | None) -> str:
-    """The ``broker_name`` of a bus's position rows: the source kind (``eventpush`` for
-    the built-in store, RocketMQ EventBridge's value)."""
-    return "eventpush" if source_url is None else source_url.partition(":")[0]
-
-
 def _record_source_heads(conn: Connection, bus: str) -> None:
     """A bus on a broker: its heads as they are now, so a new runner starts at its end."""
-    from eventpush.sources import bus_named, kind_for, record_heads
-
-    found = bus_named(conn, bus)
+    found = sources.bus_named(conn, bus)
     if found.source_url is not None:
         try:
-            heads = kind_for(found.source_url).heads(conn, found)
+            heads = sources.kind_for(found.source_url).heads(conn, found)
         except Exception as exc:
             from eventpush.config import redact
 
             why = redact(f"bus {bus}: its source did not answer: {exc}", found.source_url)
             raise CatalogError(why.splitlines()[0]) from None
-        record_heads(conn, found.id, heads)
+        sources.record_heads(conn, found.id, heads)
 
 
 def create_target(conn: Connection, bus: str, rule: str, spec: TargetSpec) -> str:
@@ -241,7 +227,7 @@ def create_target(conn: Connection, bus: str, rule: str, spec: TargetSpec) -> st
         with transaction(conn) as cur:
             bus_id, _ = _bus_id(cur, bus)
             cur.execute("SELECT source_url FROM event_bus WHERE id = %s", (bus_id,))
-            broker = broker_name(cur.fetchone()[0])
+            broker = sources.broker_name(cur.fetchone()[0])
             cur.execute("SELECT id FROM event_rule WHERE bus_id = %s AND name = %s", (bus_id, rule))
             row = cur.fetchone()
             if row is None:

@@ -410,7 +410,7 @@ class Engine:
     def _open_source(self, scheme: str) -> None:
         if scheme in self.sources:
             return
-        kind = sources.kind_for(None if scheme == sources.POSTGRES else f"{scheme}://")
+        kind = sources.kind_named(scheme)
         reader = self.sources[scheme] = kind.open_reader(self.url)
         task = self._spawn(
             reader.watch(lambda: list(self.buses.values()), self.signals.wake),

@@ -159,7 +159,11 @@ _plugins: dict[str, SourceKind] = {}
 
 def kind_for(url: str | None) -> SourceKind:
     """The source kind of a bus's source URL (None: PostgreSQL), built in or by entry point."""
-    scheme = scheme_of(url)
+    return kind_named(scheme_of(url))
+
+
+def kind_named(scheme: str) -> SourceKind:
+    """The source kind serving ``scheme``: built in, else the entry point of that name."""
     found = _builtin(scheme) or _plugins.get(scheme)
     if found is None:
         for ep in entry_points(group=GROUP):
@@ -203,17 +207,30 @@ def bus_named(conn: Connection, name: str) -> Bus:
     return Bus(*row)
 
 
+HEADS_SQL = (
+    "UPDATE event_bus_queue q SET next_offset = greatest(q.next_offset, v.head) "
+    "FROM unnest(%s::int[], %s::bigint[]) AS v(queue_id, head) "
+    "WHERE q.bus_id = %s AND q.queue_id = v.queue_id"
+)
+
+
+def write_heads(cur, bus_id: int, heads: dict[int, int]) -> None:
+    """Remember a source's heads as the queues' ``next_offset`` (never backwards), in the
+    caller's transaction."""
+    if heads:
+        cur.execute(HEADS_SQL, (list(heads), list(heads.values()), bus_id))
+
+
 def record_heads(conn: Connection, bus_id: int, heads: dict[int, int]) -> None:
-    """Remember a source's heads as the queues' ``next_offset`` (never backwards)."""
-    if not heads:
-        return
+    """``write_heads`` in a transaction of its own."""
     with transaction(conn) as cur:
-        cur.execute(
-            "UPDATE event_bus_queue q SET next_offset = greatest(q.next_offset, v.head) "
-            "FROM unnest(%s::int[], %s::bigint[]) AS v(queue_id, head) "
-            "WHERE q.bus_id = %s AND q.queue_id = v.queue_id",
-            (list(heads), list(heads.values()), bus_id),
-        )
+        write_heads(cur, bus_id, heads)
+
+
+def broker_name(source_url: str | None) -> str:
+    """The ``broker_name`` of a bus's position rows: its source kind (``eventpush`` for the
+    built-in store, RocketMQ EventBridge's value)."""
+    return "eventpush" if source_url is None else scheme_of(source_url)
 
 
 def sync_heads(conn: Connection, *, worker: str | None = None) -> list[str]:

@@ -51,7 +51,6 @@ log = logging.getLogger("eventpush.sources")
 
 STREAM_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 FETCH_BATCH = 512
-FETCH_WAIT_S = 0.2  # a fetch at the end of a queue waits this long for news
 IDLE_FETCH_S = 1.0  # a queue at its end is fetched at least this often without a wake-up
 FEEDS_PER_QUEUE = 4  # consumers kept per queue for runners at different positions
 CONSUMER_IDLE_S = 60.0  # the server drops a consumer we forgot after this long
@@ -60,7 +59,6 @@ RETRY_MAX_S = 5.0
 PUBLISH_IN_FLIGHT = 256
 PUBLISH_ATTEMPTS = 5
 REQUEST_TIMEOUT_S = 5.0
-RANGE_FETCH_S = 1.0
 RANGE_STALL_S = 30.0  # a batch read that gets nothing this long while messages are pending fails
 WINDOW_PER_QUEUE = 256  # an engine window spans this many positions per queue of the bus
 
@@ -108,8 +106,8 @@ def run(coro_fn: Callable, *args):
     return value
 
 
-async def _with_js(bus: Bus, work: Callable):
-    """``work(js)`` on a connection of its own; failures said in one line, without secrets."""
+async def _with_nats(bus: Bus, work: Callable):
+    """``work(nc)`` on a connection of its own; failures said in one line, without secrets."""
     from eventpush.config import redact
     from eventpush.push.targets import RefusedAddressError
 
@@ -123,7 +121,7 @@ async def _with_js(bus: Bus, work: Callable):
         why = redact(f"NATS server {bus.source_url} of bus {bus.name}: {_line(exc)}")
         raise SourceUnavailableError(why) from None
     try:
-        return await work(nc.jetstream(timeout=REQUEST_TIMEOUT_S))
+        return await work(nc)
     except SourceError:
         raise
     except Exception as exc:
@@ -148,13 +146,14 @@ def create(conn: Connection, bus: Bus) -> None:
             f"bus {bus.name!r} cannot be a JetStream stream: use letters, digits, '_' or '-' "
             "(no '.')"
         )
-    run(_with_js, bus, lambda js: _create(js, bus))
+    run(_with_nats, bus, lambda nc: _create(nc, bus))
 
 
-async def _create(js, bus: Bus) -> None:
+async def _create(nc, bus: Bus) -> None:
     from nats.js.api import StorageType, StreamConfig
     from nats.js.errors import NotFoundError
 
+    js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
     wanted = f"{bus.name}.*"
     try:
         info = await js.stream_info(bus.name)
@@ -183,7 +182,7 @@ def publish(conn: Connection, bus: Bus, events: Iterable) -> dict[int, tuple[int
     prepared = list(events)
     if not prepared:
         return {}
-    seqs = run(_with_js, bus, lambda js: _publish(js, bus, prepared))
+    seqs = run(_with_nats, bus, lambda nc: _publish(nc, bus, prepared))
     placed: dict[int, tuple[int, int, int]] = {}
     for event, seq in zip(prepared, seqs, strict=True):
         first, last, n = placed.get(event.queue_id, (seq, seq, 0))
@@ -194,8 +193,10 @@ def publish(conn: Connection, bus: Bus, events: Iterable) -> dict[int, tuple[int
     return placed
 
 
-async def _publish(js, bus: Bus, prepared: list) -> list[int]:
+async def _publish(nc, bus: Bus, prepared: list) -> list[int]:
     from nats.errors import NoRespondersError
+
+    js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
 
     async def one(event) -> int:
         delay = RETRY_FIRST_S
@@ -255,6 +256,85 @@ def event_row(stream: str, seq: int, ts_ns: int, data: bytes) -> tuple[int, str,
     return seq, message_id, raw
 
 
+# --- pulling --------------------------------------------------------------------------------------
+
+
+class Puller:
+    """An ephemeral pull consumer on one queue, from a position on, without acknowledgements,
+    read through a subscription of its own: ``fetch`` sends one no-wait pull request and
+    collects what the server delivers until it says there is no more. (nats-py's
+    ``PullSubscription.fetch`` waits for each message with a timeout of its own, several times
+    slower: bench/nats_bus.py ``read``.)"""
+
+    def __init__(self, nc, bus: Bus, queue_id: int) -> None:
+        self.nc = nc
+        self.bus = bus
+        self.queue_id = queue_id
+        self.sub = None
+        self.next_subject = ""
+        self.msgs: list = []
+        self.want = 0
+        self.done: asyncio.Event | None = None
+        self.error: str | None = None
+
+    async def open(self, start: int) -> Puller:
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        js = self.nc.jetstream(timeout=REQUEST_TIMEOUT_S)
+        info = await js.add_consumer(
+            self.bus.name,
+            ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=max(start, 1),
+                ack_policy=AckPolicy.NONE,
+                filter_subject=subject(self.bus, self.queue_id),
+                inactive_threshold=CONSUMER_IDLE_S,
+                mem_storage=True,
+                num_replicas=1,
+            ),
+        )
+        self.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.bus.name}.{info.name}"
+        self.sub = await self.nc.subscribe(
+            self.nc.new_inbox(), cb=self._delivered, pending_msgs_limit=4 * FETCH_BATCH
+        )
+        return self
+
+    async def _delivered(self, msg) -> None:
+        status = msg.headers.get("Status") if msg.headers else None
+        if status is not None and not msg.data:
+            if self.done is not None:
+                if status not in ("404", "408"):  # 404/408: nothing more for now
+                    self.error = f"JetStream status {status} {msg.headers.get('Description', '')}"
+                self.done.set()
+            return
+        # Kept even between fetches (the tail of a request given up on): the consumer has
+        # moved past it and will not deliver it again.
+        self.msgs.append(msg)
+        if self.done is not None and len(self.msgs) >= self.want:
+            self.done.set()
+
+    async def fetch(self, n: int, timeout: float = REQUEST_TIMEOUT_S) -> list:
+        """Up to ``n`` messages, in sequence order; [] when the queue has nothing more. A
+        server that does not answer (down, or the consumer gone with it) raises."""
+        if not self.msgs:
+            self.want, self.error = n, None
+            self.done = done = asyncio.Event()
+            request = b'{"batch": %d, "no_wait": true}' % n
+            try:
+                await self.nc.publish(self.next_subject, request, reply=self.sub.subject)
+                await asyncio.wait_for(done.wait(), timeout)
+            finally:
+                self.done = None
+            if self.error is not None:
+                raise SourceUnavailableError(self.error)
+        msgs, self.msgs = self.msgs, []
+        return msgs
+
+    async def close(self) -> None:
+        if self.sub is not None:
+            await _quietly(self.sub.unsubscribe())
+
+
 # --- the engine's reader ------------------------------------------------------------------------
 
 
@@ -283,6 +363,7 @@ class NatsReader(Reader):
         self.news: set[tuple[int, int]] = set()  # queues with a message heard since a fetch
         self.watching: dict[int, object] = {}
         self.connect_lock = asyncio.Lock()
+        self.cleanups: set[asyncio.Task] = set()
 
     def window_for(self, bus: Bus) -> int:
         return WINDOW_PER_QUEUE * bus.queues
@@ -293,7 +374,7 @@ class NatsReader(Reader):
             if nc is None or nc.is_closed:
 
                 async def reconnected() -> None:
-                    self._reset_server(bus.source_url)
+                    self._forget_consumers()
 
                 nc = await connect(
                     bus.source_url,
@@ -304,12 +385,20 @@ class NatsReader(Reader):
                 self.conns[bus.source_url] = nc
             return nc
 
-    def _reset_server(self, url: str) -> None:
-        """After a reconnect, consumers may be gone with the server: start them again."""
-        for feeds in self.feeds.values():
-            for feed in feeds:
-                feed.sub = None
-                feed.at_end = False
+    def _forget_consumers(self, key: tuple[int, int] | None = None) -> None:
+        """Consumers that may be gone (the server restarted, a read failed): each feed starts
+        a new one where it stands at its next read. Those of ``key``'s queue only, if given."""
+        for feed_key, feeds in self.feeds.items():
+            if key is None or feed_key == key:
+                for feed in feeds:
+                    self._drop_consumer(feed)
+
+    def _drop_consumer(self, feed: _Feed) -> None:
+        puller, feed.sub, feed.at_end = feed.sub, None, False
+        if puller is not None:  # the server forgets its consumer after CONSUMER_IDLE_S
+            task = asyncio.ensure_future(puller.close())
+            self.cleanups.add(task)
+            task.add_done_callback(self.cleanups.discard)
 
     async def read(self, bus: Bus, queue_id: int, start: int, stop: int) -> Chunk:
         key = (bus.id, queue_id)
@@ -331,8 +420,7 @@ class NatsReader(Reader):
                         _line(exc),
                         delay,
                     )
-                    for feed in self.feeds.get(key, []):
-                        feed.sub = None
+                    self._forget_consumers(key)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, RETRY_MAX_S)
 
@@ -345,8 +433,7 @@ class NatsReader(Reader):
         if len(feeds) >= FEEDS_PER_QUEUE:
             old = min(feeds, key=lambda f: f.used)
             feeds.remove(old)
-            if old.sub is not None:
-                asyncio.ensure_future(_quietly(old.sub.unsubscribe()))
+            self._drop_consumer(old)
         feed = _Feed(start)
         feeds.append(feed)
         return feed
@@ -373,13 +460,11 @@ class NatsReader(Reader):
         return Chunk(rows, end)
 
     async def _fetch(self, bus: Bus, queue_id: int, feed: _Feed) -> bool:
-        """One batch into the feed's buffer; False when the queue had nothing more. (Any
-        TimeoutError: nats-py raises both its own and asyncio's when nothing came.)"""
+        """One batch into the feed's buffer; False when the queue had nothing more."""
         if feed.sub is None:
-            feed.sub = await self._subscribe(bus, queue_id, feed.pos)
-        try:
-            msgs = await feed.sub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
-        except TimeoutError:
+            feed.sub = await Puller(await self._nc(bus), bus, queue_id).open(feed.pos)
+        msgs = await feed.sub.fetch(FETCH_BATCH)
+        if not msgs:
             feed.at_end = True
             return False
         for msg in msgs:
@@ -392,21 +477,6 @@ class NatsReader(Reader):
             if row is not None:
                 feed.buffer.append(row)
         return bool(msgs)
-
-    async def _subscribe(self, bus: Bus, queue_id: int, start: int):
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
-        nc = await self._nc(bus)
-        js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
-        config = ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=max(start, 1),
-            ack_policy=AckPolicy.NONE,
-            inactive_threshold=CONSUMER_IDLE_S,
-            mem_storage=True,
-            num_replicas=1,
-        )
-        return await js.pull_subscribe(subject(bus, queue_id), stream=bus.name, config=config)
 
     async def watch(self, buses, wake: Callable[[int], None]) -> None:
         """Subscribe to each NATS bus's subjects as it appears; a message sets a flag."""
@@ -435,14 +505,13 @@ class NatsReader(Reader):
         return await nc.subscribe(f"{bus.name}.*", cb=heard)
 
     async def heads(self, bus: Bus) -> dict[int, int]:
-        nc = await self._nc(bus)
-        return await _heads(nc.jetstream(timeout=REQUEST_TIMEOUT_S), bus)
+        return await _heads(await self._nc(bus), bus)
 
     async def close(self) -> None:
         for feeds in self.feeds.values():
             for feed in feeds:
                 if feed.sub is not None:
-                    await _quietly(feed.sub.unsubscribe())
+                    await feed.sub.close()
         self.feeds.clear()
         for nc in self.conns.values():
             await _quietly(nc.close())
@@ -457,8 +526,10 @@ async def _quietly(awaitable) -> None:
 # --- status and the batch jobs ------------------------------------------------------------------
 
 
-async def _heads(js, bus: Bus) -> dict[int, int]:
+async def _heads(nc, bus: Bus) -> dict[int, int]:
     from nats.js.errors import NotFoundError
+
+    js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
 
     async def head(queue_id: int) -> int:
         try:
@@ -472,38 +543,20 @@ async def _heads(js, bus: Bus) -> dict[int, int]:
 
 
 def heads(conn: Connection, bus: Bus) -> dict[int, int]:
-    return run(_with_js, bus, lambda js: _heads(js, bus))
+    return run(_with_nats, bus, lambda nc: _heads(nc, bus))
 
 
-async def _range(js, bus: Bus, queue_id: int, start: int, stop: int) -> list[Stored]:
-    """Every event of the queue in [start, stop), through one throw-away consumer. What the
-    consumer has pending is asked first, so a slow answer is waited for, never taken for the
-    end of the queue."""
-    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
+async def _range(nc, bus: Bus, queue_id: int, start: int, stop: int) -> list[Stored]:
+    """Every event of the queue in [start, stop), through one throw-away consumer."""
     out: list[Stored] = []
     if stop <= start:
         return out
-    config = ConsumerConfig(
-        deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-        opt_start_seq=max(start, 1),
-        ack_policy=AckPolicy.NONE,
-        inactive_threshold=CONSUMER_IDLE_S,
-        mem_storage=True,
-        num_replicas=1,
-    )
-    sub = await js.pull_subscribe(subject(bus, queue_id), stream=bus.name, config=config)
+    puller = await Puller(nc, bus, queue_id).open(start)
     try:
-        pending = (await sub.consumer_info()).num_pending
-        deadline = time.monotonic() + RANGE_STALL_S
-        while pending:
-            try:
-                msgs = await sub.fetch(FETCH_BATCH, timeout=RANGE_FETCH_S)
-            except TimeoutError:
-                if time.monotonic() > deadline:
-                    raise
-                continue
-            deadline = time.monotonic() + RANGE_STALL_S
+        while True:
+            msgs = await puller.fetch(FETCH_BATCH, RANGE_STALL_S)
+            if not msgs:
+                return out
             for msg in msgs:
                 seq, ts_ns, pending = _ack_fields(msg.reply)
                 if seq >= stop:
@@ -512,20 +565,22 @@ async def _range(js, bus: Bus, queue_id: int, start: int, stop: int) -> list[Sto
                 if row is not None:
                     ctime = datetime.fromtimestamp(ts_ns / 1e9, UTC)
                     out.append(Stored(queue_id, seq, row[1], ctime, row[2]))
-        return out
+                if pending == 0:
+                    return out
     finally:
-        await _quietly(sub.unsubscribe())
+        await puller.close()
 
 
 def read_range(
     conn: Connection, bus: Bus, queue_id: int, start: int, stop: int
 ) -> Iterator[Stored]:
-    yield from run(_with_js, bus, lambda js: _range(js, bus, queue_id, start, stop))
+    yield from run(_with_nats, bus, lambda nc: _range(nc, bus, queue_id, start, stop))
 
 
-async def _position_at(js, bus: Bus, queue_id: int, when: datetime) -> int:
+async def _position_at(nc, bus: Bus, queue_id: int, when: datetime) -> int:
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+    js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
     config = ConsumerConfig(
         deliver_policy=DeliverPolicy.BY_START_TIME,
         opt_start_time=when.astimezone(UTC).isoformat().replace("+00:00", "Z"),
@@ -537,7 +592,7 @@ async def _position_at(js, bus: Bus, queue_id: int, when: datetime) -> int:
     sub = await js.pull_subscribe(subject(bus, queue_id), stream=bus.name, config=config)
     try:
         if not (await sub.consumer_info()).num_pending:
-            return (await _heads(js, bus))[queue_id]
+            return (await _heads(nc, bus))[queue_id]
         msgs = await sub.fetch(1, timeout=RANGE_STALL_S)
         return _ack_fields(msgs[0].reply)[0]
     finally:
@@ -545,7 +600,7 @@ async def _position_at(js, bus: Bus, queue_id: int, when: datetime) -> int:
 
 
 def position_at(conn: Connection, bus: Bus, queue_id: int, when: datetime) -> int:
-    return run(_with_js, bus, lambda js: _position_at(js, bus, queue_id, when))
+    return run(_with_nats, bus, lambda nc: _position_at(nc, bus, queue_id, when))
 
 
 KIND = SourceKind(
