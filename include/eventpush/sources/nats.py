@@ -12,12 +12,12 @@ the other queues' events take the sequences between).
   ``PUBLISH_IN_FLIGHT`` acknowledgements outstanding; ``Nats-Msg-Id`` is the event id, so a
   publish retried after a lost acknowledgement lands once (within the stream's duplicate
   window).
-- **Reading** (measured in bench/nats_bus.py): per queue, an ephemeral pull consumer filtered
-  on the queue's subject, started at the position asked for, without acknowledgements
-  (positions are committed in PostgreSQL), fetched in batches; kept while reads go forward and
-  started again where a read jumps. Wake-ups come from a plain subscription to ``NAME.*``
-  (only a flag is set per message); a feeder at the end of a queue fetches again only after
-  one, or after ``IDLE_FETCH_S``.
+- **Reading** (chosen by measurement, bench/nats_bus.py ``read``): per queue, an ephemeral
+  pull consumer filtered on the queue's subject, started at the position asked for, without
+  acknowledgements (positions are committed in PostgreSQL), read by :class:`Puller` in
+  no-wait batches; kept while reads go forward and started again where a read jumps.
+  Wake-ups come from a plain subscription to ``NAME.*`` (only a flag is set per message); a
+  feeder at the end of a queue fetches again only after one, or after ``IDLE_FETCH_S``.
 """
 
 from __future__ import annotations
