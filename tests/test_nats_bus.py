@@ -128,7 +128,7 @@ def test_cli_bus_create_and_publish(cli, db_url, nats_server):
     done = cli("publish", "--bus", "orders", "--partition-key", "detail.k", "--json", input=lines)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
-    assert doc["count"] == 10
+    assert doc["count"] == 10 and sum(doc["counts"].values()) == 10
     info = stream_info(nats_server.url, "orders")
     assert info.state.messages == 10
     # A bad line refuses the whole input: nothing reaches the stream.

@@ -27,6 +27,7 @@ def publish_cmd(bus_name: str, partition_key: str | None, as_json: bool, file) -
                 "bus": result.bus,
                 "count": result.count,
                 "offsets": {str(q): list(span) for q, span in result.offsets.items()},
+                "counts": {str(q): n for q, n in result.counts.items()},
             }
         )
         return

@@ -8,7 +8,8 @@ adds a broker without editing eventpush (docs/ARCHITECTURE.md, "Sources and sink
 
 Whatever the source, positions are kept in PostgreSQL: committed offsets, delivery rows and
 failure rows are written in one transaction by the engine's committer, with ``topic_name``
-the bus, ``broker_name`` the source kind, ``queue_id`` and ``offset`` the source's position.
+the bus, ``queue_id`` and ``offset`` the source's position (and ``broker_name`` the source
+kind on ``event_push_offset``; the delivery and failure rows keep the default ``eventpush``).
 A position grows within a queue; it may have gaps (a broker's own sequence).
 
 ``event_bus_queue.next_offset`` of a bus on another source is the last head this side has
@@ -78,8 +79,8 @@ class Stored:
 
 
 class Reader:
-    """The engine's side of a source: opened once per worker and source URL, used from the
-    worker's event loop. Subclasses implement ``read``; ``watch`` and ``close`` may stay."""
+    """The engine's side of a source kind: opened once per worker for every bus of the kind,
+    used from the worker's event loop. Subclasses implement ``read``; the rest may stay."""
 
     window: int = 256  # positions per engine window of a queue
 
