@@ -1,5 +1,5 @@
 # Sourced by ./dev. Sets up, idempotently: the venv, Debian packages (Java, the JDBC driver,
-# chromium, curl), PostgreSQL.
+# chromium, curl, nats-server), PostgreSQL.
 # Exports EVENTPUSH_DATABASE_URL (the demo database) and EVENTPUSH_ADMIN_URL (a URL on the
 # same server with the right to create databases, which the tests use for their own).
 
@@ -53,12 +53,14 @@ PY
 
 setup_system_packages() {
   # Java and the JDBC driver for Spark; chromium for the dashboard's browser test; curl for
-  # the Airflow launcher. Only what is missing is installed, in one apt run.
+  # the Airflow launcher; nats-server for the NATS bus tests (each starts its own, with
+  # JetStream, on a free loopback port). Only what is missing is installed, in one apt run.
   local missing=()
   command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
   [ -f "$JDBC_JAR" ] || missing+=(libpostgresql-jdbc-java)
   command -v chromium >/dev/null || missing+=(chromium)
   command -v curl >/dev/null || missing+=(curl)
+  command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
   [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
   export EVENTPUSH_JDBC_JAR="${EVENTPUSH_JDBC_JAR:-$JDBC_JAR}"
 }

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
+from nats_support import nats_server  # noqa: F401  (a fixture for every test module)
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN_URL = os.environ.get("EVENTPUSH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")

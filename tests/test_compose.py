@@ -138,3 +138,14 @@ def test_spark_authenticates_master_workers_and_submitter(compose):
     for name in AIRFLOW_SERVICES:
         ref = REFERENCE.fullmatch(services[name]["environment"]["EVENTPUSH_SPARK_SECRET"])
         assert ref[1] == "EVENTPUSH_SPARK_SECRET" and ref[2] == ":?"
+
+
+def test_nats_runs_jetstream_with_its_store_in_a_volume(compose):
+    nats = compose["services"]["nats"]
+    command = nats["command"]
+    assert "-js" in command
+    store = command[command.index("-sd") + 1]
+    volume, _, mounted = nats["volumes"][0].partition(":")
+    assert mounted == store and volume in compose["volumes"]
+    assert "ports" not in nats  # internal network only
+    assert "healthcheck" in nats

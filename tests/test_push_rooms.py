@@ -21,6 +21,7 @@ from eventpush.push.limits import CircuitBreaker, Limiter
 from eventpush.push.policy import DEFAULTS, LIMITS
 from eventpush.push.reading import WINDOW, WindowCache
 from eventpush.push.slots import finite
+from eventpush.sources import Chunk
 
 TARGET = Target(1, "orders/r/t", "orders", 1, "r", "{}", "t", "http://127.0.0.1:9/x")
 
@@ -104,7 +105,7 @@ def test_the_window_cache_stays_within_its_byte_budget():
     body = "x" * 1000
 
     async def read(bus_id, queue_id, start, stop):
-        return [(o, f"m{o}", f'"{body}"') for o in range(start, stop)]
+        return Chunk([(o, f"m{o}", f'"{body}"') for o in range(start, stop)], stop)
 
     class Index:
         def matching(self, event):

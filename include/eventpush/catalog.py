@@ -16,6 +16,7 @@ import psycopg2.errors
 import psycopg2.extras
 from psycopg2 import sql
 
+from eventpush import sources
 from eventpush.db import Connection, transaction
 from eventpush.push.policy import DEFAULTS, LIMITS
 from eventpush.push.targets import InvalidTargetUrlError, validate_url
@@ -62,8 +63,11 @@ def create_bus(
     *,
     account: str | None = None,
     region: str | None = None,
+    source: str | None = None,
 ) -> int:
-    """A bus with ``queues`` queues, and its partition of ``bus_event``.
+    """A bus with ``queues`` queues, and its partition of ``bus_event``. With ``source`` (a
+    URL such as ``nats://HOST:PORT``) its events live there instead (eventpush.sources): the
+    source's store for the bus is made or adopted before the bus row commits.
 
     ``account`` and ``region`` are what the input transformer reports for events that carry
     none (``<aws.events.event>``, ``<aws.events.rule-arn>``); defaults in rules/transforms.py.
@@ -79,12 +83,16 @@ def create_bus(
         raise CatalogError(f"--account must be a 12-digit AWS account id, got {account!r}")
     if not isinstance(region, str) or not REGION_RE.fullmatch(region):
         raise CatalogError(f"--region must look like an AWS region (us-east-1), got {region!r}")
+    kind = None
+    if source is not None:
+        kind = sources.kind_for(source)
+        source = kind.check(source)
     try:
         with transaction(conn) as cur:
             cur.execute(
-                "INSERT INTO event_bus (name, queues, description, account, region) "
-                "VALUES (%s, %s, %s, %s, %s) RETURNING id",
-                (name, queues, description, account, region),
+                "INSERT INTO event_bus (name, queues, description, account, region, source_url) "
+                "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
+                (name, queues, description, account, region, source),
             )
             bus_id = cur.fetchone()[0]
             cur.execute(
@@ -97,6 +105,12 @@ def create_bus(
                     sql.Identifier(f"bus_event_{bus_id}"), sql.Literal(bus_id)
                 )
             )
+            if kind is not None:
+                from eventpush.sources import Bus, write_heads
+
+                bus = Bus(bus_id, name, queues, source)
+                kind.create(conn, bus)
+                write_heads(cur, bus_id, kind.heads(conn, bus))  # an adopted stream's ends
     except psycopg2.errors.UniqueViolation:
         raise CatalogError(f"bus {name!r} already exists") from None
     return bus_id
@@ -186,6 +200,20 @@ def check_target(spec: TargetSpec) -> None:
         raise CatalogError(f"target {spec.name!r}: invalid transform: {exc}") from None
 
 
+def _record_source_heads(conn: Connection, bus: str) -> None:
+    """A bus on a broker: its heads as they are now, so a new runner starts at its end."""
+    found = sources.bus_named(conn, bus)
+    if found.source_url is not None:
+        try:
+            heads = sources.kind_for(found.source_url).heads(conn, found)
+        except Exception as exc:
+            from eventpush.config import redact
+
+            why = redact(f"bus {bus}: its source did not answer: {exc}", found.source_url)
+            raise CatalogError(why.splitlines()[0]) from None
+        sources.record_heads(conn, found.id, heads)
+
+
 def create_target(conn: Connection, bus: str, rule: str, spec: TargetSpec) -> str:
     """A target on ``bus``/``rule`` and its runner, which starts at the bus's current end.
 
@@ -194,9 +222,12 @@ def create_target(conn: Connection, bus: str, rule: str, spec: TargetSpec) -> st
     """
     check_target(spec)
     name = runner_name(bus, rule, spec.name)
+    _record_source_heads(conn, bus)
     try:
         with transaction(conn) as cur:
             bus_id, _ = _bus_id(cur, bus)
+            cur.execute("SELECT source_url FROM event_bus WHERE id = %s", (bus_id,))
+            broker = sources.broker_name(cur.fetchone()[0])
             cur.execute("SELECT id FROM event_rule WHERE bus_id = %s AND name = %s", (bus_id, rule))
             row = cur.fetchone()
             if row is None:
@@ -230,11 +261,11 @@ def create_target(conn: Connection, bus: str, rule: str, spec: TargetSpec) -> st
             runner_id = cur.fetchone()[0]
             # Read the queue ends under a share lock so no publish slips between them.
             cur.execute(
-                "INSERT INTO event_push_offset (runner_id, consumer_group, topic_name, queue_id, "
-                '"offset", start_offset, pulled) '
-                "SELECT %s, %s, %s, queue_id, next_offset, next_offset, next_offset "
+                "INSERT INTO event_push_offset (runner_id, consumer_group, topic_name, "
+                'broker_name, queue_id, "offset", start_offset, pulled) '
+                "SELECT %s, %s, %s, %s, queue_id, next_offset, next_offset, next_offset "
                 "FROM event_bus_queue WHERE bus_id = %s ORDER BY queue_id FOR SHARE",
-                (runner_id, name, bus, bus_id),
+                (runner_id, name, bus, broker, bus_id),
             )
     except psycopg2.errors.UniqueViolation:
         raise CatalogError(f"target {spec.name!r} already exists on rule {bus}/{rule}") from None

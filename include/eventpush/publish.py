@@ -1,4 +1,5 @@
-"""Appending events to a bus: parse, validate, place on queues, COPY, all or nothing.
+"""Publishing to a bus: parse, validate and complete events, place them on queues, and hand
+them to the bus's source (eventpush.sources: COPY into PostgreSQL, all or nothing, or a broker).
 
 An event is an EventBridge-style envelope: ``source`` and ``detail-type`` (required strings),
 ``detail`` (an object, ``{}`` when absent), and optional ``id``, ``time`` (ISO 8601),
@@ -20,7 +21,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from eventpush import tracing
-from eventpush.db import Connection, copy_text, transaction
+from eventpush.db import Connection
 from eventpush.tracing import TRACEPARENT_FIELD
 
 MAX_EVENT_BYTES = 256 * 1024  # EventBridge's PutEvents entry limit
@@ -36,6 +37,8 @@ class PublishResult:
     count: int
     # queue_id -> (first offset, last offset) of what this publish appended
     offsets: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # queue_id -> how many (a broker's positions have gaps: not last - first + 1)
+    counts: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -186,7 +189,7 @@ def parse_events(
     return list(iter_events(lines, queues, partition_key))
 
 
-class _CopySource:
+class CopySource:
     """A file-like COPY source that formats rows as psycopg2 reads them, so parsing in Python
     overlaps with the server's work, and memory stays bounded whatever the input size."""
 
@@ -231,66 +234,14 @@ def _publish(
     partition_key: str | None,
     traceparent: str | None,
 ) -> PublishResult:
-    from eventpush.catalog import CatalogError
+    from eventpush.sources import bus_named, kind_for
 
-    with transaction(conn) as cur:
-        cur.execute("SELECT id, queues FROM event_bus WHERE name = %s", (bus,))
-        row = cur.fetchone()
-        if row is None:
-            raise CatalogError(f"unknown bus {bus!r}")
-        bus_id, queues = row
+    found = bus_named(conn, bus)
+    events = iter_events(lines, found.queues, partition_key, traceparent)
+    placed = kind_for(found.source_url).publish(conn, found, events)
     result = PublishResult(bus=bus, count=0)
-    per_queue: dict[int, int] = {}
-    with transaction(conn) as cur:
-        # The bus's queue rows stay locked to commit: offsets are gapless and in order per
-        # queue, and concurrent publishers to one bus take turns (in one lock order).
-        cur.execute(
-            "SELECT queue_id, next_offset FROM event_bus_queue "
-            "WHERE bus_id = %s ORDER BY queue_id FOR UPDATE",
-            (bus_id,),
-        )
-        next_offset = dict(cur.fetchall())
-
-        def rows() -> Iterator[str]:
-            chunk: list[str] = []
-            for event in iter_events(lines, queues, partition_key, traceparent):
-                offset = next_offset[event.queue_id]
-                next_offset[event.queue_id] = offset + 1
-                per_queue[event.queue_id] = per_queue.get(event.queue_id, 0) + 1
-                chunk.append(
-                    f"{bus_id}\t{event.queue_id}\t{offset}\t{copy_text(event.message_id)}"
-                    f"\t{copy_text(event.source)}\t{copy_text(event.detail_type)}\t{event.time}"
-                    f"\t{event.size}\t{copy_text(event.body)}\n"
-                )
-                if len(chunk) == 1000:
-                    yield "".join(chunk)
-                    chunk.clear()
-            if chunk:
-                yield "".join(chunk)
-
-        source = _CopySource(rows())
-        try:
-            cur.copy_expert(
-                'COPY bus_event (bus_id, queue_id, "offset", message_id, source, detail_type, '
-                "event_time, size_bytes, body) FROM STDIN",
-                source,
-                size=1 << 20,
-            )
-        except Exception:
-            if source.error is not None:
-                raise source.error from None
-            raise
-        if per_queue:
-            cur.execute(
-                "UPDATE event_bus_queue q SET next_offset = v.next_offset "
-                "FROM unnest(%s::int[], %s::bigint[]) AS v(queue_id, next_offset) "
-                "WHERE q.bus_id = %s AND q.queue_id = v.queue_id",
-                (list(per_queue), [next_offset[q] for q in per_queue], bus_id),
-            )
-            # Wakes workers waiting on this bus; delivered only when the transaction commits.
-            cur.execute("SELECT pg_notify('eventpush_publish', %s)", (str(bus_id),))
-    for queue_id, n in sorted(per_queue.items()):
-        end = next_offset[queue_id]
-        result.offsets[queue_id] = (end - n, end - 1)
+    for queue_id, (first, last, n) in sorted(placed.items()):
+        result.offsets[queue_id] = (first, last)
+        result.counts[queue_id] = n
         result.count += n
     return result

@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from eventpush.db import Connection, transaction
+from eventpush.sources import sync_heads
 
 HEARTBEAT_STALE_S = 30
 
@@ -47,7 +48,10 @@ def _iso(ts: datetime | None) -> str | None:
 
 
 def read_status(conn: Connection) -> dict:
-    """``{"workers": [...], "runners": [...]}`` as the CLI's ``status --json`` prints it."""
+    """``{"workers": [...], "runners": [...]}`` as the CLI's ``status --json`` prints it.
+    Buses on a broker have their heads asked first (a broker that does not answer leaves the
+    last heads seen, and the lag figures are that old)."""
+    sync_heads(conn)
     with transaction(conn) as cur:
         cur.execute(WORKERS_SQL)
         worker_rows = cur.fetchall()
@@ -119,6 +123,7 @@ SELECT EXISTS (
 def has_work(conn: Connection, worker: str) -> bool:
     """True when a running runner of ``worker`` has events past its committed offset (new
     events, or ones a previous slice handed back before finishing their retries)."""
+    sync_heads(conn, worker=worker)
     with transaction(conn) as cur:
         cur.execute(HAS_WORK_SQL, (worker,))
         return cur.fetchone()[0]

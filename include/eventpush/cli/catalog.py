@@ -54,14 +54,28 @@ def bus() -> None:
     default=None,
     help="AWS region the input transformer reports for events without one [default: us-east-1].",
 )
+@click.option(
+    "--source",
+    default=None,
+    help="Where the events live: nats://HOST:PORT for the JetStream stream NAME (made or "
+    "adopted) [default: the built-in PostgreSQL store].",
+)
 @handles_errors
 def bus_create(
-    name: str, queues: int, description: str, account: str | None, region: str | None
+    name: str,
+    queues: int,
+    description: str,
+    account: str | None,
+    region: str | None,
+    source: str | None,
 ) -> None:
     """Create bus NAME with --queues queues."""
     with connection() as conn:
-        catalog.create_bus(conn, name, queues, description, account=account, region=region)
-    out.print(f"bus {name} created with {queues} queues")
+        catalog.create_bus(
+            conn, name, queues, description, account=account, region=region, source=source
+        )
+    where = f" on {source.strip()}" if source else ""
+    out.print(f"bus {name} created with {queues} queues{where}")
 
 
 @click.group()

@@ -27,6 +27,7 @@ def publish_cmd(bus_name: str, partition_key: str | None, as_json: bool, file) -
                 "bus": result.bus,
                 "count": result.count,
                 "offsets": {str(q): list(span) for q, span in result.offsets.items()},
+                "counts": {str(q): n for q, n in result.counts.items()},
             }
         )
         return
@@ -38,5 +39,5 @@ def publish_cmd(bus_name: str, partition_key: str | None, as_json: bool, file) -
     table.add_column("events", justify="right")
     table.add_column("offsets")
     for queue_id, (first, last) in result.offsets.items():
-        table.add_row(str(queue_id), str(last - first + 1), f"{first}..{last}")
+        table.add_row(str(queue_id), str(result.counts[queue_id]), f"{first}..{last}")
     out.print(table)

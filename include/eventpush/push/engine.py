@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass
 
 from eventpush import metrics as metrics_mod
+from eventpush import sources
 from eventpush.config import database_url
 from eventpush.metrics import WorkerMetrics, metrics_host
 from eventpush.push import delivery, store
@@ -35,13 +36,13 @@ from eventpush.push.controls import WorkerSettings, worker_settings
 from eventpush.push.lanes import Lanes, Runner, wait_for_event
 from eventpush.push.reading import BusSignals, WindowCache
 from eventpush.push.slots import DbSlot, first_line
+from eventpush.sources import Bus, Reader
 
 log = logging.getLogger("eventpush.push")
 
 COMMIT_INTERVAL_S = 0.2
 CONTROL_INTERVAL_S = 2.0
 HEARTBEAT_INTERVAL_S = 5.0
-READER_CONNECTIONS = 2
 STOP_GRACE_S = 10.0
 STARTUP_GIVE_UP_S = 60.0  # a database slow to answer at start-up is waited for this long
 FINAL_COMMIT_GIVE_UP_S = 30.0
@@ -107,7 +108,8 @@ class Engine:
         self.stopping = asyncio.Event()
         self.fatal: BaseException | None = None
         self.wid = 0
-        self.readers: asyncio.Queue[DbSlot] = asyncio.Queue()
+        self.buses: dict[int, Bus] = {}  # the buses of this worker's runners
+        self.sources: dict[str, Reader] = {}  # scheme -> the source's reader, opened once
         self.metrics = WorkerMetrics(worker)
         self.metrics_port = metrics_port
         self.metrics_required = metrics_required
@@ -184,11 +186,11 @@ class Engine:
         # Take the lease now or fail (waiting out a database that is slow to answer).
         await self.lease.call(lambda c: None, give_up_s=STARTUP_GIVE_UP_S)
         self.aux = DbSlot(self.url)
-        for _ in range(READER_CONNECTIONS):
-            self.readers.put_nowait(DbSlot(self.url))
         self.session = delivery.new_session()
         settings = WorkerSettings()
-        self.cache = WindowCache(self._read, self._rules, settings.buffer_bytes // CACHE_SHARE)
+        self.cache = WindowCache(
+            self._read, self._rules, settings.buffer_bytes // CACHE_SHARE, self._window
+        )
         self.signals = BusSignals()
         self.committer = Committer(
             self.lease,
@@ -213,8 +215,9 @@ class Engine:
             self._spawn(self._committing(), "committer"),
             self._spawn(self._heartbeat(), "heartbeat"),
             self._spawn(self._sampler(), "metrics sampler"),
-            self._spawn(self.signals.listen(self.url), "listener"),
         ]
+        self.background = background
+        self._open_source(sources.POSTGRES)  # its LISTEN also hears eventpush publish elsewhere
         try:
             try:
                 await self._refresh()
@@ -293,7 +296,12 @@ class Engine:
                     first_line(exc),
                 )
         await self.session.close()
-        slots = [self.lease, self.aux, *self._drain_readers()]
+        for reader in self.sources.values():
+            try:
+                await reader.close()
+            except Exception as exc:
+                log.warning("source reader not closed cleanly: %s", first_line(exc))
+        slots = [self.lease, self.aux]
         for slot in slots:
             await slot.settle(timeout=FINAL_COMMIT_GIVE_UP_S)
         if self.lease.conn is not None and not self.lease.conn.closed and self.fatal is None:
@@ -307,12 +315,6 @@ class Engine:
         final commit takes the lock after it is cancelled)."""
         while not committer.done() and self.committer.lock.locked():
             await asyncio.sleep(0.01)
-
-    def _drain_readers(self) -> list[DbSlot]:
-        slots = []
-        while not self.readers.empty():
-            slots.append(self.readers.get_nowait())
-        return slots
 
     # --- assignment and controls ----------------------------------------------------------
 
@@ -352,6 +354,7 @@ class Engine:
             self.waiting = set(new) - claimed
             if claimed:
                 targets = await self.aux.call(store.read_targets, sorted(claimed))
+                await self._know_buses({t.bus_id for t in targets})
                 offsets = await self.aux.call(store.read_offsets, sorted(claimed))
                 for target in targets:
                     rid = target.runner_id
@@ -406,12 +409,46 @@ class Engine:
             )
         return index
 
-    async def _read(self, bus_id: int, queue_id: int, start: int, stop: int) -> list:
-        slot = await self.readers.get()
-        try:
-            return await slot.call(store.read_window, bus_id, queue_id, start, stop)
-        finally:
-            self.readers.put_nowait(slot)
+    async def _know_buses(self, bus_ids: set[int]) -> None:
+        """Load the buses of new runners, and open the reader of each new kind of source."""
+        new = bus_ids - set(self.buses)
+        if new:
+            self.buses.update(await self.aux.call(sources.read_buses, sorted(new)))
+            for bus_id in new:
+                self._open_source(self.buses[bus_id].scheme)
+
+    def _open_source(self, scheme: str) -> None:
+        if scheme in self.sources:
+            return
+        kind = sources.kind_named(scheme)
+        reader = self.sources[scheme] = kind.open_reader(self.url)
+        task = self._spawn(
+            reader.watch(lambda: list(self.buses.values()), self.signals.wake),
+            f"{scheme} watcher",
+        )
+        self.background.append(task)
+
+    async def _read(self, bus_id: int, queue_id: int, start: int, stop: int) -> sources.Chunk:
+        bus = self.buses[bus_id]
+        return await self.sources[bus.scheme].read(bus, queue_id, start, stop)
+
+    def _window(self, bus_id: int) -> int:
+        bus = self.buses[bus_id]
+        return self.sources[bus.scheme].window_for(bus)
+
+    async def _record_heads(self) -> None:
+        """Heads of buses on a broker, recorded for status and lag (the database holds a
+        PostgreSQL bus's own)."""
+        for bus in list(self.buses.values()):
+            reader = self.sources.get(bus.scheme)
+            if bus.source_url is None or reader is None:
+                continue
+            try:
+                heads = await asyncio.wait_for(reader.heads(bus), HEARTBEAT_INTERVAL_S)
+                if heads:
+                    await self.aux.call(sources.record_heads, bus.id, heads, give_up_s=5)
+            except Exception as exc:  # a stale lag figure never stops the pushing
+                log.warning("heads of bus %s not read: %s", bus.name, first_line(exc))
 
     # --- committing -----------------------------------------------------------------------
 
@@ -507,6 +544,7 @@ class Engine:
             "lanes": lanes,
         }
         try:
+            await self._record_heads()
             await self.aux.call(store.heartbeat, self.wid, metrics, runner_stats, give_up_s=5)
             await self._refresh_lag()
         except Exception as exc:

@@ -4,28 +4,26 @@ matched once against every rule of the worker on its bus.
 Runners walk the windows with cursors of their own (see ``lanes``). Windows are cached a few
 per queue and by total size, least recently used first out, so runners at the same position
 share one read while the cache's memory stays within a fixed budget whatever the events weigh.
-Publishes are heard through LISTEN, so feeders at the end of a queue wake at once; polling is
-the fallback while the listener is down.
+The rows come from the bus's source (eventpush.sources: PostgreSQL or a broker), whose watcher
+wakes the feeders waiting at the end of a queue (``BusSignals``); polling is the fallback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import json
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from eventpush.push import store
+from eventpush.sources import Chunk
 
 log = logging.getLogger("eventpush.push")
 
 WINDOW = 256
 CACHE_WINDOWS_PER_QUEUE = 8
-LISTEN_RETRY_S = 2.0
 
 
 @dataclass(slots=True)
@@ -67,13 +65,15 @@ class WindowCache:
 
     def __init__(
         self,
-        read: Callable[[int, int, int, int], Awaitable[list]],
+        read: Callable[[int, int, int, int], Awaitable[Chunk]],
         index_for: Callable[[int], object],
         max_bytes: int,
+        window_for: Callable[[int], int] = lambda bus_id: WINDOW,
     ) -> None:
-        self.read = read
+        self.read = read  # a source's read (eventpush.sources.Reader.read) for one bus
         self.index_for = index_for
         self.max_bytes = max_bytes
+        self.window_for = window_for  # positions per window of the bus's queues
         self.windows: OrderedDict[tuple[int, int, int], Window] = OrderedDict()
         self.per_queue: dict[tuple[int, int], int] = {}
         self.bytes = 0
@@ -105,35 +105,53 @@ class WindowCache:
                 self._drop(key)
 
     async def events_from(self, bus_id: int, queue_id: int, pos: int) -> list[BusEvent]:
-        """Events at offsets >= pos in pos's window, reading what the cache lacks."""
-        start = pos - pos % WINDOW
+        """Events at positions >= pos in the first window from pos's on that has any, reading
+        what the cache lacks; [] at the end of the queue. Positions may have gaps (a broker's
+        sequence): a window read to its stop with nothing past pos is stepped over."""
+        while True:
+            events, known = await self._events_in_window(bus_id, queue_id, pos)
+            if events or known <= pos:
+                return events
+            pos = known
+
+    async def _events_in_window(
+        self, bus_id: int, queue_id: int, pos: int
+    ) -> tuple[list[BusEvent], int]:
+        """Events >= pos in pos's window, and the position below which the queue is known
+        (pos when it is not known past the window's events)."""
+        size = self.window_for(bus_id)
+        start = pos - pos % size
         key = (bus_id, queue_id, start)
         window = self.windows.get(key)
         if window is None:
-            window = self.windows[key] = Window(start, start + WINDOW, start)
+            window = self.windows[key] = Window(start, start + size, start)
             self.per_queue[key[:2]] = self.per_queue.get(key[:2], 0) + 1
             self._evict(key)
         else:
             self.windows.move_to_end(key)
+        known = window.end
         async with window.lock:
             # A window always holds [start, end): read from where it ends, never from pos,
             # so a runner behind another on the same window finds every offset it needs.
             if window.end <= pos:
-                rows = await self.read(bus_id, queue_id, window.end, window.stop)
-                if rows:
+                chunk = await self.read(bus_id, queue_id, window.end, window.stop)
+                known = chunk.end
+                if chunk.rows:
                     events, offsets = await asyncio.to_thread(
-                        match_rows, rows, self.index_for(bus_id)
+                        match_rows, chunk.rows, self.index_for(bus_id)
                     )
                     window.events.extend(events)
                     window.offsets.extend(offsets)
-                    window.end = offsets[-1] + 1
                     added = sum(e.size for e in events)
                     window.size += added
                     if self.windows.get(key) is window:  # not forgotten while we read
                         self.bytes += added
                         self._evict(key)
+                window.end = max(window.end, min(known, window.stop))
         i = bisect.bisect_left(window.offsets, pos)
-        return window.events[i:]
+        if i < len(window.events) or window.end < window.stop:
+            return window.events[i:], pos
+        return [], max(known, window.stop)
 
 
 class BusSignals:
@@ -148,37 +166,8 @@ class BusSignals:
             event = self.events[bus_id] = asyncio.Event()
         return event
 
-    async def listen(self, url: str) -> None:
-        """LISTEN for publishes until cancelled, reconnecting while the database is away."""
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                conn = await asyncio.to_thread(store.listen, url)
-            except Exception as exc:
-                if not store.is_transient(exc):
-                    raise
-                await asyncio.sleep(LISTEN_RETRY_S)
-                continue
-            broken = asyncio.Event()
-
-            def on_readable(conn=conn, broken=broken) -> None:
-                try:
-                    conn.poll()
-                except Exception:
-                    broken.set()
-                    return
-                for note in conn.notifies:
-                    with contextlib.suppress(ValueError):
-                        event = self.events.get(int(note.payload))
-                        if event is not None:
-                            event.set()
-                conn.notifies.clear()
-
-            fd = conn.fileno()  # kept: a closed connection no longer tells it
-            loop.add_reader(fd, on_readable)
-            try:
-                await broken.wait()
-            finally:
-                loop.remove_reader(fd)
-                with contextlib.suppress(Exception):
-                    conn.close()
+    def wake(self, bus_id: int) -> None:
+        """Something may have been published on the bus: its waiting feeders look again."""
+        event = self.events.get(bus_id)
+        if event is not None:
+            event.set()

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from eventpush.db import connection, transaction
+from eventpush.sources import sync_heads
 from eventpush.sparkjobs import jdbc
 from eventpush.sparkjobs.pattern_sql import with_matching_runners
 
@@ -139,7 +140,9 @@ def classify(
     ranges = scope.ranges
     if from_start:
         ranges = [jdbc.QueueRange(r.bus_id, r.queue_id, 0, r.end) for r in ranges]
-    events = jdbc.read_events(spark, db, ranges, since, until, slice_size)
+    from eventpush.sparkjobs.bus_events import read_events
+
+    events = read_events(spark, db_url, ranges, since, until, slice_size)
     rules = [(r.runner_id, r.bus_id, r.pattern) for r in scope.runners]
     matched = with_matching_runners(events, rules, sql=rules_as_sql).select(
         "bus_id",
@@ -251,6 +254,8 @@ def run_audit(
     rules_as_sql: bool = RULES_AS_SQL,
 ) -> AuditResult:
     """Audit every runner (of ``bus``, if given) over ``[since, until)``; saves the report."""
+    with connection(db_url) as conn:
+        sync_heads(conn)  # a broker's bus: read up to its heads as they are now
     with connection(db_url) as conn, transaction(conn) as cur:
         if bus is not None:
             cur.execute("SELECT 1 FROM event_bus WHERE name = %s", (bus,))

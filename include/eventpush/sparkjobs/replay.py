@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from eventpush.db import connection, transaction
+from eventpush.sources import sync_heads
 from eventpush.sparkjobs.forms import (
     FORM_FIELDS,
     MAX_MESSAGE_ID_LENGTH,
@@ -178,6 +179,8 @@ def select(spark, db_url: str, req: ReplayRequest, runner_ids: list[int]):
     from eventpush.sparkjobs import jdbc
     from eventpush.sparkjobs.audit import classify, load_scope
 
+    with connection(db_url) as conn:
+        sync_heads(conn)  # a broker's bus: read up to its heads as they are now
     with connection(db_url) as conn, transaction(conn) as cur:
         scope = load_scope(cur, runner_ids=runner_ids)
     if req.what == "failed":
@@ -239,6 +242,7 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
     from eventpush.db import connect
     from eventpush.push.delivery import DELIVERED, Record, deliver, load_targets, new_session
     from eventpush.rules.transforms import compile_transform
+    from eventpush.sparkjobs.bus_events import source_bodies
 
     conn = connect(db_url, application_name="eventpush-replay")
     try:
@@ -265,6 +269,7 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
                     ([k[0] for k in keys], [k[2] for k in keys], [k[3] for k in keys]),
                 )
                 already = {tuple(row) for row in cur.fetchall()}
+        bodies.update(source_bodies(conn, keys))  # events of buses kept outside PostgreSQL
         transforms = {
             rid: compile_transform(t.transform_kind, t.transform_spec) for rid, t in targets.items()
         }

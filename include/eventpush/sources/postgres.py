@@ -1,0 +1,193 @@
+"""The built-in source: a bus's events in PostgreSQL (``bus_event``, one partition per bus).
+
+Positions are gapless offsets (0, 1, 2, …): publishers lock the bus's ``event_bus_queue``
+rows while they append with ``COPY``, and ``pg_notify('eventpush_publish', bus_id)`` wakes
+the workers when the transaction commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+
+from eventpush.db import Connection, copy_text, transaction
+from eventpush.sources import Bus, Chunk, Reader, SourceError, SourceKind, Stored
+
+READER_CONNECTIONS = 2
+LISTEN_RETRY_S = 2.0
+COPY_ROWS = 1000
+
+
+def check(url: str) -> str:
+    raise SourceError("the built-in PostgreSQL store takes no --source URL: leave it out")
+
+
+def create(conn: Connection, bus: Bus) -> None:
+    """Nothing to make: the catalog adds the bus's partition of ``bus_event`` itself."""
+
+
+class PostgresReader(Reader):
+    """Window reads on a few pooled connections, and LISTEN for publishes."""
+
+    def __init__(self, database_url: str) -> None:
+        from eventpush.push.slots import DbSlot
+
+        self.url = database_url
+        self.slots: asyncio.Queue = asyncio.Queue()
+        self.all = [DbSlot(database_url) for _ in range(READER_CONNECTIONS)]
+        for slot in self.all:
+            self.slots.put_nowait(slot)
+
+    async def read(self, bus: Bus, queue_id: int, start: int, stop: int) -> Chunk:
+        from eventpush.push import store
+
+        slot = await self.slots.get()
+        try:
+            rows = await slot.call(store.read_window, bus.id, queue_id, start, stop)
+        finally:
+            self.slots.put_nowait(slot)
+        return Chunk(rows, rows[-1][0] + 1 if rows else start)
+
+    async def watch(self, buses, wake: Callable[[int], None]) -> None:
+        """LISTEN until cancelled, reconnecting while the database is away."""
+        from eventpush.push import store
+
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn = await asyncio.to_thread(store.listen, self.url)
+            except Exception as exc:
+                if not store.is_transient(exc):
+                    raise
+                await asyncio.sleep(LISTEN_RETRY_S)
+                continue
+            broken = asyncio.Event()
+
+            def on_readable(conn=conn, broken=broken) -> None:
+                try:
+                    conn.poll()
+                except Exception:
+                    broken.set()
+                    return
+                for note in conn.notifies:
+                    with contextlib.suppress(ValueError):
+                        wake(int(note.payload))
+                conn.notifies.clear()
+
+            fd = conn.fileno()  # kept: a closed connection no longer tells it
+            loop.add_reader(fd, on_readable)
+            try:
+                await broken.wait()
+            finally:
+                loop.remove_reader(fd)
+                with contextlib.suppress(Exception):
+                    conn.close()
+
+    async def close(self) -> None:
+        for slot in self.all:
+            await slot.settle(timeout=30)
+            slot.close()
+
+
+def publish(conn: Connection, bus: Bus, events: Iterable) -> dict[int, tuple[int, int, int]]:
+    """Append ``events`` at contiguous offsets in one transaction, or none of them."""
+    from eventpush.publish import CopySource
+
+    per_queue: dict[int, int] = {}
+    with transaction(conn) as cur:
+        # The bus's queue rows stay locked to commit: offsets are gapless and in order per
+        # queue, and concurrent publishers to one bus take turns (in one lock order).
+        cur.execute(
+            "SELECT queue_id, next_offset FROM event_bus_queue "
+            "WHERE bus_id = %s ORDER BY queue_id FOR UPDATE",
+            (bus.id,),
+        )
+        next_offset = dict(cur.fetchall())
+
+        def rows() -> Iterator[str]:
+            chunk: list[str] = []
+            for event in events:
+                offset = next_offset[event.queue_id]
+                next_offset[event.queue_id] = offset + 1
+                per_queue[event.queue_id] = per_queue.get(event.queue_id, 0) + 1
+                chunk.append(
+                    f"{bus.id}\t{event.queue_id}\t{offset}\t{copy_text(event.message_id)}"
+                    f"\t{copy_text(event.source)}\t{copy_text(event.detail_type)}\t{event.time}"
+                    f"\t{event.size}\t{copy_text(event.body)}\n"
+                )
+                if len(chunk) == COPY_ROWS:
+                    yield "".join(chunk)
+                    chunk.clear()
+            if chunk:
+                yield "".join(chunk)
+
+        source = CopySource(rows())
+        try:
+            cur.copy_expert(
+                'COPY bus_event (bus_id, queue_id, "offset", message_id, source, detail_type, '
+                "event_time, size_bytes, body) FROM STDIN",
+                source,
+                size=1 << 20,
+            )
+        except Exception:
+            if source.error is not None:
+                raise source.error from None
+            raise
+        if per_queue:
+            cur.execute(
+                "UPDATE event_bus_queue q SET next_offset = v.next_offset "
+                "FROM unnest(%s::int[], %s::bigint[]) AS v(queue_id, next_offset) "
+                "WHERE q.bus_id = %s AND q.queue_id = v.queue_id",
+                (list(per_queue), [next_offset[q] for q in per_queue], bus.id),
+            )
+            # Wakes workers waiting on this bus; delivered only when the transaction commits.
+            cur.execute("SELECT pg_notify('eventpush_publish', %s)", (str(bus.id),))
+    return {q: (next_offset[q] - n, next_offset[q] - 1, n) for q, n in sorted(per_queue.items())}
+
+
+def heads(conn: Connection, bus: Bus) -> dict[int, int]:
+    with transaction(conn) as cur:
+        cur.execute(
+            "SELECT queue_id, next_offset FROM event_bus_queue WHERE bus_id = %s", (bus.id,)
+        )
+        return dict(cur.fetchall())
+
+
+def read_range(
+    conn: Connection, bus: Bus, queue_id: int, start: int, stop: int
+) -> Iterator[Stored]:
+    with transaction(conn) as cur:
+        cur.execute(
+            'SELECT "offset", message_id, ctime, body::text FROM bus_event '
+            'WHERE bus_id = %s AND queue_id = %s AND "offset" >= %s AND "offset" < %s '
+            'ORDER BY "offset"',
+            (bus.id, queue_id, start, stop),
+        )
+        rows = cur.fetchall()
+    for offset, message_id, ctime, body in rows:
+        yield Stored(queue_id, offset, message_id, ctime, body)
+
+
+def position_at(conn: Connection, bus: Bus, queue_id: int, when: datetime) -> int:
+    with transaction(conn) as cur:
+        cur.execute(
+            'SELECT coalesce(min("offset"), (SELECT next_offset FROM event_bus_queue '
+            "WHERE bus_id = %s AND queue_id = %s)) FROM bus_event "
+            "WHERE bus_id = %s AND queue_id = %s AND ctime >= %s",
+            (bus.id, queue_id, bus.id, queue_id, when),
+        )
+        return cur.fetchone()[0]
+
+
+KIND = SourceKind(
+    scheme="postgres",
+    check=check,
+    create=create,
+    open_reader=PostgresReader,
+    publish=publish,
+    heads=heads,
+    read_range=read_range,
+    position_at=position_at,
+)
