@@ -1,10 +1,11 @@
-"""The push engine's supervisor: one worker's runners, from bus queues to HTTP targets.
+"""The push engine's supervisor: one worker's runners, from bus queues to their targets.
 
 The engine is built in rooms (docs/ARCHITECTURE.md, "Delivery semantics"):
 
 - ``reading``: shared, cached windows of each bus queue, parsed and matched once;
 - ``lanes``: each runner's lanes, feeders, dispatcher, senders and circuit breaker;
-- ``delivery`` and ``targets``: one HTTP attempt and the rules of where it may go;
+- ``eventpush.sinks``: one attempt through the target's kind (HTTP over ``delivery``, NATS
+  JetStream, plug-ins), within the address policy of ``targets``;
 - ``committing``: outcomes and offsets written in one fenced transaction under the lease.
 
 This module holds them together. It takes the worker's lease, claims the runners the
@@ -27,9 +28,10 @@ from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass
 
 from eventpush import metrics as metrics_mod
+from eventpush import sinks
 from eventpush.config import database_url
 from eventpush.metrics import WorkerMetrics, metrics_host
-from eventpush.push import delivery, store
+from eventpush.push import store
 from eventpush.push.committing import Committer
 from eventpush.push.controls import WorkerSettings, worker_settings
 from eventpush.push.lanes import Lanes, Runner
@@ -183,7 +185,7 @@ class Engine:
         self.aux = DbSlot(self.url)
         for _ in range(READER_CONNECTIONS):
             self.readers.put_nowait(DbSlot(self.url))
-        self.session = delivery.new_session()
+        self.sinks = sinks.Sinks()
         settings = WorkerSettings()
         self.cache = WindowCache(self._read, self._rules, settings.buffer_bytes // CACHE_SHARE)
         self.signals = BusSignals()
@@ -198,7 +200,7 @@ class Engine:
         )
         self.lanes = Lanes(
             self.report,
-            self.session,
+            self.sinks,
             self.cache,
             self.signals,
             self.committer,
@@ -289,7 +291,7 @@ class Engine:
                     "final commit failed (%s): uncommitted records will be redelivered",
                     first_line(exc),
                 )
-        await self.session.close()
+        await self.sinks.close()
         slots = [self.lease, self.aux, *self._drain_readers()]
         for slot in slots:
             await slot.settle(timeout=FINAL_COMMIT_GIVE_UP_S)
