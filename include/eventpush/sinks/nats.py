@@ -198,8 +198,15 @@ class NatsSink:
             chosen = next((s for s in servers if s.uri.netloc == netloc), None)
             return chosen, (RECONNECT_WAIT_S if chosen is None or chosen.reconnects else 0.0)
 
+        connecting = True
+
         async def on_error(exc: Exception) -> None:
             log.debug("nats %s:%d: %s", host, port, redact(f"{type(exc).__name__}: {exc}"))
+            # nats-py retries refused credentials forever; ending the first connect here
+            # makes them a final answer (raised out of connect, never out of a reconnect).
+            if connecting and _auth_refused(exc):
+                raise nats.errors.AuthorizationError
+
 
         client = nats.NATS()
         try:
@@ -218,6 +225,7 @@ class NatsSink:
             with contextlib.suppress(Exception):
                 await asyncio.shield(client.close())
             raise
+        connecting = False
         return _Connection(client, f"{host}:{port}")
 
     async def _checked_address(self, host: str, port: int) -> str:
@@ -239,3 +247,9 @@ class NatsSink:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(CLOSE_TIMEOUT_S):
                     await conn.client.close()
+
+
+def _auth_refused(exc: BaseException) -> bool:
+    return isinstance(exc, nats.errors.AuthorizationError) or (
+        "authorization violation" in str(exc).lower()
+    )
