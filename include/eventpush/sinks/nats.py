@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 
 CREDENTIALS_ENV = "EVENTPUSH_NATS_CREDENTIALS"
 RECONNECT_WAIT_S = 0.25
+# About 5 s of a broker gone, then the client closes and the next send resolves the host
+# again (a cluster's name may point at another node by then).
+MAX_RECONNECTS = 20
 CLOSE_TIMEOUT_S = 2.0
 MSG_ID = "Nats-Msg-Id"
 
@@ -88,13 +91,21 @@ def credentials() -> dict:
     return {"user": user, "password": password} if sep else {"token": line}
 
 
+class _PinnedClient(nats.NATS):
+    """A client that never adds the servers a cluster advertises to its pool: they were not
+    checked against the address policy. Reconnections go to the checked address only."""
+
+    async def _process_info(self, info: dict, initial_connection: bool = False) -> None:
+        info = {key: value for key, value in info.items() if key != "connect_urls"}
+        await super()._process_info(info, initial_connection)
+
+
 class _Connection:
     """One client, pinned to one checked address."""
 
-    def __init__(self, client: nats.NATS, where: str) -> None:
+    def __init__(self, client: nats.NATS) -> None:
         self.client = client
         self.js = client.jetstream()
-        self.where = where
 
 
 class NatsSink:
@@ -193,11 +204,6 @@ class NatsSink:
         options = credentials()
         self._secrets = [v for k, v in options.items() if k in ("password", "token") and v]
 
-        def pinned(servers, _info):
-            # Only the checked address, never one a cluster advertises.
-            chosen = next((s for s in servers if s.uri.netloc == netloc), None)
-            return chosen, (RECONNECT_WAIT_S if chosen is None or chosen.reconnects else 0.0)
-
         connecting = True
 
         async def on_error(exc: Exception) -> None:
@@ -207,16 +213,14 @@ class NatsSink:
             if connecting and _auth_refused(exc):
                 raise nats.errors.AuthorizationError
 
-
-        client = nats.NATS()
+        client = _PinnedClient()
         try:
             await client.connect(
                 servers=[f"nats://{netloc}"],
                 name="eventpush",
                 allow_reconnect=True,
-                max_reconnect_attempts=-1,
+                max_reconnect_attempts=MAX_RECONNECTS,
                 reconnect_time_wait=RECONNECT_WAIT_S,
-                reconnect_to_server_handler=pinned,
                 dont_randomize=True,
                 error_cb=on_error,
                 **options,
@@ -226,7 +230,7 @@ class NatsSink:
                 await asyncio.shield(client.close())
             raise
         connecting = False
-        return _Connection(client, f"{host}:{port}")
+        return _Connection(client)
 
     async def _checked_address(self, host: str, port: int) -> str:
         """The address to connect to, after every address of ``host`` passed the policy (a
