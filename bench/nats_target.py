@@ -5,9 +5,10 @@
 One nats-server of the bench's own (``-js``, a temporary store, a free loopback port; never
 the machine's shared server). Each round, in one run:
 
-- **bare**: ``nats-py`` publishes the round's N events (the bodies and ``Nats-Msg-Id``
-  headers the target sends) with ``publish_async``, at most 64 unacknowledged
-  (``publish_async_max_pending``), and waits for every acknowledgement;
+- **bare**: ``nats-py`` publishes the round's N events (the bodies and headers the target
+  sends: ``Nats-Msg-Id``, ``webhook-id``, content type, ``traceparent``) with
+  ``publish_async``, at most 64 unacknowledged (``publish_async_max_pending``), and waits
+  for every acknowledgement;
 - **target**: the same N events published to a PostgreSQL bus (not timed), then one worker
   pushes them to ``nats://.../SUBJECT`` until idle: read, matched, published, acknowledged and
   committed. Each configuration keeps 64 messages in flight (concurrency x batch size).
@@ -41,6 +42,7 @@ from eventpush.publish import publish  # noqa: E402
 from eventpush.push import run_worker  # noqa: E402
 
 IN_FLIGHT = 64
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
 CONFIGS = [(64, 1), (8, 8), (1, 64)]  # (concurrency, batch size): 64 messages in flight each
 
 
@@ -67,9 +69,13 @@ async def bare(url: str, subject: str, bodies: list[str]) -> float:
         futures = []
         for raw in bodies:
             mid = f"msg_{json.loads(raw)['id']}"
-            futures.append(
-                await js.publish_async(subject, raw.encode(), headers={"Nats-Msg-Id": mid})
-            )
+            headers = {  # what the target sends with each message
+                "content-type": "application/json",
+                "webhook-id": mid,
+                "Nats-Msg-Id": mid,
+                "traceparent": TRACEPARENT,
+            }
+            futures.append(await js.publish_async(subject, raw.encode(), headers=headers))
         acks = await asyncio.gather(*futures)
         elapsed = time.perf_counter() - started
     finally:

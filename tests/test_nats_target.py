@@ -196,9 +196,9 @@ def test_no_stream_is_final_and_replay_delivers_once_a_stream_exists(conn, nats_
 def test_crashes_of_worker_and_broker_lose_nothing_and_duplicate_nothing(conn, nats_server):  # noqa: F811
     """A worker SIGKILLed twice mid-run and the NATS server SIGKILLed and restarted mid-run:
     every event is on the stream exactly once (by Nats-Msg-Id), none failed."""
-    n = 4000
+    n = 12_000
     add_stream(nats_server.url)
-    topology(conn, f"{nats_server.url}/out.orders", timeout_ms=2000, concurrency=32)
+    topology(conn, f"{nats_server.url}/out.orders", timeout_ms=2000, concurrency=8)
     publish(conn, "orders", events(n))
 
     def delivered() -> int:
@@ -213,23 +213,27 @@ def test_crashes_of_worker_and_broker_lose_nothing_and_duplicate_nothing(conn, n
             text=True,
         )
 
-    for kill_at in (n // 8, n // 3):  # two SIGKILLs, each after some commits
+    at_kills = []
+    for kill_at in (n // 10, n // 4):  # two SIGKILLs, each after some commits
         proc = worker()
         wait_for(lambda at=kill_at: delivered() >= at, 300, f"{kill_at} deliveries")
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=10)
+        at_kills.append(delivered())
     proc = worker()
-    wait_for(lambda: delivered() >= n // 2, 300, "half the deliveries")
+    wait_for(lambda: delivered() >= n * 2 // 5, 300, "two fifths of the deliveries")
     nats_server.kill()
-    at_broker_kill = delivered()
-    time.sleep(1.0)  # the worker meets a dead broker: its sends fail and wait to retry
+    at_kills.append(delivered())
+    # Down longer than the target's 2 s timeout: sends under way time out and are retried
+    # (and what nats-py buffered meanwhile is flushed on reconnection: duplicates to drop).
+    time.sleep(3.0)
     assert proc.poll() is None, "the worker stopped while the broker was down"
     nats_server.start()
     wait_for(lambda: delivered() >= n, 300, "every event delivered after the restart")
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert at_broker_kill < n, "the broker was killed after the run, not during it"
+    assert max(at_kills) < n, f"a kill came after the run, not during it: {at_kills}"
     assert json.loads(out)["retried"] > 0, "the worker never met the dead broker"
     done = subprocess.run(
         [EXE, "worker", "run", "w1", "--until-idle", "--max-seconds", "120", "--json"],

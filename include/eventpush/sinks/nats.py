@@ -134,6 +134,7 @@ class NatsSink:
             async with asyncio.timeout(target.timeout_ms / 1000):
                 js = (await self._connection(host, port)).js
                 for body, headers in messages:
+                    del headers["user-agent"]  # HTTP's; a stream consumer has no use for it
                     headers[MSG_ID] = headers["webhook-id"]
                     if traceparent is not None:
                         headers["traceparent"] = traceparent
