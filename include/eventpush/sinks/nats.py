@@ -146,7 +146,7 @@ class NatsSink:
         except Exception as exc:
             kind, error = self._classify(exc, subject)
             outcome = self._outcome(target, kind, error, started)
-            outcome.reached = not isinstance(exc, RefusedAddressError)
+            outcome.reached = not isinstance(exc, RefusedAddressError | ConfigError)
             return outcome
         finally:
             for future in futures:  # a timed-out wait leaves none pending in the client
@@ -162,10 +162,13 @@ class NatsSink:
 
     def _outcome(self, target: Target, kind: str, error: str | None, started: float) -> Outcome:
         if error is not None:
-            error = redact(error, target.url)
-            for secret in self._secrets:
-                error = error.replace(secret, "***")
+            error = self._mask(redact(error, target.url))
         return Outcome(kind, None, error, (time.perf_counter() - started) * 1000)
+
+    def _mask(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
 
     @staticmethod
     def _classify(exc: BaseException, subject: str) -> tuple[str, str]:
@@ -208,7 +211,9 @@ class NatsSink:
         connecting = True
 
         async def on_error(exc: Exception) -> None:
-            log.debug("nats %s:%d: %s", host, port, redact(f"{type(exc).__name__}: {exc}"))
+            log.debug(
+                "nats %s:%d: %s", host, port, self._mask(redact(f"{type(exc).__name__}: {exc}"))
+            )
             # nats-py retries refused credentials forever; ending the first connect here
             # makes them a final answer (raised out of connect, never out of a reconnect).
             if connecting and _auth_refused(exc):
