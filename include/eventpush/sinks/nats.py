@@ -139,7 +139,7 @@ class NatsSink:
                     if traceparent is not None:
                         headers["traceparent"] = traceparent
                     futures.append(await js.publish_async(subject, body, headers=headers))
-                acks = await asyncio.gather(*futures, return_exceptions=True)
+                acks = await _settled(futures)
         except TimeoutError:
             what = "acknowledgement" if futures else "connection"
             return self._outcome(target, RETRY, f"no {what} within {target.timeout_ms} ms", started)
@@ -257,6 +257,17 @@ class NatsSink:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(CLOSE_TIMEOUT_S):
                     await conn.client.close()
+
+
+async def _settled(futures: list[asyncio.Future]) -> list:
+    """Each acknowledgement or its exception; one alone is awaited without a gather (a
+    single-record send is the hot path of unbatched targets)."""
+    if len(futures) == 1:
+        try:
+            return [await futures[0]]
+        except Exception as exc:
+            return [exc]
+    return await asyncio.gather(*futures, return_exceptions=True)
 
 
 def _auth_refused(exc: BaseException) -> bool:
