@@ -16,6 +16,7 @@ from eventpush.demo.receiver import Receiver
 from eventpush.publish import publish
 from eventpush.push import delivery, run_worker
 from eventpush.rules.transforms import DEFAULT_ACCOUNT, DEFAULT_REGION
+from eventpush.sinks import Sinks
 
 TEMPLATE = {
     "InputPathsMap": {"n": "$.detail.n", "p": "$.detail.p"},
@@ -110,7 +111,7 @@ def test_engine_delivers_eventbridge_bodies_and_records_undeliverable_ones(conn,
 
 
 def test_replay_delivery_path_records_undeliverable_records_as_final(conn, rx):
-    """Replay pushes through ``delivery.deliver`` with targets from ``load_targets``: the same
+    """Replay pushes through ``Sinks.deliver`` with targets from ``load_targets``: the same
     transform, the bus's account and region, and a final outcome instead of a crash."""
     setup(conn, rx)
     with conn.cursor() as cur:
@@ -122,8 +123,8 @@ def test_replay_delivery_path_records_undeliverable_records_as_final(conn, rx):
 
     async def push(raw: str) -> delivery.Outcome:
         record = delivery.Record(0, 0, json.loads(raw)["id"], json.loads(raw), raw)
-        async with delivery.new_session() as session:
-            outcome = await delivery.deliver(session, target, [record], transform)
+        async with Sinks() as sinks:
+            outcome = await sinks.deliver(target, [record], transform)
         assert record.attempts == 1
         return outcome
 

@@ -9,6 +9,7 @@ import click
 
 from eventpush import catalog
 from eventpush.cli.common import fail, handles_errors, out
+from eventpush.config import redact_url
 from eventpush.db import connection
 from eventpush.push.policy import DEFAULTS
 
@@ -127,7 +128,12 @@ def read_secret(secret: str | None, secret_file: str | None) -> str | None:
 @click.option("--bus", "bus_name", required=True)
 @click.option("--rule", "rule_name", required=True)
 @click.option("--name", required=True)
-@click.option("--url", required=True, help="http or https endpoint.")
+@click.option(
+    "--url",
+    required=True,
+    help="http or https endpoint, nats://HOST:PORT/SUBJECT (a JetStream subject), or a scheme "
+    "a sink plug-in adds.",
+)
 @click.option(
     "--secret",
     default=None,
@@ -196,7 +202,7 @@ def target_create(
     )
     with connection() as conn:
         runner = catalog.create_target(conn, bus_name, rule_name, spec)
-    out.print(f"target created; runner {runner}")
+    out.print(f"target created; runner {runner} -> {redact_url(url)}", markup=False, soft_wrap=True)
 
 
 @click.command("assign")

@@ -1,7 +1,8 @@
 """One HTTP delivery attempt to a target, and the retry policy around it.
 
-Shared by the push engine (which schedules retries itself, in a low-priority lane) and by
-replay (which retries inline with :func:`deliver`). Classification follows docs/ARCHITECTURE.md: 2xx
+Used through the HTTP sink (``eventpush.sinks.http``) by the push engine, which schedules
+retries itself in a low-priority lane, and by replay, which retries inline
+(``eventpush.sinks.Sinks.deliver``). Classification follows docs/ARCHITECTURE.md: 2xx
 delivered; 5xx, 408, 429, timeouts and connection errors retried; any other status final.
 
 Targets are treated as adversaries: a redirect is an answer (final, never followed), a body is
@@ -346,40 +347,6 @@ def _outcome(
 def _short(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:300]
-
-
-async def deliver(
-    session: aiohttp.ClientSession, target: Target, records: list[Record], transform
-) -> Outcome:
-    """Push ``records`` with retries inline (as replay does): the final outcome, with
-    ``records[*].attempts`` updated."""
-    try:
-        body, headers = build_request(target, records, transform)
-    except Exception as exc:  # a transform that cannot apply to these events: final, as live
-        for r in records:
-            r.attempts += 1
-        return Outcome(FINAL, None, f"transform failed: {_short(exc)}", 0.0, reached=False)
-    start = time.monotonic()
-    for r in records:
-        r.first_seen = r.first_seen or start
-    while True:
-        with tracing.deliver_span(target, records, records[0].attempts + 1) as (span, parent):
-            token = tracing.OUTGOING.set(parent)
-            try:
-                outcome = await attempt(session, target, body, headers)
-            finally:
-                tracing.OUTGOING.reset(token)
-            tracing.finish_deliver_span(span, outcome)
-        for r in records:
-            r.attempts += 1
-        if outcome.kind != RETRY:
-            return outcome
-        delay = backoff_s(target, records[0].attempts, outcome.retry_after_s)
-        if out_of_attempts(target, records[0], time.monotonic(), delay):
-            return outcome
-        await asyncio.sleep(delay)
-        if target.secret:  # a fresh timestamp per attempt; the id stays
-            body, headers = build_request(target, records, transform)
 
 
 def load_json(value) -> object:

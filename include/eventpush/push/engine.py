@@ -1,10 +1,11 @@
-"""The push engine's supervisor: one worker's runners, from bus queues to HTTP targets.
+"""The push engine's supervisor: one worker's runners, from bus queues to their targets.
 
 The engine is built in rooms (docs/ARCHITECTURE.md, "Delivery semantics"):
 
 - ``reading``: shared, cached windows of each bus queue, parsed and matched once;
 - ``lanes``: each runner's lanes, feeders, dispatcher, senders and circuit breaker;
-- ``delivery`` and ``targets``: one HTTP attempt and the rules of where it may go;
+- ``eventpush.sinks``: one attempt through the target's kind (HTTP over ``delivery``, NATS
+  JetStream, plug-ins), within the address policy of ``targets``;
 - ``committing``: outcomes and offsets written in one fenced transaction under the lease.
 
 This module holds them together. It takes the worker's lease, claims the runners the
@@ -27,10 +28,10 @@ from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass
 
 from eventpush import metrics as metrics_mod
-from eventpush import sources
+from eventpush import sinks, sources
 from eventpush.config import database_url
 from eventpush.metrics import WorkerMetrics, metrics_host
-from eventpush.push import delivery, store
+from eventpush.push import store
 from eventpush.push.committing import Committer
 from eventpush.push.controls import WorkerSettings, worker_settings
 from eventpush.push.lanes import Lanes, Runner, wait_for_event
@@ -186,7 +187,7 @@ class Engine:
         # Take the lease now or fail (waiting out a database that is slow to answer).
         await self.lease.call(lambda c: None, give_up_s=STARTUP_GIVE_UP_S)
         self.aux = DbSlot(self.url)
-        self.session = delivery.new_session()
+        self.sinks = sinks.Sinks()
         settings = WorkerSettings()
         self.cache = WindowCache(
             self._read, self._rules, settings.buffer_bytes // CACHE_SHARE, self._window
@@ -203,7 +204,7 @@ class Engine:
         )
         self.lanes = Lanes(
             self.report,
-            self.session,
+            self.sinks,
             self.cache,
             self.signals,
             self.committer,
@@ -295,7 +296,7 @@ class Engine:
                     "final commit failed (%s): uncommitted records will be redelivered",
                     first_line(exc),
                 )
-        await self.session.close()
+        await self.sinks.close()
         for reader in self.sources.values():
             try:
                 await reader.close()
@@ -444,7 +445,8 @@ class Engine:
             if bus.source_url is None or reader is None:
                 continue
             try:
-                heads = await asyncio.wait_for(reader.heads(bus), HEARTBEAT_INTERVAL_S)
+                async with asyncio.timeout(HEARTBEAT_INTERVAL_S):
+                    heads = await reader.heads(bus)
                 if heads:
                     await self.aux.call(sources.record_heads, bus.id, heads, give_up_s=5)
             except Exception as exc:  # a stale lag figure never stops the pushing

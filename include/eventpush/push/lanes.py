@@ -12,8 +12,8 @@ take them to its target.
 - **Time.** Every delay that keys the retry heap or a sleep passes through ``finite``: a
   target's ``Retry-After: nan`` can never freeze a runner.
 
-The sending itself (HTTP, target rules) is ``delivery`` and ``targets``; what an outcome
-leaves behind is ``committing``.
+The sending itself is a sink's (``eventpush.sinks``: HTTP, NATS JetStream, plug-ins); what
+an outcome leaves behind is ``committing``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from eventpush.push.cursor import QueueCursor
 from eventpush.push.delivery import Outcome, Record, Target
 from eventpush.push.limits import CircuitBreaker, Limiter, Pass
 from eventpush.push.reading import BusSignals, WindowCache
-from eventpush.push.slots import finite, first_line
+from eventpush.push.slots import finite
 
 FRESH_PER_RETRY = 4
 POLL_INTERVAL_S = 1.0
@@ -130,7 +130,7 @@ class Lanes:
     def __init__(
         self,
         report,
-        session,
+        sinks,
         cache: WindowCache,
         signals: BusSignals,
         committer: Committer,
@@ -138,7 +138,7 @@ class Lanes:
         metrics=None,
     ) -> None:
         self.report = report
-        self.session = session
+        self.sinks = sinks  # eventpush.sinks.Sinks: how a record reaches its target's kind
         self.cache = cache
         self.signals = signals
         self.committer = committer
@@ -346,14 +346,7 @@ class Lanes:
     async def attempt(self, runner: Runner, batch: list[Record], granted: Pass) -> Outcome:
         if batch[0].attempts:
             self.report.retried += 1
-        try:
-            body, headers = delivery.build_request(runner.target, batch, runner.transform)
-        except Exception as exc:  # a transform that cannot apply to this event: final
-            outcome = Outcome(
-                delivery.FINAL, None, f"transform failed: {first_line(exc)}", 0.0, reached=False
-            )
-        else:
-            outcome = await delivery.attempt(self.session, runner.target, body, headers)
+        outcome = await self.sinks.send(runner.target, batch, runner.transform)
         for r in batch:
             r.attempts += 1
         runner.last_outcome = outcome

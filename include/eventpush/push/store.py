@@ -73,7 +73,7 @@ class DeliveryRow:
     offset: int
     message_id: str
     attempts: int
-    http_status: int
+    http_status: int | None  # None: a sink without HTTP statuses (NATS)
     latency_ms: float
 
 
@@ -295,7 +295,7 @@ def commit(conn: Connection, wid: int, batch: CommitBatch) -> None:
             for d in deliveries:
                 buf.write(
                     f"{d.runner_id}\t{copy_text(d.runner)}\t{copy_text(d.bus)}\t{d.queue_id}\t"
-                    f"{d.offset}\t{copy_text(d.message_id)}\t{d.attempts}\t{d.http_status}\t"
+                    f"{d.offset}\t{copy_text(d.message_id)}\t{d.attempts}\t{copy_text(d.http_status)}\t"
                     f"{d.latency_ms:.3f}\n"
                 )
             buf.seek(0)

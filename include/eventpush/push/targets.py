@@ -15,6 +15,7 @@ later resolves to a denied address is refused too.
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -185,6 +186,47 @@ def check_address(address: str, policy: AddressPolicy | None = None) -> None:
         raise InvalidTargetUrlError(why)
 
 
+BUILTIN_SCHEMES = ("http", "https", "nats")
+# A NATS subject token: no separators, wildcards or whitespace (a target publishes to one
+# concrete subject).
+_NATS_TOKEN = re.compile(r"[^.*>\s/]+")
+
+
+def _check_nats(parts, port: int | None, where: str) -> None:
+    if port is None:
+        raise InvalidTargetUrlError(
+            f"target URL {where!r} has no port: write nats://HOST:PORT/SUBJECT (NATS uses 4222)"
+        )
+    subject = parts.path[1:]
+    if parts.query or parts.fragment or not subject:
+        raise InvalidTargetUrlError(
+            f"target URL {where!r} must be nats://HOST:PORT/SUBJECT: one subject as the path, "
+            "no query or fragment"
+        )
+    if not all(_NATS_TOKEN.fullmatch(t) for t in subject.split(".")):
+        raise InvalidTargetUrlError(
+            f"target URL {where!r}: {subject!r} is not a concrete NATS subject (dot-separated "
+            "tokens without '/', '*', '>' or spaces)"
+        )
+
+
+def _plugin_url(url: str, scheme: str, where: str, policy: AddressPolicy | None) -> str:
+    """A scheme a sink plug-in provides checks its own URLs."""
+    if scheme:
+        from eventpush.sinks import sink_kind
+
+        try:
+            kind = sink_kind(scheme)
+        except InvalidTargetUrlError:
+            pass
+        else:
+            return kind.validate_url(url, policy)
+    raise InvalidTargetUrlError(
+        f"target URL {where!r} must use http or https, nats, or a scheme a sink plug-in "
+        f"registers; not {scheme or 'no scheme'!r}"
+    )
+
+
 def validate_url(url: str, policy: AddressPolicy | None = None) -> str:
     """The URL, checked; raises InvalidTargetUrlError saying what is wrong."""
     if not isinstance(url, str) or not url.strip():
@@ -196,19 +238,24 @@ def validate_url(url: str, policy: AddressPolicy | None = None) -> str:
         port = parts.port
     except ValueError as exc:
         raise InvalidTargetUrlError(f"target URL {where!r} is malformed: {exc}") from None
-    if parts.scheme not in ("http", "https"):
-        raise InvalidTargetUrlError(
-            f"target URL {where!r} must use http or https, not {parts.scheme or 'no scheme'!r}"
-        )
+    if parts.scheme not in BUILTIN_SCHEMES:
+        return _plugin_url(url, parts.scheme, where, policy)
     host = parts.hostname
     if not host:
         raise InvalidTargetUrlError(f"target URL {where!r} has no host")
     if parts.username or parts.password:
+        if parts.scheme == "nats":
+            raise InvalidTargetUrlError(
+                "target URL must not carry credentials: put the NATS credentials in a file "
+                "named by EVENTPUSH_NATS_CREDENTIALS"
+            )
         raise InvalidTargetUrlError(
             "target URL must not carry credentials: give the target a --secret instead"
         )
     if port == 0:
         raise InvalidTargetUrlError(f"target URL {where!r} has port 0")
+    if parts.scheme == "nats":
+        _check_nats(parts, port, where)
     if host.rstrip(".").lower() in METADATA_HOSTS:
         raise InvalidTargetUrlError(f"target URL host {host!r} is a cloud metadata service")
     try:

@@ -322,7 +322,8 @@ class Puller:
             request = b'{"batch": %d, "no_wait": true}' % n
             try:
                 await self.nc.publish(self.next_subject, request, reply=self.sub.subject)
-                await asyncio.wait_for(done.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await done.wait()
             finally:
                 self.done = None
             if self.error is not None:
@@ -520,7 +521,8 @@ class NatsReader(Reader):
 
 async def _quietly(awaitable) -> None:
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(awaitable, REQUEST_TIMEOUT_S)
+        async with asyncio.timeout(REQUEST_TIMEOUT_S):
+            await awaitable
 
 
 # --- status and the batch jobs ------------------------------------------------------------------

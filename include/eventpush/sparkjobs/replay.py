@@ -240,8 +240,9 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
     import psycopg2.extras
 
     from eventpush.db import connect
-    from eventpush.push.delivery import DELIVERED, Record, deliver, load_targets, new_session
+    from eventpush.push.delivery import DELIVERED, Record, load_targets
     from eventpush.rules.transforms import compile_transform
+    from eventpush.sinks import Sinks
     from eventpush.sparkjobs.bus_events import source_bodies
 
     conn = connect(db_url, application_name="eventpush-replay")
@@ -282,7 +283,7 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
             raw = bodies[(row["runner_id"], row["queue_id"], row["offset"])]
             return Record(row["queue_id"], row["offset"], row["message_id"], json.loads(raw), raw)
 
-        async def send(first: int, batch: list, session) -> None:
+        async def send(first: int, batch: list, sinks) -> None:
             """One request of up to ``batch_size`` records, paced by its first record's index."""
             async with gate:
                 if interval:  # record i goes no earlier than i / rate
@@ -291,13 +292,13 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
                         await asyncio.sleep(delay)
                 target = targets[batch[0]["runner_id"]]
                 records = [record(row) for row in batch]
-                outcome = await deliver(session, target, records, transforms[target.runner_id])
+                outcome = await sinks.deliver(target, records, transforms[target.runner_id])
                 pairs = zip(batch, records, strict=True)
                 outcomes.extend((row, target, rec, outcome) for row, rec in pairs)
 
-        async def in_order(batches: list[tuple[int, list]], session) -> None:
+        async def in_order(batches: list[tuple[int, list]], sinks) -> None:
             for first, batch in batches:
-                await send(first, batch, session)
+                await send(first, batch, sinks)
 
         todo: dict[int, list] = {}
         skipped = 0
@@ -323,8 +324,8 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
                     line.append((first, queue_rows[k : k + target.batch_size]))
                     first += len(line[-1][1])
                 lines.extend([line] if target.ordered else [[b] for b in line])
-        async with new_session(policy=policy) as session:
-            await asyncio.gather(*(in_order(line, session) for line in lines))
+        async with Sinks(policy) as sinks:
+            await asyncio.gather(*(in_order(line, sinks) for line in lines))
 
         delivered = [o for o in outcomes if o[3].kind == DELIVERED]
         failed = [o for o in outcomes if o[3].kind != DELIVERED]

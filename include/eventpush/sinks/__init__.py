@@ -1,0 +1,182 @@
+"""Sinks: what sending needs from a kind of target, and how a kind is found by its URL scheme.
+
+A **sink kind** is a class; the engine and replay open one instance of it per process and send
+every target of that kind through it:
+
+- ``Kind(policy)`` opens it (cheap: connections are made on first use), with the address
+  policy every connection it makes must pass, checked on the resolved address;
+- ``await sink.send(target, records, transform)`` makes **one attempt** at one record or a
+  batch (``len(records) <= target.batch_size``) and classifies it as an
+  :class:`~eventpush.push.delivery.Outcome`: ``DELIVERED``, ``RETRY`` (with
+  ``retry_after_s`` when the target asked for a delay) or ``FINAL``. It never raises for
+  trouble with the target, and it never changes ``records`` (attempt counts, retries, rows
+  and offsets stay the engine's);
+- ``await sink.close()`` lets everything go;
+- ``Kind.validate_url(url, policy)`` checks a target URL when the target is created (the
+  built-in kinds are checked by :func:`eventpush.push.targets.validate_url`).
+
+A kind is found through the entry-point group ``eventpush.sinks``: the entry point's name is
+the URL scheme, its value the class. eventpush declares its own (``http``, ``https``,
+``nats``) in ``pyproject.toml``; a third party adds a scheme by declaring one in its own
+package, without editing eventpush. The built-in kinds are also known without metadata, so a
+checkout that was not reinstalled and Spark executors (which import eventpush from a zip)
+find them too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from importlib.metadata import EntryPoint, entry_points
+from typing import Protocol
+
+from eventpush import tracing
+from eventpush.push.delivery import (
+    FINAL,
+    RETRY,
+    Outcome,
+    Record,
+    Target,
+    backoff_s,
+    out_of_attempts,
+)
+from eventpush.push.slots import first_line
+from eventpush.push.targets import AddressPolicy, InvalidTargetUrlError, address_policy
+
+GROUP = "eventpush.sinks"
+BUILTIN = {
+    "http": "eventpush.sinks.http:HttpSink",
+    "https": "eventpush.sinks.http:HttpSink",
+    "nats": "eventpush.sinks.nats:NatsSink",
+}
+
+
+class Sink(Protocol):
+    """One open sink kind; see the module docstring for the contract."""
+
+    def __init__(self, policy: AddressPolicy) -> None: ...
+
+    @staticmethod
+    def validate_url(url: str, policy: AddressPolicy | None = None) -> str: ...
+
+    async def send(self, target: Target, records: list[Record], transform) -> Outcome: ...
+
+    async def close(self) -> None: ...
+
+
+class SinkConflictError(RuntimeError):
+    """Two installed packages claim the same URL scheme."""
+
+
+def scheme_of(url: str) -> str:
+    return url.partition(":")[0].strip().lower()
+
+
+@functools.cache
+def _entry_points() -> dict[str, EntryPoint]:
+    found: dict[str, EntryPoint] = {
+        name: EntryPoint(name, value, GROUP) for name, value in BUILTIN.items()
+    }
+    claimed: dict[str, EntryPoint] = {}
+    for ep in entry_points(group=GROUP):
+        name = ep.name.lower()
+        other = claimed.get(name)
+        if other is not None and other.value != ep.value:
+            raise SinkConflictError(
+                f"sink scheme {name!r} is claimed twice ({other.value} and {ep.value}): "
+                f"uninstall one of the packages declaring it in entry points {GROUP!r}"
+            )
+        claimed[name] = ep
+    for name, ep in claimed.items():
+        if name in BUILTIN and ep.value != BUILTIN[name]:
+            raise SinkConflictError(
+                f"sink scheme {name!r} is built in; a plug-in may not replace it with {ep.value}"
+            )
+        found[name] = ep
+    return found
+
+
+def schemes() -> list[str]:
+    """Every scheme a target URL may use here."""
+    return sorted(_entry_points())
+
+
+@functools.cache
+def sink_kind(scheme: str) -> type[Sink]:
+    """The sink class for ``scheme`` (InvalidTargetUrlError when nothing provides it)."""
+    ep = _entry_points().get(scheme.lower())
+    if ep is None:
+        raise InvalidTargetUrlError(
+            f"no sink for URL scheme {scheme!r}: known schemes are {', '.join(schemes())}; "
+            f"a plug-in adds one through the entry-point group {GROUP!r}"
+        )
+    return ep.load()
+
+
+def transform_failed(exc: BaseException) -> Outcome:
+    """A transform that cannot apply to these events: final, and nothing left the process."""
+    return Outcome(FINAL, None, f"transform failed: {first_line(exc)}", 0.0, reached=False)
+
+
+class Sinks:
+    """The sinks one process sends through: one open instance per kind, opened on first use,
+    all under one address policy (default: the environment's, read now so a bad range fails
+    at start)."""
+
+    def __init__(self, policy: AddressPolicy | None = None) -> None:
+        self.policy = policy if policy is not None else address_policy()
+        self._open: dict[type, Sink] = {}
+        self._by_url: dict[str, Sink] = {}
+
+    def sink_for(self, url: str) -> Sink:
+        sink = self._by_url.get(url)
+        if sink is None:
+            kind = sink_kind(scheme_of(url))
+            sink = self._open.get(kind)
+            if sink is None:
+                sink = self._open[kind] = kind(self.policy)
+            self._by_url[url] = sink
+        return sink
+
+    async def send(self, target: Target, records: list[Record], transform) -> Outcome:
+        """One attempt through the target's sink."""
+        try:
+            sink = self.sink_for(target.url)
+        except InvalidTargetUrlError as exc:  # its plug-in was uninstalled since
+            return Outcome(FINAL, None, str(exc), 0.0, reached=False)
+        return await sink.send(target, records, transform)
+
+    async def deliver(self, target: Target, records: list[Record], transform) -> Outcome:
+        """Attempts with retries inline (as replay does), each in its own trace span: the
+        final outcome, with ``records[*].attempts`` updated."""
+        start = time.monotonic()
+        for r in records:
+            r.first_seen = r.first_seen or start
+        while True:
+            with tracing.deliver_span(target, records, records[0].attempts + 1) as (span, parent):
+                token = tracing.OUTGOING.set(parent)
+                try:
+                    outcome = await self.send(target, records, transform)
+                finally:
+                    tracing.OUTGOING.reset(token)
+                tracing.finish_deliver_span(span, outcome)
+            for r in records:
+                r.attempts += 1
+            if outcome.kind != RETRY:
+                return outcome
+            delay = backoff_s(target, records[0].attempts, outcome.retry_after_s)
+            if out_of_attempts(target, records[0], time.monotonic(), delay):
+                return outcome
+            await asyncio.sleep(delay)
+
+    async def close(self) -> None:
+        sinks, self._open, self._by_url = list(self._open.values()), {}, {}
+        for sink in sinks:
+            await sink.close()
+
+    async def __aenter__(self) -> Sinks:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

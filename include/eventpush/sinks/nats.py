@@ -1,0 +1,276 @@
+"""NATS JetStream targets (``nats://HOST:PORT/SUBJECT``) as a sink.
+
+Each record becomes one message on ``SUBJECT`` with the body an HTTP target would get for it
+alone (transformed as the target says) and the same headers (``webhook-id`` and, with a
+secret, the Standard Webhooks signature), plus ``Nats-Msg-Id`` equal to ``webhook-id``: a
+record sent again after a crash, a lost acknowledgement or a replay is dropped by the server
+as a duplicate within its stream's duplicate window. A record counts as delivered on the
+JetStream acknowledgement (a duplicate's included). A batch is published at once and its
+acknowledgements awaited together; it is delivered when every record is.
+
+Classification: no stream listening on the subject (no responders) is final, as is any
+JetStream refusal other than 503 and a message over the server's payload limit or refused
+credentials; a broker that is down, restarting or slower than the target's timeout is
+retried.
+
+One connection per (host, port) is shared by every target on it. The host is resolved and
+every address checked against the address policy before connecting; the connection is then
+pinned to the checked address, so reconnections after a broker restart never reach another
+one (addresses a cluster advertises are ignored). Credentials come from the file
+``EVENTPUSH_NATS_CREDENTIALS`` names, never from the URL (see docs/OPERATIONS.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import socket
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import nats
+import nats.errors
+import nats.js.errors
+
+from eventpush import tracing
+from eventpush.config import ConfigError, redact
+from eventpush.push.delivery import (
+    DELIVERED,
+    FINAL,
+    RETRY,
+    Outcome,
+    Record,
+    Target,
+    build_request,
+)
+from eventpush.push.targets import AddressPolicy, RefusedAddressError, validate_url
+from eventpush.sinks import transform_failed
+
+log = logging.getLogger(__name__)
+
+CREDENTIALS_ENV = "EVENTPUSH_NATS_CREDENTIALS"
+RECONNECT_WAIT_S = 0.25
+# About 5 s of a broker gone, then the client closes and the next send resolves the host
+# again (a cluster's name may point at another node by then).
+MAX_RECONNECTS = 20
+CLOSE_TIMEOUT_S = 2.0
+MSG_ID = "Nats-Msg-Id"
+
+
+def split_url(url: str) -> tuple[str, int, str]:
+    """(host, port, subject) of a nats:// target URL already validated."""
+    rest = url.partition("://")[2]
+    authority, _, subject = rest.partition("/")
+    host, _, port = authority.rpartition(":")
+    return host.strip("[]"), int(port), subject
+
+
+def credentials() -> dict:
+    """nats-py connect options from the file ``EVENTPUSH_NATS_CREDENTIALS`` names: a NATS
+    ``.creds`` file (user JWT and seed), a ``user:password`` line or a token; none when unset."""
+    path = os.environ.get(CREDENTIALS_ENV, "").strip()
+    if not path:
+        return {}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            f"{CREDENTIALS_ENV} names {path}, which cannot be read: "
+            f"{exc.strerror or type(exc).__name__}"
+        ) from None
+    if "BEGIN NATS USER JWT" in text:
+        return {"user_credentials": path}
+    line = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if not line:
+        raise ConfigError(f"{CREDENTIALS_ENV} names {path}, which is empty")
+    user, sep, password = line.partition(":")
+    return {"user": user, "password": password} if sep else {"token": line}
+
+
+class _PinnedClient(nats.NATS):
+    """A client that never adds the servers a cluster advertises to its pool: they were not
+    checked against the address policy. Reconnections go to the checked address only."""
+
+    async def _process_info(self, info: dict, initial_connection: bool = False) -> None:
+        info = {key: value for key, value in info.items() if key != "connect_urls"}
+        await super()._process_info(info, initial_connection)
+
+
+class _Connection:
+    """One client, pinned to one checked address."""
+
+    def __init__(self, client: nats.NATS) -> None:
+        self.client = client
+        self.js = client.jetstream()
+
+
+class NatsSink:
+    """Every nats:// target of the process, one shared connection per (host, port)."""
+
+    validate_url = staticmethod(validate_url)
+
+    def __init__(self, policy: AddressPolicy) -> None:
+        self.policy = policy
+        self._conns: dict[tuple[str, int], _Connection] = {}
+        self._locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self._secrets: list[str] = []  # credential values, masked out of every error text
+
+    async def send(self, target: Target, records: list[Record], transform) -> Outcome:
+        started = time.perf_counter()
+        host, port, subject = split_url(target.url)
+        # One message per record: its own body and its own idempotency key.
+        single = target if target.batch_size == 1 else replace(target, batch_size=1)
+        try:
+            messages = [build_request(single, [r], transform) for r in records]
+        except Exception as exc:
+            return transform_failed(exc)
+        traceparent = tracing.OUTGOING.get()
+        futures: list[asyncio.Future] = []
+        try:
+            async with asyncio.timeout(target.timeout_ms / 1000):
+                js = (await self._connection(host, port)).js
+                for body, headers in messages:
+                    del headers["user-agent"]  # HTTP's; a stream consumer has no use for it
+                    headers[MSG_ID] = headers["webhook-id"]
+                    if traceparent is not None:
+                        headers["traceparent"] = traceparent
+                    futures.append(await js.publish_async(subject, body, headers=headers))
+                acks = await _settled(futures)
+        except TimeoutError:
+            what = "acknowledgement" if futures else "connection"
+            return self._outcome(target, RETRY, f"no {what} within {target.timeout_ms} ms", started)
+        except Exception as exc:
+            kind, error = self._classify(exc, subject)
+            outcome = self._outcome(target, kind, error, started)
+            outcome.reached = not isinstance(exc, RefusedAddressError | ConfigError)
+            return outcome
+        finally:
+            for future in futures:  # a timed-out wait leaves none pending in the client
+                future.cancel()
+        failures = [self._classify(a, subject) for a in acks if isinstance(a, BaseException)]
+        if not failures:
+            return self._outcome(target, DELIVERED, None, started)
+        # One final answer makes the whole batch final: another attempt cannot change it.
+        kind, error = min(failures, key=lambda f: f[0] != FINAL)
+        if len(failures) > 1:
+            error = f"{error} (and {len(failures) - 1} more of {len(records)})"
+        return self._outcome(target, kind, error, started)
+
+    def _outcome(self, target: Target, kind: str, error: str | None, started: float) -> Outcome:
+        if error is not None:
+            error = self._mask(redact(error, target.url))
+        return Outcome(kind, None, error, (time.perf_counter() - started) * 1000)
+
+    def _mask(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    @staticmethod
+    def _classify(exc: BaseException, subject: str) -> tuple[str, str]:
+        if isinstance(exc, nats.js.errors.NoStreamResponseError | nats.errors.NoRespondersError):
+            return FINAL, f"no JetStream stream takes subject {subject!r}"
+        if isinstance(exc, nats.js.errors.APIError):
+            why = f"JetStream refused the message: {exc.description or 'error'} (code {exc.code})"
+            return (RETRY if exc.code == 503 else FINAL), why
+        if isinstance(exc, nats.errors.MaxPayloadError):
+            return FINAL, "message larger than the server's max_payload"
+        if isinstance(exc, nats.errors.AuthorizationError):
+            return FINAL, "the NATS server refused the credentials"
+        if isinstance(exc, RefusedAddressError):
+            return FINAL, f"refused address: {exc}"
+        if isinstance(exc, ConfigError):
+            return RETRY, str(exc)
+        if isinstance(exc, TimeoutError):
+            return RETRY, "timed out"
+        text = str(exc).strip() or type(exc).__name__
+        return RETRY, f"{type(exc).__name__}: {text.splitlines()[0][:300]}"
+
+    async def _connection(self, host: str, port: int) -> _Connection:
+        key = (host, port)
+        conn = self._conns.get(key)
+        if conn is not None and not conn.client.is_closed:
+            return conn
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            conn = self._conns.get(key)
+            if conn is None or conn.client.is_closed:
+                conn = self._conns[key] = await self._connect(host, port)
+            return conn
+
+    async def _connect(self, host: str, port: int) -> _Connection:
+        address = await self._checked_address(host, port)
+        netloc = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+        options = credentials()
+        self._secrets = [v for k, v in options.items() if k in ("password", "token") and v]
+
+        connecting = True
+
+        async def on_error(exc: Exception) -> None:
+            log.debug(
+                "nats %s:%d: %s", host, port, self._mask(redact(f"{type(exc).__name__}: {exc}"))
+            )
+            # nats-py retries refused credentials forever; ending the first connect here
+            # makes them a final answer (raised out of connect, never out of a reconnect).
+            if connecting and _auth_refused(exc):
+                raise nats.errors.AuthorizationError
+
+        client = _PinnedClient()
+        try:
+            await client.connect(
+                servers=[f"nats://{netloc}"],
+                name="eventpush",
+                allow_reconnect=True,
+                max_reconnect_attempts=MAX_RECONNECTS,
+                reconnect_time_wait=RECONNECT_WAIT_S,
+                dont_randomize=True,
+                error_cb=on_error,
+                **options,
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(client.close())
+            raise
+        connecting = False
+        return _Connection(client)
+
+    async def _checked_address(self, host: str, port: int) -> str:
+        """The address to connect to, after every address of ``host`` passed the policy (a
+        name that mixes allowed and denied addresses is a rebinding trick, not a broker)."""
+        try:
+            ipaddress.ip_address(host)
+            infos = [(None, None, None, None, (host, port))]
+        except ValueError:
+            loop = asyncio.get_running_loop()
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        for info in infos:
+            self.policy.check(info[4][0])
+        return infos[0][4][0]
+
+    async def close(self) -> None:
+        conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await conn.client.close()
+
+
+async def _settled(futures: list[asyncio.Future]) -> list:
+    """Each acknowledgement or its exception; one alone is awaited without a gather (a
+    single-record send is the hot path of unbatched targets)."""
+    if len(futures) == 1:
+        try:
+            return [await futures[0]]
+        except Exception as exc:
+            return [exc]
+    return await asyncio.gather(*futures, return_exceptions=True)
+
+
+def _auth_refused(exc: BaseException) -> bool:
+    return isinstance(exc, nats.errors.AuthorizationError) or (
+        "authorization violation" in str(exc).lower()
+    )

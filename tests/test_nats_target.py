@@ -1,0 +1,436 @@
+"""NATS JetStream targets: a PostgreSQL bus pushed to ``nats://HOST:PORT/SUBJECT`` against a
+real ``nats-server -js`` of each test's own (tests/nats_support.py), real workers, real kills."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import nats
+import pytest
+from nats_support import (
+    free_port,
+    nats_server,  # noqa: F401
+    nats_server_binary,
+)
+
+from eventpush import catalog
+from eventpush.publish import publish
+from eventpush.push import run_worker
+from eventpush.push.targets import InvalidTargetUrlError, validate_url
+
+EXE = str(Path(sys.executable).with_name("eventpush"))
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def events(n: int, start: int = 0) -> list[str]:
+    return [
+        json.dumps({"id": f"ev-{i}", "source": "shop", "detail-type": "o", "detail": {"n": i}})
+        for i in range(start, start + n)
+    ]
+
+
+async def _add_stream(url: str, name: str, subjects: list[str], **auth) -> None:
+    nc = await nats.connect(url, **auth)
+    try:
+        # De-duplication holds within the stream's window (2 min by default); a Spark replay
+        # on a loaded machine can take longer than that, so the tests' streams keep 15 min.
+        await nc.jetstream().add_stream(name=name, subjects=subjects, duplicate_window=900)
+    finally:
+        await nc.close()
+
+
+def add_stream(url: str, name: str = "OUT", subjects: tuple[str, ...] = ("out.>",), **auth):
+    asyncio.run(_add_stream(url, name, list(subjects), **auth))
+
+
+async def _messages(url: str, stream: str, **auth) -> list[tuple[str, dict]]:
+    """Every message on ``stream``: (Nats-Msg-Id, body)."""
+    nc = await nats.connect(url, **auth)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(stream)
+        found = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            msg = await js.get_msg(stream, seq)
+            found.append((msg.headers["Nats-Msg-Id"], json.loads(msg.data)))
+        return found
+    finally:
+        await nc.close()
+
+
+def messages(url: str, stream: str = "OUT", **auth) -> list[tuple[str, dict]]:
+    return asyncio.run(_messages(url, stream, **auth))
+
+
+def topology(conn, url: str, **target) -> None:
+    catalog.create_bus(conn, "orders", 3)
+    catalog.create_rule(conn, "orders", "all", {"source": ["shop"]})
+    spec = {"max_attempts": 50, "backoff_ms": 100, **target}
+    catalog.create_target(conn, "orders", "all", catalog.TargetSpec(name="js", url=url, **spec))
+    catalog.create_worker(conn, "w1")
+    catalog.assign(conn)
+
+
+def rows(conn, sql: str, params: tuple = ()) -> list[tuple]:
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        out = cur.fetchall()
+    conn.commit()
+    return out
+
+
+def wait_for(check, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+# --- URLs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("nats://127.0.0.1/orders", "has no port"),
+        ("nats://127.0.0.1:4222", "one subject as the path"),
+        ("nats://127.0.0.1:4222/", "one subject as the path"),
+        ("nats://127.0.0.1:4222/a/b", "not a concrete NATS subject"),
+        ("nats://127.0.0.1:4222/orders.*", "not a concrete NATS subject"),
+        ("nats://127.0.0.1:4222/orders.>", "not a concrete NATS subject"),
+        ("nats://127.0.0.1:4222/orders..x", "not a concrete NATS subject"),
+        ("nats://127.0.0.1:4222/orders?x=1", "no query or fragment"),
+        ("nats://:4222/orders", "has no host"),
+        ("nats://127.0.0.1:0/orders", "port 0"),
+        ("nats://127.0.0.2:4222/orders", "denied range 127.0.0.0/8"),
+        ("nats://169.254.169.254:4222/orders", "cloud metadata"),
+        ("nats://metadata.google.internal:4222/orders", "cloud metadata"),
+        ("natsx://127.0.0.1:4222/orders", "must use http or https"),
+    ],
+)
+def test_bad_nats_urls_are_refused_with_the_reason(url, why):
+    with pytest.raises(InvalidTargetUrlError, match=why.replace(".", r"\.")):
+        validate_url(url)
+
+
+def test_a_nats_url_with_credentials_is_refused_without_showing_them():
+    with pytest.raises(InvalidTargetUrlError) as info:
+        validate_url("nats://alice:hunter2secret@127.0.0.1:4222/orders")
+    assert "EVENTPUSH_NATS_CREDENTIALS" in str(info.value)
+    assert "hunter2secret" not in str(info.value)
+
+
+def test_good_nats_urls_pass():
+    assert validate_url("nats://127.0.0.1:4222/orders") == "nats://127.0.0.1:4222/orders"
+    assert validate_url("nats://nats.example.com:4222/shop.orders.v1")
+
+
+# --- delivery --------------------------------------------------------------------------------
+
+
+def test_every_event_lands_once_with_its_webhook_id(conn, nats_server):  # noqa: F811
+    add_stream(nats_server.url)
+    topology(conn, f"{nats_server.url}/out.orders")
+    publish(conn, "orders", events(300))
+    report = run_worker("w1", until_idle=True, max_seconds=60)
+    assert (report.delivered, report.failed) == (300, 0)
+    found = messages(nats_server.url)
+    assert sorted(mid for mid, _ in found) == sorted(f"msg_ev-{i}" for i in range(300))
+    assert sorted(body["detail"]["n"] for _, body in found) == list(range(300))
+    assert rows(conn, "SELECT count(*), count(http_status) FROM event_push_delivery") == [(300, 0)]
+    assert rows(conn, "SELECT count(*) FROM event_push_failure") == [(0,)]
+
+
+def test_batches_publish_one_message_per_record(conn, nats_server):  # noqa: F811
+    add_stream(nats_server.url)
+    topology(conn, f"{nats_server.url}/out.orders", batch_size=10, concurrency=4)
+    publish(conn, "orders", events(95))
+    report = run_worker("w1", until_idle=True, max_seconds=60)
+    assert (report.delivered, report.failed) == (95, 0)
+    found = messages(nats_server.url)
+    assert sorted(mid for mid, _ in found) == sorted(f"msg_ev-{i}" for i in range(95))
+
+
+def test_no_stream_is_final_and_replay_delivers_once_a_stream_exists(conn, nats_server, cli):  # noqa: F811
+    topology(conn, f"{nats_server.url}/out.orders")
+    publish(conn, "orders", events(5))
+    started = time.monotonic()
+    report = run_worker("w1", until_idle=True, max_seconds=60)
+    assert (report.delivered, report.failed) == (0, 5)
+    assert time.monotonic() - started < 30  # final at once, not retried 50 times
+    failures = rows(
+        conn, "SELECT attempts, http_status, last_error, status FROM event_push_failure"
+    )
+    assert len(failures) == 5
+    for attempts, status, error, state in failures:
+        assert (attempts, status, state) == (1, None, "failed")
+        assert "no JetStream stream takes subject 'out.orders'" in error
+    add_stream(nats_server.url)
+    r = cli("replay", "--bus", "orders", "--what", "failed", "--json")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert (result["selected"], result["delivered"], result["failed"]) == (5, 5, 0)
+    assert sorted(mid for mid, _ in messages(nats_server.url)) == [f"msg_ev-{i}" for i in range(5)]
+    assert rows(conn, "SELECT DISTINCT status FROM event_push_failure") == [("replayed",)]
+    # A replay sent again lands nowhere new: the server drops it by Nats-Msg-Id.
+    since = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
+    r = cli("replay", "--bus", "orders", "--what", "all", "--since", since, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["delivered"] == 5
+    assert len(messages(nats_server.url)) == 5
+
+
+def test_crashes_of_worker_and_broker_lose_nothing_and_duplicate_nothing(conn, nats_server):  # noqa: F811
+    """A worker SIGKILLed twice mid-run and the NATS server SIGKILLed and restarted mid-run:
+    every event is on the stream exactly once (by Nats-Msg-Id), none failed."""
+    n = 20_000
+    add_stream(nats_server.url)
+    topology(conn, f"{nats_server.url}/out.orders", timeout_ms=2000, concurrency=8)
+    publish(conn, "orders", events(n))
+
+    def delivered() -> int:
+        sql = 'SELECT count(DISTINCT (queue_id, "offset")) FROM event_push_delivery'
+        return rows(conn, sql)[0][0]
+
+    def worker() -> subprocess.Popen:
+        return subprocess.Popen(
+            [EXE, "worker", "run", "w1", "--max-seconds", "600", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    # Each kill waits for the process it kills to have committed a tenth of the events.
+    at_kills = [0]
+    for _ in range(2):  # two SIGKILLs of the worker
+        proc = worker()
+        wait_for(lambda: delivered() >= at_kills[-1] + n // 10, 300, "a tenth more")
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=10)
+        at_kills.append(delivered())
+    proc = worker()
+    wait_for(lambda: delivered() >= at_kills[-1] + n // 10, 300, "a tenth more")
+    nats_server.kill()
+    at_kills.append(delivered())
+    # Down longer than the target's 2 s timeout: sends under way time out and are retried
+    # (and what nats-py buffered meanwhile is flushed on reconnection: duplicates to drop).
+    time.sleep(3.0)
+    assert proc.poll() is None, "the worker stopped while the broker was down"
+    nats_server.start()
+    wait_for(lambda: delivered() >= n, 300, "every event delivered after the restart")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert max(at_kills) < n, f"a kill came after the run, not during it: {at_kills}"
+    report = json.loads(out)
+    assert report["retried"] > 0, f"the worker never met the dead broker: {report}"
+    done = subprocess.run(
+        [EXE, "worker", "run", "w1", "--until-idle", "--max-seconds", "120", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    found = messages(nats_server.url)
+    events_on_stream = [body["id"] for _, body in found]
+    assert len(events_on_stream) == len(set(events_on_stream)), "a duplicate reached the stream"
+    assert sorted(events_on_stream) == sorted(f"ev-{i}" for i in range(n)), "an event is missing"
+    assert all(mid == f"msg_{body['id']}" for mid, body in found)
+    assert rows(conn, "SELECT count(*) FROM event_push_failure") == [(0,)]
+    assert rows(
+        conn,
+        'SELECT count(DISTINCT (queue_id, "offset")) FROM event_push_delivery',
+    ) == [(n,)]
+
+
+# --- the address policy ----------------------------------------------------------------------
+
+
+class AcceptRecorder:
+    """A TCP listener on 127.0.0.2 that counts the connections it accepts."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.2", 0))
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            self.accepted += 1
+            c.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+def test_a_nats_target_on_a_denied_address_is_never_connected(conn, monkeypatch):
+    listener = AcceptRecorder()
+    try:
+        # Created while the range was open; the worker runs under the tests' policy, which
+        # denies 127.0.0.2 (a name resolving there would be refused the same way).
+        monkeypatch.setenv("EVENTPUSH_ALLOW_CIDRS", "127.0.0.0/8")
+        topology(conn, f"nats://127.0.0.2:{listener.port}/out.orders", max_attempts=3)
+        monkeypatch.setenv("EVENTPUSH_ALLOW_CIDRS", "127.0.0.1/32,::1/128")
+        publish(conn, "orders", events(4))
+        report = run_worker("w1", until_idle=True, max_seconds=60)
+        assert (report.delivered, report.failed) == (0, 4)
+        errors = rows(conn, "SELECT attempts, last_error FROM event_push_failure")
+        assert len(errors) == 4
+        for attempts, error in errors:
+            assert attempts == 1
+            assert "refused address: address 127.0.0.2 is in the denied range" in error
+        assert listener.accepted == 0
+        # The recorder does record: a plain connection is counted.
+        socket.create_connection(("127.0.0.2", listener.port)).close()
+        wait_for(lambda: listener.accepted == 1, 5, "the control connection")
+    finally:
+        listener.close()
+
+
+# --- credentials -----------------------------------------------------------------------------
+
+PASSWORD = "pw-Zq81Xv7Lm3"
+
+
+@pytest.fixture
+def auth_server(tmp_path):
+    """A nats-server of its own that wants a user and password."""
+    binary = nats_server_binary()
+    if binary is None:
+        pytest.fail("nats-server is not installed: scripts/setup.sh installs Debian's")
+    port = free_port()
+    args = [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(tmp_path / "js")]
+    proc = subprocess.Popen(
+        [*args, "--user", "pusher", "--pass", PASSWORD],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"nats://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_credentials_come_from_a_file_and_never_show(
+    conn, auth_server, tmp_path, cli, monkeypatch, caplog
+):
+    auth = {"user": "pusher", "password": PASSWORD}
+    add_stream(auth_server, **auth)
+    creds = tmp_path / "nats.creds"
+    creds.write_text(f"pusher:{PASSWORD}\n")
+    env = {"EVENTPUSH_NATS_CREDENTIALS": str(creds)}
+    outputs = []
+    for args in (
+        ("bus", "create", "orders", "--queues", "2"),
+        ("rule", "create", "--bus", "orders", "--name", "all", "--pattern", '{"source":["shop"]}'),
+        (
+            "target",
+            "create",
+            "--bus",
+            "orders",
+            "--rule",
+            "all",
+            "--name",
+            "js",
+            "--url",
+            f"{auth_server}/out.orders",
+        ),
+        ("worker", "create", "w1"),
+        ("assign",),
+    ):
+        r = cli(*args, env=env)
+        assert r.returncode == 0, r.stderr
+        outputs.append(r.stdout + r.stderr)
+    assert f"-> {auth_server}/out.orders" in outputs[2]
+    r = cli("publish", "--bus", "orders", input="\n".join(events(20)), env=env)
+    assert r.returncode == 0, r.stderr
+    r = cli("worker", "run", "w1", "--until-idle", "--max-seconds", "60", "--json", env=env)
+    outputs.append(r.stdout + r.stderr)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["delivered"] == 20
+    assert len(messages(auth_server, **auth)) == 20
+
+    # A wrong password: final failures; no text, log line (debug included) or output holds
+    # either password.
+    creds.write_text("pusher:not-the-password-Qw9\n")
+    r = cli("publish", "--bus", "orders", input="\n".join(events(3, 100)), env=env)
+    assert r.returncode == 0, r.stderr
+    monkeypatch.setenv("EVENTPUSH_NATS_CREDENTIALS", str(creds))
+    caplog.set_level(logging.DEBUG)
+    report = run_worker("w1", until_idle=True, max_seconds=60)
+    assert (report.delivered, report.failed) == (0, 3)
+    outputs.append("\n".join(r.getMessage() + str(r.exc_info) for r in caplog.records))
+    for args in (("status", "--json"), ("target", "create", "--help")):
+        r = cli(*args, env=env)
+        outputs.append(r.stdout + r.stderr)
+    everything = "\n".join(outputs) + "\n".join(
+        str(row)
+        for table in (
+            "event_target",
+            "event_push_failure",
+            "event_push_delivery",
+            "event_push_worker",
+            "event_runtime_control",
+        )
+        for row in rows(conn, f"SELECT * FROM {table}")  # noqa: S608 (fixed names)
+    )
+    assert "credentials" in rows(conn, "SELECT last_error FROM event_push_failure")[0][0]
+    for secret in (PASSWORD, "not-the-password-Qw9"):
+        assert secret not in everything
+
+
+def test_the_cli_creates_a_nats_target_and_shows_its_url(cli, db_url):
+    for args in (
+        ("bus", "create", "orders", "--queues", "1"),
+        ("rule", "create", "--bus", "orders", "--name", "all", "--pattern", '{"source":["shop"]}'),
+    ):
+        assert cli(*args).returncode == 0
+    r = cli(
+        "target", "create", "--bus", "orders", "--rule", "all", "--name", "js",
+        "--url", "nats://127.0.0.1:4222/out.orders",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (
+        "target created; runner orders/all/js -> nats://127.0.0.1:4222/out.orders"
+    )
+    r = cli(
+        "target", "create", "--bus", "orders", "--rule", "all", "--name", "js2",
+        "--url", "nats://u:s3cr3t-pw@127.0.0.1:4222/out.orders",
+    )  # fmt: skip
+    assert r.returncode != 0
+    assert "s3cr3t-pw" not in r.stdout + r.stderr
+    assert "EVENTPUSH_NATS_CREDENTIALS" in r.stderr
