@@ -357,13 +357,21 @@ class Lanes:
         """``attempt`` in a span of its own whose ``traceparent`` the request carries
         (``tracing.OUTGOING``), observed in the worker's metrics."""
         retry = batch[0].attempts > 0
-        with tracing.deliver_span(runner.target, batch, batch[0].attempts + 1) as (span, parent):
-            token = tracing.OUTGOING.set(parent)
+        if not tracing.enabled():  # the usual case, kept free of span machinery
+            token = tracing.OUTGOING.set(tracing.unrecorded_traceparent(batch[0].event))
             try:
                 outcome = await self.attempt(runner, batch, granted)
             finally:
                 tracing.OUTGOING.reset(token)
-            tracing.finish_deliver_span(span, outcome)
+        else:
+            attempt_no = batch[0].attempts + 1
+            with tracing.deliver_span(runner.target, batch, attempt_no) as (span, parent):
+                token = tracing.OUTGOING.set(parent)
+                try:
+                    outcome = await self.attempt(runner, batch, granted)
+                finally:
+                    tracing.OUTGOING.reset(token)
+                tracing.finish_deliver_span(span, outcome)
         if self.metrics is not None:
             self.metrics.attempted(
                 runner.target.runner, outcome.kind, outcome.latency_ms / 1000, retry
