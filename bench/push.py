@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/push.py [all|throughput|batch|latency|isolation|memory]
     .venv/bin/python bench/push.py [drain|metrics]   # no wrk; metrics: /metrics scraped or not
+    .venv/bin/python bench/push.py clients   # bare client loops, aiohttp vs the engine's
 
 The receiver (``python -m eventpush.demo.receiver``) runs in a process of its own on loopback;
 wrk hits the same receiver in the same run, so the ratio compares like with like.
@@ -116,6 +117,57 @@ def bench_batch(n: int = 200_000) -> None:
         f"requests/s {rate / 100:,.0f} vs wrk {ceiling:,.0f}; CPU per delivery: loop thread "
         f"{loop_us:.1f} us, process {all_us:.1f} us"
     )
+
+
+async def _client_loop(kind: str, url: str, n: int, in_flight: int) -> tuple[float, float]:
+    """n POSTs, in_flight at a time, by a bare client loop: (requests/s, loop CPU us/request)."""
+    import asyncio
+
+    import aiohttp
+
+    from eventpush.push import delivery
+
+    body = json.dumps({"source": "shop.orders", "detail": {"order": 1}}).encode()
+    headers = {"content-type": "application/json", "webhook-id": "msg_x"}
+    target = delivery.Target(1, "b/r/t", "b", 1, "r", "{}", "t", url)
+    if kind == "aiohttp":
+        session = aiohttp.ClientSession()
+
+        async def post() -> None:
+            async with session.post(url, data=body, headers=headers) as resp:
+                await resp.read()
+    else:  # the engine's own attempt: pyreqwest, pinned, streamed with the body cap
+        session = delivery.new_session()
+
+        async def post() -> None:
+            await delivery.attempt(session, target, body, headers)
+
+    async def one(k: int) -> None:
+        for _ in range(k):
+            await post()
+
+    started, cpu = time.perf_counter(), time.thread_time()
+    await asyncio.gather(*(one(n // in_flight) for _ in range(in_flight)))
+    elapsed, cpu = time.perf_counter() - started, time.thread_time() - cpu
+    await session.close()
+    return n / elapsed, cpu / n * 1e6
+
+
+def bench_clients(n: int = 20_000, in_flight: int = 64, rounds: int = 2) -> None:
+    """The delivery client chosen by measurement: aiohttp against delivery.attempt (pyreqwest)
+    as bare loops on uvloop, beside wrk, alternated."""
+    import uvloop
+
+    with ReceiverProcess() as rx:
+        for r in range(rounds):
+            ceiling = wrk_rate(rx.url + "/ok/wrk")
+            for kind in ("aiohttp", "delivery.attempt"):
+                rate, cpu_us = uvloop.run(_client_loop(kind, rx.url + "/ok/c", n, in_flight))
+                print(
+                    f"clients round {r + 1}, {kind}: {rate:,.0f} req/s = {rate / ceiling:.2f} "
+                    f"of wrk {ceiling:,.0f}; loop thread {cpu_us:.1f} us CPU/request"
+                )
+                sys.stdout.flush()
 
 
 def bench_latency(rate: int = 1000, seconds: int = 20) -> None:
@@ -283,12 +335,14 @@ def main() -> None:
             "memory",
             "drain",
             "metrics",
+            "clients",
         ],
     )
     args = parser.parse_args()
     print(f"machine: {machine()}")
-    for name in ("throughput", "batch", "latency", "isolation", "memory", "drain", "metrics"):
-        if args.which == name or (args.which == "all" and name not in ("drain", "metrics")):
+    extra = ("drain", "metrics", "clients")
+    for name in ("throughput", "batch", "latency", "isolation", "memory", *extra):
+        if args.which == name or (args.which == "all" and name not in extra):
             globals()[f"bench_{name}"]()
             sys.stdout.flush()
 

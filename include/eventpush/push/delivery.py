@@ -6,8 +6,9 @@ delivered; 5xx, 408, 429, timeouts and connection errors retried; any other stat
 
 Targets are treated as adversaries: a redirect is an answer (final, never followed), a body is
 read up to ``BODY_CAP`` bytes and the connection dropped past that, ``Retry-After`` is clamped
-to finite bounds, every socket is checked against the address policy right before it connects,
-and every error text passes :func:`eventpush.config.redact` before it leaves this module.
+to finite bounds, every address is checked against the address policy and the client pinned
+to it before it connects (:class:`Session`), and every error text passes
+:func:`eventpush.config.redact` before it leaves this module.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pyreqwest.exceptions import PyreqwestError, RequestTimeoutError
 
 from eventpush import tracing
 from eventpush.config import redact, redact_url
-from eventpush.push.policy import DEFAULTS
+from eventpush.push.policy import DEFAULTS, LIMITS
 from eventpush.push.targets import (
     AddressPolicy,
     InvalidTargetUrlError,
@@ -45,7 +46,8 @@ RETRY_AFTER_CAP_S = 300.0
 BACKOFF_CAP_S = 60.0
 BODY_CAP = 64 * 1024  # what we read of an answer; a target may send more, we never hold it
 PIN_TTL_S = 60.0  # how long a checked address stays pinned before the name is resolved again
-RETIRED_CLOSE_S = 330.0  # past the longest target timeout: a re-pinned client has no sends left
+# A re-pinned client is closed once no send can still be using it: past the longest timeout.
+RETIRED_CLOSE_S = LIMITS["timeout_ms"][1] / 1000 + 30
 # RFC 9110 delay-seconds is digits only; a fraction is tolerated, signs and exponents are not.
 _DELAY_SECONDS = re.compile(r"\d+(\.\d+)?")
 
@@ -251,7 +253,7 @@ class Session:
         self._routes.clear()
         self._retired.clear()
         for client in clients.values():
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # a client that will not close stops nothing
                 await client.close()
 
     def timeout(self, ms: int) -> timedelta:
