@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/push.py [all|throughput|batch|latency|isolation|memory]
     .venv/bin/python bench/push.py [drain|metrics]   # no wrk; metrics: /metrics scraped or not
+    .venv/bin/python bench/push.py clients   # bare client loops, aiohttp vs the engine's
 
 The receiver (``python -m eventpush.demo.receiver``) runs in a process of its own on loopback;
 wrk hits the same receiver in the same run, so the ratio compares like with like.
@@ -74,40 +75,99 @@ def wrk_rate(url: str, seconds: int = 5, connections: int = 64) -> float:
     return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
 
 
-def _drain(n: int, **spec) -> tuple[float, float, int]:
+def _drain(n: int, **spec) -> tuple[float, float, int, tuple[float, float]]:
     """Publish n events for four targets and push them all with one worker; returns the
-    receiver's wrk ceiling (same run), seconds and deliveries."""
+    receiver's wrk ceiling (the mean of a wrk run just before and one just after, so a load
+    change on a shared machine hits both sides of the ratio alike), seconds, deliveries, and
+    CPU microseconds per delivery of the event loop thread and of the whole worker process
+    (HTTP client and database threads included): figures a loaded machine bends far less."""
     with ReceiverProcess() as rx, scratch_database() as url:
         conn = psycopg2.connect(url)
         topology(conn, rx.url, ["/ok/a", "/ok/b", "/ok/c", "/ok/d"], **spec)
         for i in range(0, n, 50_000):
             publish(conn, "orders", events(min(50_000, n - i), i))
-        started = time.perf_counter()
+        before = wrk_rate(rx.url + "/ok/wrk")
+        started, loop_cpu, cpu = time.perf_counter(), time.thread_time(), time.process_time()
         report = run_worker("w1", until_idle=True, max_seconds=600)
         elapsed = time.perf_counter() - started
-        ceiling = wrk_rate(rx.url + "/ok/wrk")
-    return ceiling, elapsed, report.delivered
+        loop_cpu, cpu = time.thread_time() - loop_cpu, time.process_time() - cpu
+        after = wrk_rate(rx.url + "/ok/wrk")
+    per = 1e6 / report.delivered
+    return (before + after) / 2, elapsed, report.delivered, (loop_cpu * per, cpu * per)
 
 
 def bench_throughput(n: int = 20_000) -> None:
-    # 8 per target (32 in flight) beat 16 and 64 here: fewer sockets, less loop overhead.
-    ceiling, elapsed, delivered = _drain(n, concurrency=8)
+    """Default target settings (16 in flight per target)."""
+    ceiling, elapsed, delivered, (loop_us, all_us) = _drain(n)
     rate = delivered / elapsed
     print(
         f"throughput, 1 event/request, 4 targets: {delivered:,} deliveries in "
         f"{elapsed:.1f} s = {rate:,.0f}/s; wrk on the same receiver {ceiling:,.0f} req/s; "
-        f"ratio {rate / ceiling:.2f} (goal 0.50)"
+        f"ratio {rate / ceiling:.2f} (goal 0.80); CPU per delivery: loop thread "
+        f"{loop_us:.0f} us, process {all_us:.0f} us"
     )
 
 
 def bench_batch(n: int = 200_000) -> None:
-    ceiling, elapsed, delivered = _drain(n, batch_size=100)
+    ceiling, elapsed, delivered, (loop_us, all_us) = _drain(n, batch_size=100)
     rate = delivered / elapsed
     print(
         f"throughput, batches of 100, 4 targets: {delivered:,} event deliveries in "
         f"{elapsed:.1f} s = {rate:,.0f} events/s (goal 50,000: {rate / 50_000:.2f}x); "
-        f"requests/s {rate / 100:,.0f} vs wrk {ceiling:,.0f}"
+        f"requests/s {rate / 100:,.0f} vs wrk {ceiling:,.0f}; CPU per delivery: loop thread "
+        f"{loop_us:.1f} us, process {all_us:.1f} us"
     )
+
+
+async def _client_loop(kind: str, url: str, n: int, in_flight: int) -> tuple[float, float]:
+    """n POSTs, in_flight at a time, by a bare client loop: (requests/s, loop CPU us/request)."""
+    import asyncio
+
+    import aiohttp
+
+    from eventpush.push import delivery
+
+    body = json.dumps({"source": "shop.orders", "detail": {"order": 1}}).encode()
+    headers = {"content-type": "application/json", "webhook-id": "msg_x"}
+    target = delivery.Target(1, "b/r/t", "b", 1, "r", "{}", "t", url)
+    if kind == "aiohttp":
+        session = aiohttp.ClientSession()
+
+        async def post() -> None:
+            async with session.post(url, data=body, headers=headers) as resp:
+                await resp.read()
+    else:  # the engine's own attempt: pyreqwest, pinned, streamed with the body cap
+        session = delivery.new_session()
+
+        async def post() -> None:
+            await delivery.attempt(session, target, body, headers)
+
+    async def one(k: int) -> None:
+        for _ in range(k):
+            await post()
+
+    started, cpu = time.perf_counter(), time.thread_time()
+    await asyncio.gather(*(one(n // in_flight) for _ in range(in_flight)))
+    elapsed, cpu = time.perf_counter() - started, time.thread_time() - cpu
+    await session.close()
+    return n / elapsed, cpu / n * 1e6
+
+
+def bench_clients(n: int = 20_000, in_flight: int = 64, rounds: int = 2) -> None:
+    """The delivery client chosen by measurement: aiohttp against delivery.attempt (pyreqwest)
+    as bare loops on uvloop, beside wrk, alternated."""
+    import uvloop
+
+    with ReceiverProcess() as rx:
+        for r in range(rounds):
+            ceiling = wrk_rate(rx.url + "/ok/wrk")
+            for kind in ("aiohttp", "delivery.attempt"):
+                rate, cpu_us = uvloop.run(_client_loop(kind, rx.url + "/ok/c", n, in_flight))
+                print(
+                    f"clients round {r + 1}, {kind}: {rate:,.0f} req/s = {rate / ceiling:.2f} "
+                    f"of wrk {ceiling:,.0f}; loop thread {cpu_us:.1f} us CPU/request"
+                )
+                sys.stdout.flush()
 
 
 def bench_latency(rate: int = 1000, seconds: int = 20) -> None:
@@ -275,12 +335,14 @@ def main() -> None:
             "memory",
             "drain",
             "metrics",
+            "clients",
         ],
     )
     args = parser.parse_args()
     print(f"machine: {machine()}")
-    for name in ("throughput", "batch", "latency", "isolation", "memory", "drain", "metrics"):
-        if args.which == name or (args.which == "all" and name not in ("drain", "metrics")):
+    extra = ("drain", "metrics", "clients")
+    for name in ("throughput", "batch", "latency", "isolation", "memory", *extra):
+        if args.which == name or (args.which == "all" and name not in extra):
             globals()[f"bench_{name}"]()
             sys.stdout.flush()
 

@@ -147,6 +147,7 @@ class WorkerMetrics:
         )
         self.loop_lag.labels(worker)
         self.held: set[str] = set()  # runners whose gauges are set now
+        self._attempt_children: dict[tuple[str, str], object] = {}
         self.server = None
         self.thread = None
 
@@ -162,7 +163,12 @@ class WorkerMetrics:
                 self.deliveries.labels(runner, outcome).inc(n)
 
     def attempted(self, runner: str, outcome: str, seconds: float, retry: bool) -> None:
-        self.attempt_seconds.labels(runner, outcome).observe(seconds)
+        # One labelled child per runner and outcome, looked up once: this runs per request.
+        child = self._attempt_children.get((runner, outcome))
+        if child is None:
+            child = self.attempt_seconds.labels(runner, outcome)
+            self._attempt_children[runner, outcome] = child
+        child.observe(seconds)
         if retry:
             self.retries.labels(runner).inc()
 

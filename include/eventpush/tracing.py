@@ -105,7 +105,7 @@ def traceparent_of(span: trace.Span) -> str:
     return carrier["traceparent"]
 
 
-def _unrecorded_traceparent(event: object) -> str:
+def unrecorded_traceparent(event: object) -> str:
     """A traceparent for an attempt nobody records: the event's trace id when it has a valid
     one, else a new one; a new span id; not sampled. The SDK's non-recording span costs
     about 15 times this on every request."""
@@ -123,7 +123,7 @@ def deliver_span(target, records, attempt: int):
     """The span of one delivery attempt, a child of the first record's trace when it has
     one; yields (span, traceparent header value)."""
     if not enabled():
-        yield trace.INVALID_SPAN, _unrecorded_traceparent(records[0].event)
+        yield trace.INVALID_SPAN, unrecorded_traceparent(records[0].event)
         return
     span = tracer().start_span(
         "eventpush.deliver",

@@ -44,9 +44,13 @@ def outcome_rows(
         extra, row = (outcome.http_status, outcome.latency_ms), store.DeliveryRow
     else:
         extra, row = (outcome.http_status, outcome.error or "failed"), store.FailureRow
-    t = target
+    rid, runner, bus = target.runner_id, target.runner, target.bus
+    status, last = extra
+    # tuple.__new__ straight away: a NamedTuple's own __new__ is a Python function, and this
+    # runs once per record finished, on the event loop.
+    make = tuple.__new__
     return [
-        row(t.runner_id, t.runner, t.bus, r.queue_id, r.offset, r.message_id, r.attempts, *extra)
+        make(row, (rid, runner, bus, r.queue_id, r.offset, r.message_id, r.attempts, status, last))
         for r in batch
     ]
 

@@ -49,9 +49,7 @@ class QueueCursor:
         self.last_message_id = message_id
 
     def committable(self) -> int:
-        for offset in self.inflight:
-            return offset
-        return self.pulled
+        return next(iter(self.inflight)) if self.inflight else self.pulled
 
     def span(self) -> int:
         return self.pulled - self.committable()
@@ -60,9 +58,11 @@ class QueueCursor:
         """Backpressure: stop pulling while any bound is passed. The span counts from the
         committed offset as well as from the oldest record in flight, so while commits fail
         the runner stops taking new work and finished rows waiting for a commit stay few."""
+        inflight = self.inflight  # called per record pulled: the span is inlined
+        pulled = self.pulled
         return (
-            len(self.inflight) >= records
+            len(inflight) >= records
             or self.inflight_bytes >= size
-            or self.span() >= span
-            or self.pulled - self.committed_db >= UNCOMMITTED_SPANS * span
+            or pulled - (next(iter(inflight)) if inflight else pulled) >= span
+            or pulled - self.committed_db >= UNCOMMITTED_SPANS * span
         )

@@ -7,14 +7,17 @@ delivered; 5xx, 408, 429, timeouts and connection errors retried; any other stat
 
 Targets are treated as adversaries: a redirect is an answer (final, never followed), a body is
 read up to ``BODY_CAP`` bytes and the connection dropped past that, ``Retry-After`` is clamped
-to finite bounds, every socket is checked against the address policy right before it connects,
-and every error text passes :func:`eventpush.config.redact` before it leaves this module.
+to finite bounds, every address is checked against the address policy and the client pinned
+to it before it connects (:class:`Session`), and every error text passes
+:func:`eventpush.config.redact` before it leaves this module.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import ipaddress
 import json
 import math
 import random
@@ -22,16 +25,16 @@ import re
 import socket
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
+from urllib.parse import urlsplit
 
-import aiohttp
-from aiohttp.abc import AbstractResolver
-from aiohttp.resolver import DefaultResolver
+from pyreqwest.client import Client, ClientBuilder
+from pyreqwest.exceptions import PyreqwestError, RequestTimeoutError
 
 from eventpush import tracing
 from eventpush.config import redact, redact_url
-from eventpush.push.policy import DEFAULTS
+from eventpush.push.policy import DEFAULTS, LIMITS
 from eventpush.push.targets import (
     AddressPolicy,
     InvalidTargetUrlError,
@@ -43,6 +46,9 @@ USER_AGENT = "eventpush/0.1"
 RETRY_AFTER_CAP_S = 300.0
 BACKOFF_CAP_S = 60.0
 BODY_CAP = 64 * 1024  # what we read of an answer; a target may send more, we never hold it
+PIN_TTL_S = 60.0  # how long a checked address stays pinned before the name is resolved again
+# A re-pinned client is closed once no send can still be using it: past the longest timeout.
+RETIRED_CLOSE_S = LIMITS["timeout_ms"][1] / 1000 + 30
 # RFC 9110 delay-seconds is digits only; a fraction is tolerated, signs and exponents are not.
 _DELAY_SECONDS = re.compile(r"\d+(\.\d+)?")
 
@@ -217,74 +223,145 @@ def out_of_attempts(target: Target, record: Record, now: float, delay: float = 0
     return (now + delay) - record.first_seen > target.max_age_s
 
 
-class GuardedResolver(AbstractResolver):
-    """Resolves like aiohttp does, then refuses the name when any of its addresses is denied
-    (a name that mixes a public and a private address is a rebinding trick, not a target)."""
+class Session:
+    """The pooled HTTP client of a worker or a replay partition (``async with`` closes it).
 
-    def __init__(self, policy: AddressPolicy) -> None:
-        self._inner = DefaultResolver()
-        self._policy = policy
+    Requests go through ``pyreqwest`` (reqwest, hyper and tokio underneath): the HTTP work
+    runs on tokio's thread, off the event loop. reqwest would resolve names itself, after our
+    checks, so this class does the resolving: per scheme, host and port it resolves the name,
+    refuses it when any address is denied (a name mixing a public and a private address is a
+    rebinding trick, not a target), and builds a client whose only route to that name is the
+    checked address (``resolve(domain, ip, port)``), for ``PIN_TTL_S``. Every connection thus
+    goes to an address the policy passed, and a name cannot be rebound between the check and
+    the connect. IP-literal URLs are checked the same way."""
 
-    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET):
-        infos = await self._inner.resolve(host, port, family)
-        for info in infos:
-            self._policy.check(info["host"])
-        return infos
+    def __init__(self, limit: int = 0, policy: AddressPolicy | None = None) -> None:
+        self._policy = policy if policy is not None else address_policy()
+        self._limit = limit
+        self._routes: dict[str, _Route] = {}  # target URL -> its pinned client
+        self._timeouts: dict[int, timedelta] = {}
+        self._retired: list[tuple[Client, float]] = []  # re-pinned clients, when retired
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
 
     async def close(self) -> None:
-        await self._inner.close()
+        clients = {id(r.client): r.client for r in self._routes.values()}
+        clients.update((id(c), c) for c, _ in self._retired)
+        self._routes.clear()
+        self._retired.clear()
+        for client in clients.values():
+            with contextlib.suppress(Exception):  # a client that will not close stops nothing
+                await client.close()
+
+    def timeout(self, ms: int) -> timedelta:
+        td = self._timeouts.get(ms)
+        if td is None:
+            td = self._timeouts[ms] = timedelta(milliseconds=ms)
+        return td
+
+    async def client_for(self, url: str) -> Client:
+        """The client pinned to ``url``'s checked address; raises RefusedAddressError for a
+        denied one, InvalidTargetUrlError for a URL that cannot be sent to, OSError when the
+        name does not resolve."""
+        route = self._routes.get(url)
+        now = time.monotonic()
+        if route is not None and route.expires > now:
+            return route.client
+        origin = _origin(url)
+        addresses = await self._checked_addresses(origin[1], origin[2])
+        if route is not None and route.address in addresses:  # the pin still holds
+            route.expires = now + PIN_TTL_S
+            return route.client
+        for other in self._routes.values():  # another target's fresh route to that origin
+            if other.origin == origin and other.address in addresses and other.expires > now:
+                self._routes[url] = other
+                return other.client
+        if route is not None:
+            self._retire(route.client, now)
+        route = self._routes[url] = _Route(self._build(origin, addresses[0]), origin, addresses[0])
+        route.expires = now + PIN_TTL_S
+        return route.client
+
+    def _build(self, origin: tuple[str, str, int], address: str) -> Client:
+        _, host, port = origin
+        builder = (
+            ClientBuilder()
+            .follow_redirects(False)  # a 3xx is the target's answer
+            .no_proxy()  # no proxy from the environment between us and the policy
+            .gzip(False)  # we never look inside a body: no decompression bombs
+            .brotli(False)
+            .zstd(False)
+            .deflate(False)
+            .referer(False)
+        )
+        if self._limit:
+            builder = builder.max_connections(self._limit)
+        if address != host:  # a name: its one route is the address we checked
+            builder = builder.resolve(host, address, port)
+        return builder.build()
+
+    def _retire(self, client: Client, now: float) -> None:
+        """A client whose pin moved: closed once no send can still be using it."""
+        due = [c for c, at in self._retired if now - at > RETIRED_CLOSE_S]
+        self._retired = [(c, at) for c, at in self._retired if now - at <= RETIRED_CLOSE_S]
+        self._retired.append((client, now))
+        for old in due:
+            asyncio.get_running_loop().create_task(old.close())
+
+    async def _checked_addresses(self, host: str, port: int) -> list[str]:
+        """Every address of ``host`` (itself for an IP literal), each passed by the policy."""
+        try:
+            ipaddress.ip_address(host.split("%", 1)[0])
+        except ValueError:
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                host, port, type=socket.SOCK_STREAM
+            )
+            addresses = list(dict.fromkeys(info[4][0] for info in infos))
+        else:
+            addresses = [host]
+        if not addresses:
+            raise OSError(f"{host} resolves to no address")
+        for address in addresses:
+            self._policy.check(address)
+        return addresses
 
 
-def guarded_socket_factory(policy: AddressPolicy):
-    """Sockets for aiohttp that refuse denied addresses right before they connect. aiohttp
-    skips the resolver for IP-literal URLs; every connection still passes here."""
-
-    def make(addr_info) -> socket.socket:
-        family, type_, proto, _, address = addr_info
-        policy.check(address[0])
-        return socket.socket(family=family, type=type_, proto=proto)
-
-    return make
+@dataclass(slots=True)
+class _Route:
+    client: Client
+    origin: tuple[str, str, int]  # scheme, host, port
+    address: str
+    expires: float = 0.0
 
 
-def new_session(limit: int = 0, policy: AddressPolicy | None = None) -> aiohttp.ClientSession:
-    """A pooled HTTP session; ``limit`` caps open connections (0: no cap). ``policy`` is the
-    address policy (default: the environment's, read now so a bad range fails at start)."""
-    policy = policy if policy is not None else address_policy()
-    connector = aiohttp.TCPConnector(
-        limit=limit,
-        limit_per_host=0,
-        resolver=GuardedResolver(policy),
-        ttl_dns_cache=60,
-        socket_factory=guarded_socket_factory(policy),
-    )
-    return aiohttp.ClientSession(
-        connector=connector,
-        timeout=aiohttp.ClientTimeout(total=None),
-        raise_for_status=False,
-        auto_decompress=False,  # we never look inside a body: no decompression bombs
-        trust_env=False,  # no proxy from the environment between us and the policy
-    )
+def _origin(url: str) -> tuple[str, str, int]:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidTargetUrlError(f"target URL is malformed: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidTargetUrlError("target URL must be http or https with a host")
+    return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80)
 
 
-async def _read_capped(resp: aiohttp.ClientResponse) -> None:
-    """Read the answer's body up to BODY_CAP; past that, drop the connection unread."""
-    seen = 0
-    while True:
-        chunk = await resp.content.readany()
-        if not chunk:
-            return  # the whole body: the connection goes back to the pool
-        seen += len(chunk)
-        if seen > BODY_CAP:
-            resp.close()
-            return
+def new_session(limit: int = 0, policy: AddressPolicy | None = None) -> Session:
+    """A pooled HTTP session; ``limit`` caps the requests in flight per origin (0: no cap).
+    ``policy`` is the address policy (default: the environment's, read now so a bad range
+    fails at start)."""
+    return Session(limit, policy)
 
 
 async def attempt(
-    session: aiohttp.ClientSession, target: Target, body: bytes, headers: dict[str, str]
+    session: Session, target: Target, body: bytes, headers: dict[str, str]
 ) -> Outcome:
-    """One POST with the target's timeout. Never raises for network trouble. Once the status
-    line is in, it is the answer: trouble with the body after it changes nothing."""
+    """One POST with the target's timeout (the client's own: no timer of ours). Never raises
+    for network trouble. Once the status line is in, it is the answer: trouble with the body
+    after it changes nothing."""
     started = time.perf_counter()
     status: int | None = None
     retry_after = location = None
@@ -292,36 +369,31 @@ async def attempt(
     if traceparent is not None:  # the span of this attempt, so the receiver can join it
         headers = {**headers, "traceparent": traceparent}
     try:
-        async with asyncio.timeout(target.timeout_ms / 1000):
-            async with session.post(
-                target.url, data=body, headers=headers, allow_redirects=False
-            ) as resp:
-                status = resp.status
-                retry_after = resp.headers.get("Retry-After")
-                location = resp.headers.get("Location")
-                try:
-                    await _read_capped(resp)
-                except (aiohttp.ClientError, OSError):
-                    resp.close()
-    except TimeoutError:
-        if status is None:
-            return _outcome(target, RETRY, None, f"timed out after {target.timeout_ms} ms", started)
-    except InvalidTargetUrlError as exc:
+        client = await session.client_for(target.url)
+        request = (
+            client.post(target.url)
+            .headers(headers)
+            .body_bytes(body)
+            .timeout(session.timeout(target.timeout_ms))
+            .build_streamed()
+        )
+        async with request as resp:
+            status = resp.status
+            retry_after = resp.get_header("retry-after")
+            location = resp.get_header("location")
+            await _read_capped(resp)
+    except (RefusedAddressError, InvalidTargetUrlError) as exc:
         refused = _outcome(target, FINAL, None, f"refused address: {exc}", started)
         refused.reached = False
         return refused
-    except aiohttp.ClientConnectorError as exc:
-        cause = exc.os_error if exc.os_error is not None else exc
-        if isinstance(cause, (RefusedAddressError, InvalidTargetUrlError)):
-            refused = _outcome(target, FINAL, None, f"refused address: {cause}", started)
-            refused.reached = False
-            return refused
-        return _outcome(target, RETRY, None, f"connection failed: {_short(cause)}", started)
-    except (aiohttp.ClientError, OSError, ValueError) as exc:
-        # ValueError: yarl or aiohttp refusing a URL it cannot send to (a final condition).
-        kind = FINAL if isinstance(exc, ValueError) and status is None else RETRY
+    except RequestTimeoutError:
         if status is None:
-            return _outcome(target, kind, None, f"{type(exc).__name__}: {_short(exc)}", started)
+            return _outcome(target, RETRY, None, f"timed out after {target.timeout_ms} ms", started)
+    except (PyreqwestError, OSError, ValueError) as exc:
+        # ValueError: a URL the client cannot send to (a final condition).
+        if status is None:
+            kind = FINAL if isinstance(exc, ValueError) else RETRY
+            return _outcome(target, kind, None, f"connection failed: {_short(exc)}", started)
     kind = classify(status)
     if kind == DELIVERED:
         error = None
@@ -334,6 +406,17 @@ async def attempt(
     if status in (429, 503):
         outcome.retry_after_s = parse_retry_after(retry_after)
     return outcome
+
+
+async def _read_capped(resp) -> None:
+    """Read the answer's body up to BODY_CAP; past that, stop: leaving the response unread
+    drops its connection."""
+    seen = 0
+    reader = resp.body_reader
+    while (chunk := await reader.read_chunk()) is not None:
+        seen += len(chunk)
+        if seen > BODY_CAP:
+            return
 
 
 def _outcome(

@@ -69,7 +69,11 @@ class Runner:
         self.room = asyncio.Event()  # records finished or committed: feeders may pull again
         self.latencies: deque[float] = deque(maxlen=2000)
         self.tasks: list[asyncio.Task] = []  # feeders and dispatcher or ordered senders
+        # The runner's senders (unordered targets): long-lived coroutines, one per send in
+        # flight at the busiest moment, each waiting on its own future for the next batch.
         self.sends: set[asyncio.Task] = set()
+        self.idle_senders: deque[asyncio.Future] = deque()
+        self.stopped = False  # taking no more work: senders end after their send
         self.paused = False
         self.fenced = False  # moved away: its outcomes are never committed
         self.lane_limit = 10_000
@@ -117,6 +121,8 @@ def retry_delay(target: Target, attempts: int, retry_after_s: float | None) -> f
 
 
 async def wait_for_event(event: asyncio.Event, timeout: float) -> None:
+    if event.is_set():
+        return
     # asyncio.timeout, not wait_for: Python 3.11's wait_for returns normally when a cancel
     # meets a completed wait, and a feeder that survives its hand-off holds the runner forever.
     with contextlib.suppress(TimeoutError):
@@ -165,8 +171,13 @@ class Lanes:
     def stop_taking(self, runner: Runner) -> None:
         """No more pulling or dispatching; sends under way go on; unsent records stay
         uncommitted (the next run redelivers them)."""
+        runner.stopped = True
         for task in runner.tasks:
             task.cancel()
+        while runner.idle_senders:  # idle senders end now, busy ones after their send
+            waiting = runner.idle_senders.popleft()
+            if not waiting.done():
+                waiting.set_result(None)
         runner.fresh.clear()
         runner.retry.clear()
         runner.delayed.clear()
@@ -282,11 +293,30 @@ class Lanes:
             await wait_for_event(runner.wake, timeout)
 
     def _launch(self, runner: Runner, batch: list[Record], granted: Pass) -> None:
+        """Hand the batch to an idle sender; a new sender only when all are busy."""
         runner.limiter.try_acquire()
         self.pool.try_acquire()
-        task = self.spawn(self.send(runner, batch, granted), f"send {runner.target.runner}")
+        job = (batch, granted)
+        while runner.idle_senders:
+            waiting = runner.idle_senders.popleft()
+            if not waiting.done():  # a cancelled sender leaves its future behind
+                waiting.set_result(job)
+                return
+        task = self.spawn(self.sender(runner, job), f"sender {runner.target.runner}")
         runner.sends.add(task)
         task.add_done_callback(runner.sends.discard)
+
+    async def sender(self, runner: Runner, job: tuple[list[Record], Pass] | None) -> None:
+        """Send the batches the dispatcher hands over, one at a time, until the runner stops
+        taking work."""
+        loop = asyncio.get_running_loop()
+        while job is not None:
+            await self.send(runner, *job)
+            if runner.stopped:
+                return
+            waiting = loop.create_future()
+            runner.idle_senders.append(waiting)
+            job = await waiting
 
     @staticmethod
     def _unavailable(runner: Runner) -> Outcome:
@@ -328,13 +358,21 @@ class Lanes:
         """``attempt`` in a span of its own whose ``traceparent`` the request carries
         (``tracing.OUTGOING``), observed in the worker's metrics."""
         retry = batch[0].attempts > 0
-        with tracing.deliver_span(runner.target, batch, batch[0].attempts + 1) as (span, parent):
-            token = tracing.OUTGOING.set(parent)
+        if not tracing.enabled():  # the usual case, kept free of span machinery
+            token = tracing.OUTGOING.set(tracing.unrecorded_traceparent(batch[0].event))
             try:
                 outcome = await self.attempt(runner, batch, granted)
             finally:
                 tracing.OUTGOING.reset(token)
-            tracing.finish_deliver_span(span, outcome)
+        else:
+            attempt_no = batch[0].attempts + 1
+            with tracing.deliver_span(runner.target, batch, attempt_no) as (span, parent):
+                token = tracing.OUTGOING.set(parent)
+                try:
+                    outcome = await self.attempt(runner, batch, granted)
+                finally:
+                    tracing.OUTGOING.reset(token)
+                tracing.finish_deliver_span(span, outcome)
         if self.metrics is not None:
             self.metrics.attempted(
                 runner.target.runner, outcome.kind, outcome.latency_ms / 1000, retry
