@@ -147,12 +147,75 @@ def spark_audit(spark, url: str, sql: bool) -> tuple[float, dict]:
     return elapsed, {names[r.runner]: (r.expected, r.delivered, r.missing) for r in result.runners}
 
 
+def evaluator_costs(spark, url: str, runners: int) -> dict:
+    """Where the rules-as-SQL time goes: the events cached in Spark memory first (so JDBC is
+    out of most figures), then each way of evaluating the rules over one full pass. Every
+    figure builds its DataFrame afresh: a second action on the same DataFrame would reuse
+    its finished shuffle stages and time almost nothing."""
+    from pyspark.sql import functions as F
+
+    from eventpush.sparkjobs import jdbc
+    from eventpush.sparkjobs.audit import load_scope
+    from eventpush.sparkjobs.pattern_sql import _variant_leaves, with_matching_runners
+
+    conn = psycopg2.connect(url)
+    with conn.cursor() as cur:
+        scope = load_scope(cur)
+    conn.close()
+    db = jdbc.jdbc_database(url)
+    rules = [(r.runner_id, r.bus_id, r.pattern) for r in scope.runners]
+
+    def timed(build, column: str = "runner_ids") -> float:
+        def run():
+            agg = build().select(F.count(F.lit(1)).alias("rows"), F.sum(F.size(column)))
+            return agg.collect()[0]
+
+        first = run()  # warm-up of the same plan
+        started = time.perf_counter()
+        again = run()
+        elapsed = time.perf_counter() - started
+        if again != first or first["rows"] != events_count:
+            raise SystemExit(f"evaluator read {first} then {again} of {events_count} events")
+        return elapsed
+
+    def read():
+        return jdbc.read_events(spark, db, scope.ranges, slice_size=500_000)
+
+    events_count = read().count()
+    out = {"jdbc_read_only": timed(lambda: read().withColumn("x", F.array("offset")), "x")}
+    out["jdbc_python_engine_udf"] = timed(lambda: with_matching_runners(read(), rules, sql=False))
+    out[f"jdbc_sql_{runners}_rules"] = timed(lambda: with_matching_runners(read(), rules, sql=True))
+    events = read().cache()
+    events.count()
+    ev = F.try_parse_json(F.col("body"))
+    out["python_engine_udf"] = timed(lambda: with_matching_runners(events, rules, sql=False))
+    out[f"sql_{runners}_rules"] = timed(lambda: with_matching_runners(events, rules, sql=True))
+    out["sql_1_rule"] = timed(lambda: with_matching_runners(events, rules[:1], sql=True))
+    out["parse_json_only"] = timed(lambda: events.withColumn("x", F.array(ev)), "x")
+    out["parse_and_get_source"] = timed(
+        lambda: events.withColumn("x", F.array(F.try_variant_get(ev, "$.source", "string"))), "x"
+    )
+    out["leaves_of_source"] = timed(
+        lambda: events.withColumn("x", _variant_leaves(ev, ("source",))), "x"
+    )
+    out["get_json_object_source"] = timed(
+        lambda: events.withColumn("x", F.array(F.get_json_object("body", "$.source"))), "x"
+    )
+    events.unpersist()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="100000,1000000")
     parser.add_argument("--runners", type=int, default=10)
     parser.add_argument(
         "--sql-max", type=int, default=300_000, help="largest size for the SQL form"
+    )
+    parser.add_argument(
+        "--why",
+        action="store_true",
+        help="time each evaluator on events cached in Spark (no JDBC), then stop",
     )
     args = parser.parse_args()
 
@@ -166,6 +229,12 @@ def main() -> None:
             t0 = time.perf_counter()
             seed(url, size, args.runners)
             print(f"\n{size:,} events seeded in {time.perf_counter() - t0:.0f} s")
+            if args.why:
+                costs = evaluator_costs(spark, url, args.runners)
+                for name, seconds in costs.items():
+                    print(f"{name}: {seconds:.2f} s = {size / seconds:,.0f} rows/s")
+                results.append({"events": size, **costs})
+                continue
             spark_audit(spark, url, sql=False)  # warm-up: JIT, JDBC, Python workers
             udf_s, udf = spark_audit(spark, url, sql=False)
             pg_s, pg = sql_audit(url)
