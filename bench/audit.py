@@ -4,11 +4,10 @@
 
 For each size: a scratch database with one bus (8 queues), ``--runners`` runners each
 matching one source in ten, every matched event delivered except one in ten thousand
-(missing), all offsets committed. Then the audit three ways, each timed once after a warm-up
-of the same shape: Spark with the rules through the Python engine (the job's default),
-PostgreSQL with the rules hand-written as SQL, and Spark with the rules compiled to Spark SQL
-(sizes up to ``--sql-max`` only: it is the slow form today). Rows/s counts
-bus events scanned. Every way must report the same counts, or the bench stops.
+(missing), all offsets committed. Then the audit two ways, each timed once after a warm-up
+of the same shape: Spark with the rules through the Python engine (as the job runs), and
+PostgreSQL with the rules hand-written as SQL. Rows/s counts bus events scanned. Both ways
+must report the same counts, or the bench stops.
 """
 
 from __future__ import annotations
@@ -127,16 +126,14 @@ def sql_audit(url: str) -> tuple[float, dict]:
     return elapsed, {r[0]: (r[1], r[2], r[4]) for r in rows}
 
 
-def spark_audit(spark, url: str, sql: bool) -> tuple[float, dict]:
+def spark_audit(spark, url: str) -> tuple[float, dict]:
     from datetime import UTC, datetime, timedelta
 
     from eventpush.sparkjobs import audit
 
     since = datetime.now(UTC) - timedelta(days=1)
     started = time.perf_counter()
-    result = audit.run_audit(
-        spark, url, since=since, save=False, slice_size=500_000, rules_as_sql=sql
-    )
+    result = audit.run_audit(spark, url, since=since, save=False, slice_size=500_000)
     elapsed = time.perf_counter() - started
     names = {}
     conn = psycopg2.connect(url)
@@ -147,76 +144,10 @@ def spark_audit(spark, url: str, sql: bool) -> tuple[float, dict]:
     return elapsed, {names[r.runner]: (r.expected, r.delivered, r.missing) for r in result.runners}
 
 
-def evaluator_costs(spark, url: str, runners: int) -> dict:
-    """Where the rules-as-SQL time goes: the events cached in Spark memory first (so JDBC is
-    out of most figures), then each way of evaluating the rules over one full pass. Every
-    figure builds its DataFrame afresh: a second action on the same DataFrame would reuse
-    its finished shuffle stages and time almost nothing."""
-    from pyspark.sql import functions as F
-
-    from eventpush.sparkjobs import jdbc
-    from eventpush.sparkjobs.audit import load_scope
-    from eventpush.sparkjobs.pattern_sql import _variant_leaves, with_matching_runners
-
-    conn = psycopg2.connect(url)
-    with conn.cursor() as cur:
-        scope = load_scope(cur)
-    conn.close()
-    db = jdbc.jdbc_database(url)
-    rules = [(r.runner_id, r.bus_id, r.pattern) for r in scope.runners]
-
-    def timed(build, column: str = "runner_ids") -> float:
-        def run():
-            agg = build().select(F.count(F.lit(1)).alias("rows"), F.sum(F.size(column)))
-            return agg.collect()[0]
-
-        first = run()  # warm-up of the same plan
-        started = time.perf_counter()
-        again = run()
-        elapsed = time.perf_counter() - started
-        if again != first or first["rows"] != events_count:
-            raise SystemExit(f"evaluator read {first} then {again} of {events_count} events")
-        return elapsed
-
-    def read():
-        return jdbc.read_events(spark, db, scope.ranges, slice_size=500_000)
-
-    events_count = read().count()
-    out = {"jdbc_read_only": timed(lambda: read().withColumn("x", F.array("offset")), "x")}
-    out["jdbc_python_engine_udf"] = timed(lambda: with_matching_runners(read(), rules, sql=False))
-    out[f"jdbc_sql_{runners}_rules"] = timed(lambda: with_matching_runners(read(), rules, sql=True))
-    events = read().cache()
-    events.count()
-    ev = F.try_parse_json(F.col("body"))
-    out["python_engine_udf"] = timed(lambda: with_matching_runners(events, rules, sql=False))
-    out[f"sql_{runners}_rules"] = timed(lambda: with_matching_runners(events, rules, sql=True))
-    out["sql_1_rule"] = timed(lambda: with_matching_runners(events, rules[:1], sql=True))
-    out["parse_json_only"] = timed(lambda: events.withColumn("x", F.array(ev)), "x")
-    out["parse_and_get_source"] = timed(
-        lambda: events.withColumn("x", F.array(F.try_variant_get(ev, "$.source", "string"))), "x"
-    )
-    out["leaves_of_source"] = timed(
-        lambda: events.withColumn("x", _variant_leaves(ev, ("source",))), "x"
-    )
-    out["get_json_object_source"] = timed(
-        lambda: events.withColumn("x", F.array(F.get_json_object("body", "$.source"))), "x"
-    )
-    events.unpersist()
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="100000,1000000")
     parser.add_argument("--runners", type=int, default=10)
-    parser.add_argument(
-        "--sql-max", type=int, default=300_000, help="largest size for the SQL form"
-    )
-    parser.add_argument(
-        "--why",
-        action="store_true",
-        help="time each evaluator on events cached in Spark (no JDBC), then stop",
-    )
     args = parser.parse_args()
 
     from eventpush.sparkjobs.session import get_spark
@@ -229,31 +160,19 @@ def main() -> None:
             t0 = time.perf_counter()
             seed(url, size, args.runners)
             print(f"\n{size:,} events seeded in {time.perf_counter() - t0:.0f} s")
-            if args.why:
-                costs = evaluator_costs(spark, url, args.runners)
-                for name, seconds in costs.items():
-                    print(f"{name}: {seconds:.2f} s = {size / seconds:,.0f} rows/s")
-                results.append({"events": size, **costs})
-                continue
-            spark_audit(spark, url, sql=False)  # warm-up: JIT, JDBC, Python workers
-            udf_s, udf = spark_audit(spark, url, sql=False)
+            spark_audit(spark, url)  # warm-up: JIT, JDBC, Python workers
+            udf_s, udf = spark_audit(spark, url)
             pg_s, pg = sql_audit(url)
             if udf != pg:
                 raise SystemExit(f"audits disagree: spark {udf} sql {pg}")
             row = {"events": size, "spark_udf_s": udf_s, "postgres_s": pg_s}
             missing = sum(v[2] for v in pg.values())
             print(
-                f"spark (default: rules by the Python engine): {udf_s:.1f} s = "
+                f"spark (rules by the Python engine): {udf_s:.1f} s = "
                 f"{size / udf_s:,.0f} rows/s; postgres one query: {pg_s:.1f} s = "
                 f"{size / pg_s:,.0f} rows/s; spark/postgres time {udf_s / pg_s:.1f}x; "
                 f"missing found {missing}"
             )
-            if size <= args.sql_max:
-                sp_s, sp = spark_audit(spark, url, sql=True)
-                if sp != pg:
-                    raise SystemExit(f"audits disagree: spark-sql {sp} sql {pg}")
-                row["spark_sql_s"] = sp_s
-                print(f"spark (rules as Spark SQL): {sp_s:.1f} s = {size / sp_s:,.0f} rows/s")
             results.append(row)
     print("\n" + json.dumps(results))
 
