@@ -20,8 +20,10 @@ record that gained a delivery row meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from dataclasses import asdict, astuple, dataclass, field
+from collections import deque
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 
 from eventpush.db import connection, transaction
@@ -38,6 +40,7 @@ from eventpush.sparkjobs.forms import (
 
 WHATS = ("failed", "missing", "all")
 PUSH_CONCURRENCY = 16  # requests in flight per partition
+WRITE_INTERVAL_S = 0.2  # how often a partition writes its finished outcomes (as the engine)
 
 
 class ReplayRequestError(ValueError):
@@ -234,11 +237,8 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
     import asyncio
     import time
 
-    import psycopg2.extras
-
     from eventpush.db import connect
-    from eventpush.push.committing import outcome_rows
-    from eventpush.push.delivery import DELIVERED, Record, deliver, load_targets, new_session
+    from eventpush.push.delivery import Record, deliver, load_targets, new_session
     from eventpush.rules.transforms import compile_transform
 
     conn = connect(db_url, application_name="eventpush-replay")
@@ -269,10 +269,10 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
         transforms = {
             rid: compile_transform(t.transform_kind, t.transform_spec) for rid, t in targets.items()
         }
-        gate = asyncio.Semaphore(PUSH_CONCURRENCY)
         interval = 1.0 / rate if rate else 0.0
         start = time.monotonic()
-        outcomes: list = []
+        pending: list = []  # (target, records, outcome) not yet written
+        counts = {"delivered": 0, "failed": 0}
 
         def record(row) -> Record:
             raw = bodies[(row["runner_id"], row["queue_id"], row["offset"])]
@@ -280,19 +280,14 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
 
         async def send(first: int, batch: list, session) -> None:
             """One request of up to ``batch_size`` records, paced by its first record's index."""
-            async with gate:
-                if interval:  # record i goes no earlier than i / rate
-                    delay = start + first * interval - time.monotonic()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                target = targets[batch[0]["runner_id"]]
-                records = [record(row) for row in batch]
-                outcome = await deliver(session, target, records, transforms[target.runner_id])
-                outcomes.append((target, records, outcome))
-
-        async def in_order(batches: list[tuple[int, list]], session) -> None:
-            for first, batch in batches:
-                await send(first, batch, session)
+            if interval:  # record i goes no earlier than i / rate
+                delay = start + first * interval - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            target = targets[batch[0]["runner_id"]]
+            records = [record(row) for row in batch]
+            outcome = await deliver(session, target, records, transforms[target.runner_id])
+            pending.append((target, records, outcome))
 
         todo: dict[int, list] = {}
         skipped = 0
@@ -304,7 +299,7 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
                 todo.setdefault(row["runner_id"], []).append(row)
         # As live: a batch target gets batches of its size; an ordered target gets one sender
         # per queue that sends its batches in offset order, each after the one before is final.
-        lines: list[list[tuple[int, list]]] = []
+        lines: deque[list[tuple[int, list]]] = deque()
         first = 0
         for runner_id, runner_rows in sorted(todo.items()):
             target = targets[runner_id]
@@ -318,48 +313,98 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
                     line.append((first, queue_rows[k : k + target.batch_size]))
                     first += len(line[-1][1])
                 lines.extend([line] if target.ordered else [[b] for b in line])
-        async with new_session(policy=policy) as session:
-            await asyncio.gather(*(in_order(line, session) for line in lines))
 
-        # The engine's own row builder, so live and replay rows cannot drift apart.
-        delivered, failed = [], []
-        for target, batch, outcome in outcomes:
-            rows = outcome_rows(target, batch, outcome)
-            (delivered if outcome.kind == DELIVERED else failed).extend(rows)
+        async def sender(session) -> None:
+            # A fixed set of senders taking lines in order: the concurrency bound without a
+            # task (and a semaphore waiter) per request.
+            while lines:
+                for first, batch in lines.popleft():
+                    await send(first, batch, session)
+
+        # One transaction for the partition, as before, but written while the pushes go on
+        # (as the engine's committer does), not after them: the rows' foreign-key checks and
+        # index updates cost about as much as the requests themselves.
         with transaction(conn) as cur:
-            psycopg2.extras.execute_values(
-                cur,
-                "INSERT INTO event_push_delivery (runner_id, consumer_group, topic_name, "
-                'queue_id, "offset", message_id, attempts, http_status, latency_ms, origin, '
-                "replay_id) VALUES %s",
-                [(*astuple(d), "replay", replay_id) for d in delivered],
-            )
-            if delivered:
-                cur.execute(
-                    "UPDATE event_push_failure f SET status = 'replayed', replay_id = %s, "
-                    "mtime = now() FROM unnest(%s::int[], %s::int[], %s::bigint[]) "
-                    "AS k(runner_id, q, off) WHERE f.runner_id = k.runner_id "
-                    'AND f.queue_id = k.q AND f."offset" = k.off',
-                    (
-                        replay_id,
-                        [d.runner_id for d in delivered],
-                        [d.queue_id for d in delivered],
-                        [d.offset for d in delivered],
-                    ),
-                )
-            psycopg2.extras.execute_values(
-                cur,
-                "INSERT INTO event_push_failure (runner_id, consumer_group, topic_name, "
-                'queue_id, "offset", message_id, attempts, http_status, last_error, status, '
-                'replay_id) VALUES %s ON CONFLICT (runner_id, queue_id, "offset") DO UPDATE '
-                "SET status = 'dead', attempts = event_push_failure.attempts + "
-                "EXCLUDED.attempts, http_status = EXCLUDED.http_status, "
-                "last_error = EXCLUDED.last_error, replay_id = EXCLUDED.replay_id, mtime = now()",
-                [(*astuple(f), "dead", replay_id) for f in failed],
-            )
+            done = asyncio.Event()
+
+            async def writer() -> None:
+                while True:
+                    finished = done.is_set()
+                    chunk = pending[:]
+                    pending.clear()
+                    if chunk:
+                        await asyncio.to_thread(_write_outcomes, cur, chunk, replay_id, counts)
+                    if finished:
+                        return
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(done.wait(), WRITE_INTERVAL_S)
+
+            writing = asyncio.create_task(writer())
+            try:
+                async with new_session(policy=policy) as session:
+                    senders = min(PUSH_CONCURRENCY, len(lines))
+                    await asyncio.gather(*(sender(session) for _ in range(senders)))
+            finally:
+                done.set()
+                await writing
     finally:
         conn.close()
-    return [("delivered", len(delivered)), ("failed", len(failed)), ("skipped", skipped)]
+    return [("delivered", counts["delivered"]), ("failed", counts["failed"]), ("skipped", skipped)]
+
+
+def _write_outcomes(cur, outcomes: list, replay_id: int, counts: dict) -> None:
+    """Delivery rows (origin ``replay``), and failure rows marked ``replayed`` or ``dead``, for
+    finished requests, built by the engine's own row builder so live and replay rows cannot
+    drift apart."""
+    import psycopg2.extras
+
+    from eventpush.push.committing import outcome_rows
+    from eventpush.push.delivery import DELIVERED
+
+    delivered, failed = [], []
+    for target, records, outcome in outcomes:
+        rows = outcome_rows(target, records, outcome)
+        (delivered if outcome.kind == DELIVERED else failed).extend(rows)
+    if delivered:
+        psycopg2.extras.execute_values(
+            cur,
+            "INSERT INTO event_push_delivery (runner_id, consumer_group, topic_name, "
+            'queue_id, "offset", message_id, attempts, http_status, latency_ms, origin, '
+            "replay_id) VALUES %s",
+            [(*_fields(d), "replay", replay_id) for d in delivered],
+            page_size=1000,
+        )
+        cur.execute(
+            "UPDATE event_push_failure f SET status = 'replayed', replay_id = %s, "
+            "mtime = now() FROM unnest(%s::int[], %s::int[], %s::bigint[]) "
+            "AS k(runner_id, q, off) WHERE f.runner_id = k.runner_id "
+            'AND f.queue_id = k.q AND f."offset" = k.off',
+            (
+                replay_id,
+                [d.runner_id for d in delivered],
+                [d.queue_id for d in delivered],
+                [d.offset for d in delivered],
+            ),
+        )
+    if failed:
+        psycopg2.extras.execute_values(
+            cur,
+            "INSERT INTO event_push_failure (runner_id, consumer_group, topic_name, "
+            'queue_id, "offset", message_id, attempts, http_status, last_error, status, '
+            'replay_id) VALUES %s ON CONFLICT (runner_id, queue_id, "offset") DO UPDATE '
+            "SET status = 'dead', attempts = event_push_failure.attempts + "
+            "EXCLUDED.attempts, http_status = EXCLUDED.http_status, "
+            "last_error = EXCLUDED.last_error, replay_id = EXCLUDED.replay_id, mtime = now()",
+            [(*_fields(f), "dead", replay_id) for f in failed],
+            page_size=1000,
+        )
+    counts["delivered"] += len(delivered)
+    counts["failed"] += len(failed)
+
+
+def _fields(row) -> tuple:
+    """A row dataclass's values in field order (``astuple`` deep-copies: slow here)."""
+    return tuple(getattr(row, f.name) for f in fields(row))
 
 
 def start_run(db_url: str, req: ReplayRequest) -> int:
