@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/replay.py [--records 20000] [--rounds 2] [--batch-size 1]
         [--rate-limit R]
+    .venv/bin/python bench/replay.py --push-only [--other-tree DIR] [--records 10000]
 
 One loopback receiver (``python -m eventpush.demo.receiver``, a process of its own) serves
 both sides; each round runs them one after the other, in alternating order, on the same
@@ -14,6 +15,11 @@ target policy (``/ok``, ``--batch-size``, the default concurrency of 16):
   records delivered over the wall time of the whole replay (selection, GX checks, pushes,
   bookkeeping); and the same over the time left after the fixed cost, which a replay of one
   record in the same round measures.
+
+``--push-only`` leaves Spark out: the replay's push code (``_push``, what each partition runs)
+in this process on all the failure rows, beside the live engine, and, with ``--other-tree``,
+beside the same function of another checkout (``DIR/include/eventpush/sparkjobs/replay.py``),
+so a change to the push path is measured against its predecessor in the same run.
 """
 
 from __future__ import annotations
@@ -92,13 +98,56 @@ def replay(spark, rx: ReceiverProcess, records: int, rate_limit: float | None, *
     return {"delivered": result.delivered, "seconds": elapsed}
 
 
+def push_only(rx: ReceiverProcess, push, records: int, **spec) -> dict:
+    """``push`` (a replay module's ``_push``) on every open failure row, in this process."""
+    import psycopg2.extras
+    import uvloop
+
+    from eventpush.sparkjobs.replay import ReplayRequest, start_run
+
+    with scratch_database("eventpush_bench_replay") as url:
+        seed(url, rx.url + "/ok", records, failures=True, **spec)
+        conn = psycopg2.connect(url)
+        with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+            cur.execute(
+                'SELECT f.runner_id, ru.bus_id, f.queue_id, f."offset", f.message_id '
+                "FROM event_push_failure f JOIN event_target_runner r ON r.id = f.runner_id "
+                "JOIN event_target t ON t.id = r.target_id JOIN event_rule ru ON ru.id = t.rule_id"
+            )
+            rows = cur.fetchall()
+        conn.close()
+        replay_id = start_run(url, ReplayRequest())
+        started = time.perf_counter()
+        counts = dict(uvloop.run(push(url, replay_id, "failed", None, rows)))
+        elapsed = time.perf_counter() - started
+    if counts["delivered"] != records:
+        raise SystemExit(f"push delivered {counts} of {records}")
+    return {"delivered": counts["delivered"], "seconds": elapsed}
+
+
+def other_push(tree: str):
+    """``_push`` of another checkout's replay module (its own imports resolve here)."""
+    import importlib.util
+
+    path = Path(tree) / "include/eventpush/sparkjobs/replay.py"
+    spec = importlib.util.spec_from_file_location("other_replay", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["other_replay"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module._push
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--rate-limit", type=float)
+    parser.add_argument("--push-only", action="store_true", help="the push code without Spark")
+    parser.add_argument("--other-tree", help="with --push-only: also this checkout's push code")
     args = parser.parse_args()
+    if args.push_only:
+        return main_push_only(args)
 
     from eventpush.sparkjobs.session import get_spark
 
@@ -127,6 +176,36 @@ def main() -> None:
                     line += f"; past the fixed cost {past:,.0f}/s"
                 print(line, flush=True)
                 rows.append({"round": r + 1, "side": side, "fixed_seconds": fixed, **got})
+    print(json.dumps(rows))
+
+
+def main_push_only(args) -> None:
+    from eventpush.sparkjobs.replay import _push
+
+    spec = {"batch_size": args.batch_size}
+    sides = [("replay push (this tree)", lambda rx: push_only(rx, _push, args.records, **spec))]
+    if args.other_tree:
+        theirs = other_push(args.other_tree)
+        sides.append(
+            (
+                f"replay push ({args.other_tree})",
+                lambda rx: push_only(rx, theirs, args.records, **spec),
+            )
+        )
+    sides.append(("live engine", lambda rx: live(rx, args.records, **spec)))
+    print(f"machine: {machine()}; push code only, one process; {spec}")
+    rows = []
+    with ReceiverProcess() as rx:
+        for r in range(args.rounds):
+            for name, run in sides if r % 2 == 0 else sides[::-1]:
+                got = run(rx)
+                rate = got["delivered"] / got["seconds"]
+                print(
+                    f"round {r + 1} {name}: {got['delivered']:,} in {got['seconds']:.1f} s "
+                    f"= {rate:,.0f}/s",
+                    flush=True,
+                )
+                rows.append({"round": r + 1, "side": name, **got})
     print(json.dumps(rows))
 
 
