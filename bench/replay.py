@@ -14,7 +14,8 @@ target policy (``/ok``, ``--batch-size``, the default concurrency of 16):
   ``failed`` replay re-pushes them all from the executors (the engine's delivery code):
   records delivered over the wall time of the whole replay (selection, GX checks, pushes,
   bookkeeping); and the same over the time left after the fixed cost, which a replay of one
-  record in the same round measures.
+  record in the same round measures. ``--split`` adds a replay pushing from one partition per
+  core whatever its size (the job uses one per 50,000 records).
 
 ``--push-only`` leaves Spark out: the replay's push code (``_push``, what each partition runs)
 in this process on all the failure rows, beside the live engine, and, with ``--other-tree``,
@@ -87,13 +88,22 @@ def live(rx: ReceiverProcess, records: int, **spec) -> dict:
     return {"delivered": report.delivered, "seconds": elapsed}
 
 
-def replay(spark, rx: ReceiverProcess, records: int, rate_limit: float | None, **spec) -> dict:
+def replay(
+    spark, rx: ReceiverProcess, records: int, rate_limit: float | None, split=False, **spec
+) -> dict:
+    from eventpush.sparkjobs import replay as job
     from eventpush.sparkjobs.replay import ReplayRequest, run_replay
+
+    default = job.RECORDS_PER_PUSH_PARTITION
+    job.RECORDS_PER_PUSH_PARTITION = 1 if split else default
 
     with scratch_database("eventpush_bench_replay") as url:
         seed(url, rx.url + "/ok", records, failures=True, **spec)
         started = time.perf_counter()
-        result = run_replay(spark, url, ReplayRequest(what="failed", rate_limit=rate_limit))
+        try:
+            result = run_replay(spark, url, ReplayRequest(what="failed", rate_limit=rate_limit))
+        finally:
+            job.RECORDS_PER_PUSH_PARTITION = default
         elapsed = time.perf_counter() - started
     return {"delivered": result.delivered, "seconds": elapsed}
 
@@ -143,6 +153,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--rate-limit", type=float)
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="also a replay pushing from every core (one partition each), whatever its size",
+    )
     parser.add_argument("--push-only", action="store_true", help="the push code without Spark")
     parser.add_argument("--other-tree", help="with --push-only: also this checkout's push code")
     args = parser.parse_args()
@@ -161,17 +176,19 @@ def main() -> None:
         for r in range(args.rounds):
             fixed = replay(spark, rx, 1, None, **spec)["seconds"]
             print(f"round {r + 1} replay of one record (fixed cost): {fixed:.1f} s", flush=True)
-            order = ("live", "replay") if r % 2 == 0 else ("replay", "live")
-            for side in order:
+            order = ["live", "replay"] + (["replay split"] if args.split else [])
+            for side in order if r % 2 == 0 else order[::-1]:
                 got = (
                     live(rx, args.records, **spec)
                     if side == "live"
-                    else replay(spark, rx, args.records, args.rate_limit, **spec)
+                    else replay(
+                        spark, rx, args.records, args.rate_limit, side == "replay split", **spec
+                    )
                 )
                 rate = got["delivered"] / got["seconds"]
                 line = f"round {r + 1} {side}: {got['delivered']:,} in {got['seconds']:.1f} s"
                 line += f" = {rate:,.0f}/s"
-                if side == "replay" and got["seconds"] > fixed:
+                if side != "live" and got["seconds"] > fixed:
                     past = got["delivered"] / (got["seconds"] - fixed)
                     line += f"; past the fixed cost {past:,.0f}/s"
                 print(line, flush=True)

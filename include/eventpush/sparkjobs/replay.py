@@ -41,6 +41,9 @@ from eventpush.sparkjobs.forms import (
 WHATS = ("failed", "missing", "all")
 PUSH_CONCURRENCY = 16  # requests in flight per partition
 WRITE_INTERVAL_S = 0.2  # how often a partition writes its finished outcomes (as the engine)
+# A pushing partition is a Python process, a database connection and an HTTP pool: below this
+# many records a second one cost more than it gave (docs/BENCHMARKS.md, replay).
+RECORDS_PER_PUSH_PARTITION = 50_000
 
 
 class ReplayRequestError(ValueError):
@@ -454,7 +457,7 @@ def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -
         label = f"{run_label} replay {replay_id}"
         quality.check_replay_selection(keys, runner_ids, effective_max_count(req), label, db_url)
         if not req.dry_run and result.selected:
-            parts = max(1, min(result.selected, spark.sparkContext.defaultParallelism))
+            parts = push_partitions(result.selected, spark.sparkContext.defaultParallelism)
             rate = req.rate_limit / parts if req.rate_limit else None
             totals = (
                 selection.repartition(parts, *spread_keys(db_url, runner_ids))
@@ -497,6 +500,13 @@ def recorded_run(db_url: str, label: str) -> dict:
     if result["status"] != "succeeded":
         raise RuntimeError(f"replay {result['replay_id']} {result['status']}: {result['error']}")
     return result
+
+
+def push_partitions(selected: int, parallelism: int) -> int:
+    """How many partitions push: one per ``RECORDS_PER_PUSH_PARTITION`` records, at most one
+    per executor core."""
+    wanted = -(-selected // RECORDS_PER_PUSH_PARTITION)
+    return max(1, min(wanted, parallelism))
 
 
 def spread_keys(db_url: str, runner_ids: list[int]) -> list:
