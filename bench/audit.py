@@ -4,11 +4,10 @@
 
 For each size: a scratch database with one bus (8 queues), ``--runners`` runners each
 matching one source in ten, every matched event delivered except one in ten thousand
-(missing), all offsets committed. Then the audit three ways, each timed once after a warm-up
-of the same shape: Spark with the rules through the Python engine (the job's default),
-PostgreSQL with the rules hand-written as SQL, and Spark with the rules compiled to Spark SQL
-(sizes up to ``--sql-max`` only: it is the slow form today). Rows/s counts
-bus events scanned. Every way must report the same counts, or the bench stops.
+(missing), all offsets committed. Then the audit two ways, each timed once after a warm-up
+of the same shape: Spark with the rules through the Python engine (as the job runs), and
+PostgreSQL with the rules hand-written as SQL. Rows/s counts bus events scanned. Both ways
+must report the same counts, or the bench stops.
 """
 
 from __future__ import annotations
@@ -127,16 +126,14 @@ def sql_audit(url: str) -> tuple[float, dict]:
     return elapsed, {r[0]: (r[1], r[2], r[4]) for r in rows}
 
 
-def spark_audit(spark, url: str, sql: bool) -> tuple[float, dict]:
+def spark_audit(spark, url: str) -> tuple[float, dict]:
     from datetime import UTC, datetime, timedelta
 
     from eventpush.sparkjobs import audit
 
     since = datetime.now(UTC) - timedelta(days=1)
     started = time.perf_counter()
-    result = audit.run_audit(
-        spark, url, since=since, save=False, slice_size=500_000, rules_as_sql=sql
-    )
+    result = audit.run_audit(spark, url, since=since, save=False, slice_size=500_000)
     elapsed = time.perf_counter() - started
     names = {}
     conn = psycopg2.connect(url)
@@ -151,9 +148,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="100000,1000000")
     parser.add_argument("--runners", type=int, default=10)
-    parser.add_argument(
-        "--sql-max", type=int, default=300_000, help="largest size for the SQL form"
-    )
     args = parser.parse_args()
 
     from eventpush.sparkjobs.session import get_spark
@@ -166,25 +160,19 @@ def main() -> None:
             t0 = time.perf_counter()
             seed(url, size, args.runners)
             print(f"\n{size:,} events seeded in {time.perf_counter() - t0:.0f} s")
-            spark_audit(spark, url, sql=False)  # warm-up: JIT, JDBC, Python workers
-            udf_s, udf = spark_audit(spark, url, sql=False)
+            spark_audit(spark, url)  # warm-up: JIT, JDBC, Python workers
+            udf_s, udf = spark_audit(spark, url)
             pg_s, pg = sql_audit(url)
             if udf != pg:
                 raise SystemExit(f"audits disagree: spark {udf} sql {pg}")
             row = {"events": size, "spark_udf_s": udf_s, "postgres_s": pg_s}
             missing = sum(v[2] for v in pg.values())
             print(
-                f"spark (default: rules by the Python engine): {udf_s:.1f} s = "
+                f"spark (rules by the Python engine): {udf_s:.1f} s = "
                 f"{size / udf_s:,.0f} rows/s; postgres one query: {pg_s:.1f} s = "
                 f"{size / pg_s:,.0f} rows/s; spark/postgres time {udf_s / pg_s:.1f}x; "
                 f"missing found {missing}"
             )
-            if size <= args.sql_max:
-                sp_s, sp = spark_audit(spark, url, sql=True)
-                if sp != pg:
-                    raise SystemExit(f"audits disagree: spark-sql {sp} sql {pg}")
-                row["spark_sql_s"] = sp_s
-                print(f"spark (rules as Spark SQL): {sp_s:.1f} s = {size / sp_s:,.0f} rows/s")
             results.append(row)
     print("\n" + json.dumps(results))
 

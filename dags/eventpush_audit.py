@@ -15,8 +15,11 @@ Hourly over its data interval, and on demand for any window (the form's `since` 
    up. Any missing record fails the run, and the task's failure callback raises the
    `audit_missing` alert: an `ALERT eventpush audit_missing: ...` log line and
    `eventpush_alert{alert="audit_missing"} 1` (cleared by the next passing check).
-5. **gap_to_replay** / **trigger_replay**: when the form's `replay_missing` is on and records
-   are missing, triggers `eventpush_replay` with `what=missing` for the same window and bus.
+5. **publish_gaps**: when records are missing (and only then), emits an event on the asset
+   `eventpush://audit/gaps` whose extra holds the report id, the window, the bus, the number
+   missing and the runners that miss records, with how many each. `eventpush_replay_gaps`,
+   scheduled on that asset, replays them when the Airflow Variable `eventpush_replay_gaps` is
+   `true` (off by default), or when this run's form asked for it (`replay_missing`).
 
 #### Through the REST API
 
@@ -38,11 +41,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_context, task
+from airflow.sdk import Asset, CronDataIntervalTimetable, Param, dag, get_current_context, task
 
 from eventpush.airflow import alerts
+from eventpush.airflow.gaps import GAPS_URI
 from eventpush.airflow.spark_submit import spark_job
+
+GAPS = Asset(GAPS_URI)
 
 
 @dag(
@@ -78,7 +83,8 @@ from eventpush.airflow.spark_submit import spark_job
             False,
             type="boolean",
             title="Replay the gap",
-            description="trigger eventpush_replay (what=missing) when records are missing",
+            description="replay the missing records now, even while the gap-replay switch "
+            "(Variable eventpush_replay_gaps) is off",
         ),
     },
 )
@@ -143,27 +149,25 @@ def eventpush_audit() -> None:
         label = f"{get_current_context()['dag_run'].run_id} report {report['report_id']}"
         return check_audit(report["runners"], label, database_url()).statistics
 
-    @task.short_circuit
-    def gap_to_replay(report: dict[str, Any]) -> bool:
-        """Go on to the replay only when asked to and something is missing."""
-        return bool(get_current_context()["params"].get("replay_missing")) and report["missing"] > 0
+    @task(outlets=[GAPS])
+    def publish_gaps(report: dict[str, Any]) -> dict[str, Any]:
+        """An event on the gaps asset with the counts, when records are missing; skipped (no
+        event) otherwise."""
+        from airflow.sdk.exceptions import AirflowSkipException
 
-    trigger = TriggerDagRunOperator(
-        task_id="trigger_replay",
-        trigger_dag_id="eventpush_replay",
-        conf={
-            "what": "missing",
-            "bus": "{{ ti.xcom_pull(task_ids='report')['bus'] }}",
-            "since": "{{ ti.xcom_pull(task_ids='report')['since'] }}",
-            "until": "{{ ti.xcom_pull(task_ids='report')['until'] }}",
-        },
-        wait_for_completion=False,
-    )
+        from eventpush.airflow.gaps import gap_extra
+
+        if not report["missing"]:
+            raise AirflowSkipException("nothing missing: no gap event")
+        context = get_current_context()
+        extra = gap_extra(report, bool(context["params"].get("replay_missing")))
+        context["outlet_events"][GAPS].extra = extra
+        return extra
 
     reported = report(spec)
     spec >> job >> reported
     check(reported)
-    gap_to_replay(reported) >> trigger
+    publish_gaps(reported)
 
 
 eventpush_audit()

@@ -20,7 +20,8 @@ and checks. Times without an offset are UTC.
 3. **report**: the run's counts from `event_replay_run`.
 
 Safe to run twice: what the first run delivered is not pushed again by a second `failed` or
-`missing` replay. The audit DAG triggers this DAG with `what=missing` for its gaps.
+`missing` replay. The audit's gaps are replayed by `eventpush_replay_gaps`, scheduled on the
+audit's asset `eventpush://audit/gaps`; this form stays for manual replays.
 
 #### Through the REST API
 
@@ -128,23 +129,14 @@ def eventpush_replay() -> None:
         from airflow.sdk.exceptions import AirflowFailException
 
         from eventpush.airflow.connection import database_url
-        from eventpush.db import connection, transaction
-        from eventpush.sparkjobs.replay import (
-            ReplayRequestError,
-            check_request,
-            job_args,
-            request_from_form,
-        )
+        from eventpush.sparkjobs.replay import ReplayRequestError, checked_job_args
 
         context = get_current_context()
         run = context["dag_run"]
         try:
-            request = request_from_form(dict(context["params"]), run.run_id, run.conf)
-            with connection(database_url()) as conn, transaction(conn) as cur:
-                check_request(request, cur)
+            return checked_job_args(database_url(), dict(context["params"]), run.run_id, run.conf)
         except ReplayRequestError as exc:
             raise AirflowFailException(f"replay request refused: {exc}") from None
-        return job_args(request)
 
     args = check_request()
     job = spark_job(
@@ -155,24 +147,9 @@ def eventpush_replay() -> None:
     def report() -> dict[str, Any]:
         """The counts of this run's replay, as recorded by the job."""
         from eventpush.airflow.connection import database_url
-        from eventpush.db import connection, transaction
+        from eventpush.sparkjobs.replay import recorded_run
 
-        run_id = get_current_context()["dag_run"].run_id
-        with connection(database_url()) as conn, transaction(conn) as cur:
-            cur.execute(
-                "SELECT id, status, selected, delivered, failed, dry_run, error "
-                "FROM event_replay_run WHERE request->>'label' = %s ORDER BY id DESC LIMIT 1",
-                (run_id,),
-            )
-            row = cur.fetchone()
-        if row is None:
-            raise RuntimeError(f"the replay job recorded no run for {run_id}")
-        keys = ("replay_id", "status", "selected", "delivered", "failed", "dry_run", "error")
-        result = dict(zip(keys, row, strict=True))
-        if result["status"] != "succeeded":
-            raise RuntimeError(
-                f"replay {result['replay_id']} {result['status']}: {result['error']}"
-            )
+        result = recorded_run(database_url(), get_current_context()["dag_run"].run_id)
         print(f"replay {result['replay_id']}: {result}")
         return result
 

@@ -16,7 +16,7 @@ from tests.airflow_fixtures import REPO, airflow_conn_env, airflow_db
 
 __all__ = ["airflow_conn_env", "airflow_db"]
 
-DAG_IDS = ("eventpush_audit", "eventpush_replay", "eventpush_rebalance")
+DAG_IDS = ("eventpush_audit", "eventpush_replay", "eventpush_rebalance", "eventpush_replay_gaps")
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,13 @@ def test_dags_load_with_their_contract(bag):
         param = replay_params.get_param(name)
         assert param.schema.get("title") and param.description, name
     assert "replay_missing" in bag.dags["eventpush_audit"].params
+    # The loop: the audit updates the gaps asset, the gap replay is scheduled on it.
+    gaps_uri = "eventpush://audit/gaps"
+    publish = bag.dags["eventpush_audit"].get_task("publish_gaps")
+    assert [a.uri for a in publish.outlets] == [gaps_uri]
+    assert [a.uri for a in bag.dags["eventpush_replay_gaps"].timetable.asset_condition.objects] == [
+        gaps_uri
+    ]
 
 
 def test_missing_spark_connection_is_an_error_not_yarn(monkeypatch):
@@ -108,11 +115,44 @@ def test_rebalance_dag_applies_an_even_assignment(bag, conn, spark_conn):
     assert all(g > 0 for *_, g in rows)
 
 
-def test_audit_dag_fails_on_missing_and_triggers_the_replay(
+def gap_events() -> list:
+    """The events of the gaps asset in Airflow's metadata database, oldest first."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.scalars(
+            select(AssetEvent)
+            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+            .where(AssetModel.uri == "eventpush://audit/gaps")
+            .order_by(AssetEvent.id)
+        ).all()
+        return [(e.extra, e.source_dag_id) for e in rows]
+
+
+def queued_gap_runs() -> list[str]:
+    """DAGs the scheduler would run for a new gaps event (its asset queue)."""
+    from airflow.models.asset import AssetDagRunQueue, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        return list(
+            session.scalars(
+                select(AssetDagRunQueue.target_dag_id)
+                .join(AssetModel, AssetModel.id == AssetDagRunQueue.asset_id)
+                .where(AssetModel.uri == "eventpush://audit/gaps")
+            )
+        )
+
+
+def test_audit_gaps_become_an_asset_event_and_the_switch_replays_them(
     bag, conn, spark_conn, receiver, tmp_path, monkeypatch
 ):
     # The job's results and the check's alert land in a node-exporter textfile directory.
     monkeypatch.setenv("EVENTPUSH_METRICS_TEXTFILE_DIR", str(tmp_path))
+    monkeypatch.delenv("AIRFLOW_VAR_EVENTPUSH_REPLAY_GAPS", raising=False)
     runner = make_runner(
         conn, "orders", "all", "crm", {"source": ["app.orders"]}, url=f"{receiver.url}/ok"
     )
@@ -126,19 +166,36 @@ def test_audit_dag_fails_on_missing_and_triggers_the_replay(
     conn.commit()
     since = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
     until = (datetime.now(UTC) + timedelta(minutes=5)).isoformat()
-    run = bag.dags["eventpush_audit"].test(
-        run_conf={"since": since, "until": until, "replay_missing": True}
-    )
+    before = len(gap_events())
+    run = bag.dags["eventpush_audit"].test(run_conf={"since": since, "until": until})
     got = states(run)
     assert str(run.state) == "failed", got
-    assert got["audit_job"] == "success" and got["check"] == "failed"
-    assert got["trigger_replay"] == "success"
+    assert got["audit_job"] == "success" and got["check"] == "failed", got
+    assert got["publish_gaps"] == "success", got
     with conn.cursor() as cur:
-        cur.execute("SELECT missing FROM event_audit_report ORDER BY id DESC LIMIT 1")
-        assert cur.fetchone()[0] == 2
+        cur.execute("SELECT id, missing FROM event_audit_report ORDER BY id DESC LIMIT 1")
+        report_id, missing = cur.fetchone()
         cur.execute("SELECT success FROM event_check_result WHERE suite = 'audit'")
         assert cur.fetchall() == [(False,)]
     conn.rollback()
+    assert missing == 2
+    # One asset event, with the counts; the scheduler has queued the gap replay for it.
+    emitted = gap_events()[before:]
+    assert emitted == [
+        (
+            {
+                "report_id": report_id,
+                "bus": None,
+                "since": since,
+                "until": until,
+                "missing": 2,
+                "runners": {runner: 2},
+                "replay_requested": False,
+            },
+            "eventpush_audit",
+        )
+    ]
+    assert "eventpush_replay_gaps" in queued_gap_runs()
     # The failure callback raised the alert; the job itself reported the gap per runner.
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -155,15 +212,87 @@ def test_audit_dag_fails_on_missing_and_triggers_the_replay(
     audit = samples("eventpush_audit.prom")
     assert audit[("eventpush_audit_missing_records", (("runner", runner),))] == 2
 
-    from airflow.models import DagRun
+    def replay_runs() -> int:
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM event_replay_run")
+            count = cur.fetchone()[0]
+        conn.rollback()
+        return count
 
-    triggered = DagRun.find(dag_id="eventpush_replay")
-    confs = [
-        r.conf
-        for r in triggered
-        if (r.conf or {}).get("what") == "missing" and r.conf.get("since") == since
+    def received() -> int:
+        return receiver.state.count["/ok"] - received_before
+
+    # Switched off (the default): the gap replay does nothing.
+    received_before = receiver.state.count["/ok"]
+    gaps = bag.dags["eventpush_replay_gaps"]
+    off = gaps.test()
+    got = states(off)
+    assert got["gap_request"] == "skipped" and got["replay_job"] == "skipped", got
+    assert replay_runs() == 0 and received() == 0
+
+    # Switched on: the gaps are re-pushed, and the next audit finds nothing missing.
+    monkeypatch.setenv("AIRFLOW_VAR_EVENTPUSH_REPLAY_GAPS", "true")
+    on = gaps.test()
+    assert str(on.state) == "success", states(on)
+    with conn.cursor() as cur:
+        cur.execute("SELECT what, status, selected, delivered, failed FROM event_replay_run")
+        assert cur.fetchall() == [("missing", "succeeded", 2, 2, 0)]
+    conn.rollback()
+    assert received() == 2
+    again = bag.dags["eventpush_audit"].test(run_conf={"since": since, "until": until})
+    got = states(again)
+    assert str(again.state) == "success", got
+    assert got["publish_gaps"] == "skipped", got
+    with conn.cursor() as cur:
+        cur.execute("SELECT missing FROM event_audit_report ORDER BY id DESC LIMIT 1")
+        assert cur.fetchone()[0] == 0
+    conn.rollback()
+    assert len(gap_events()) == before + 1  # no event without a gap
+
+
+def test_gap_replay_switch_and_window():
+    from eventpush.airflow.gaps import replay_form, switch_on
+
+    assert [switch_on(v) for v in (None, "", "false", "0", "True", " on ", True)] == [
+        False,
+        False,
+        False,
+        False,
+        True,
+        True,
+        True,
     ]
-    assert confs, [r.conf for r in triggered]
+    with pytest.raises(ValueError, match="eventpush_replay_gaps must be true or false"):
+        switch_on("maybe")
+    a = {
+        "missing": 2,
+        "bus": "orders",
+        "since": "2026-01-01T01:00:00+00:00",
+        "until": "2026-01-01T02:00:00+00:00",
+        "replay_requested": False,
+    }
+    b = {
+        **a,
+        "since": "2026-01-01T00:00:00+00:00",
+        "until": "2026-01-01T01:00:00+00:00",
+        "replay_requested": True,
+    }
+    c = {**a, "bus": "billing"}
+    assert replay_form([a], switch=False) is None  # off, and not asked for
+    assert replay_form([a, b], switch=False) == {
+        "what": "missing",
+        "bus": "orders",
+        "since": b["since"],
+        "until": b["until"],
+    }
+    assert replay_form([a, b], switch=True) == {
+        "what": "missing",
+        "bus": "orders",
+        "since": b["since"],
+        "until": a["until"],
+    }
+    assert replay_form([a, c], switch=True)["bus"] is None  # two buses: every bus
+    assert replay_form([{**a, "missing": 0}], switch=True) is None
 
 
 def test_replay_dag_repushes_failed_records(bag, conn, spark_conn, receiver):

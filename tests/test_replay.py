@@ -280,3 +280,12 @@ def _replay_batched_and_ordered(db_url, conn, spark, receiver, hook):  # noqa: F
         queue, offset = position[json.loads(r.body)["id"]]
         arrived.setdefault(queue, []).append(offset)
     assert arrived and all(offsets == sorted(offsets) for offsets in arrived.values())
+
+
+def test_a_small_replay_pushes_from_one_partition_a_large_one_from_every_core():
+    from eventpush.sparkjobs.replay import RECORDS_PER_PUSH_PARTITION, push_partitions
+
+    assert push_partitions(1, 8) == 1
+    assert push_partitions(RECORDS_PER_PUSH_PARTITION, 8) == 1
+    assert push_partitions(RECORDS_PER_PUSH_PARTITION + 1, 8) == 2
+    assert push_partitions(100 * RECORDS_PER_PUSH_PARTITION, 4) == 4

@@ -1,8 +1,9 @@
 """The delivery-completeness audit: per runner and window, what was owed and what happened.
 
 For each runner, the *expected* records are the events of its bus at or past the runner's
-``start_offset`` (per queue), created in the window, that its rule matches (evaluated in
-Spark, see ``pattern_sql``). Each expected record is then exactly one of:
+``start_offset`` (per queue), created in the window, that its rule matches (evaluated on the
+executors by the Python rule engine, ``with_matching_runners``). Each expected record is then
+exactly one of:
 
 - ``delivered``: it has at least one delivery row (live or replay);
 - ``failed``: no delivery row, and a failure row that is ``failed`` or ``dead``;
@@ -18,17 +19,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from functools import lru_cache
 
 from eventpush.db import connection, transaction
+from eventpush.rules.patterns import RuleIndex
 from eventpush.sources import sync_heads
 from eventpush.sparkjobs import jdbc
-from eventpush.sparkjobs.pattern_sql import with_matching_runners
 
 STATES = ("delivered", "failed", "pending", "missing")
-# Rules through the Python engine (a UDF) by default: in this pipeline the VARIANT-based SQL
-# form measured ~10x slower per row (docs/BENCHMARKS.md, "Audit"); it stays available, proven
-# equal on the conformance corpus, until that is fixed.
-RULES_AS_SQL = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +119,35 @@ def load_scope(
     return AuditScope(runners, offsets, ranges)
 
 
+@lru_cache(maxsize=16)
+def _indexes(rules: tuple[tuple[int, int, str], ...]) -> dict[int, RuleIndex]:
+    """bus id -> the rule index of the rules on that bus: built once per executor process, so
+    an event costs what its fields match, not how many rules there are."""
+    by_bus: dict[int, list] = {}
+    for rid, bus_id, pattern in rules:
+        by_bus.setdefault(bus_id, []).append((rid, pattern))
+    return {bus_id: RuleIndex(rs) for bus_id, rs in by_bus.items()}
+
+
+def with_matching_runners(events, rules: list[tuple[int, int, str]]):
+    """``events`` plus ``runner_ids``: the ids of the rules (runner_id, bus_id, pattern JSON)
+    that match each event of its bus, by the Python rule engine (the push engine's own), in
+    Arrow-fed batches on the executors. A Spark SQL form of the patterns measured 2-4 times
+    slower on cached events, up to 10 times in the job, and was removed (docs/BENCHMARKS.md,
+    "Audit: the rule evaluator")."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    frozen = tuple((int(rid), int(bus_id), str(p)) for rid, bus_id, p in rules)
+
+    @F.udf(T.ArrayType(T.IntegerType()))
+    def matching(bus_id: int, text: str) -> list[int]:
+        index = _indexes(frozen).get(bus_id)
+        return index.matching(json.loads(text)) if index is not None else []
+
+    return events.withColumn("runner_ids", matching(F.col("bus_id"), F.col("body")))
+
+
 def classify(
     spark,
     db_url: str,
@@ -129,7 +156,6 @@ def classify(
     until: datetime | None = None,
     slice_size: int = jdbc.DEFAULT_SLICE,
     from_start: bool = False,
-    rules_as_sql: bool = RULES_AS_SQL,
 ):
     """One row per expected record: runner_id, bus_id, queue_id, offset, message_id, ctime,
     body, deliveries (count), failure_status, committed, state. With ``from_start`` every
@@ -144,7 +170,7 @@ def classify(
 
     events = read_events(spark, db_url, ranges, since, until, slice_size)
     rules = [(r.runner_id, r.bus_id, r.pattern) for r in scope.runners]
-    matched = with_matching_runners(events, rules, sql=rules_as_sql).select(
+    matched = with_matching_runners(events, rules).select(
         "bus_id",
         "queue_id",
         "offset",
@@ -251,7 +277,6 @@ def run_audit(
     until: datetime | None = None,
     save: bool = True,
     slice_size: int = jdbc.DEFAULT_SLICE,
-    rules_as_sql: bool = RULES_AS_SQL,
 ) -> AuditResult:
     """Audit every runner (of ``bus``, if given) over ``[since, until)``; saves the report."""
     with connection(db_url) as conn:
@@ -262,7 +287,7 @@ def run_audit(
             if cur.fetchone() is None:
                 raise ValueError(f"unknown bus {bus!r}")
         scope = load_scope(cur, bus=bus)
-    records = classify(spark, db_url, scope, since, until, slice_size, rules_as_sql=rules_as_sql)
+    records = classify(spark, db_url, scope, since, until, slice_size)
     runners = summarise(records, scope) if scope.runners else []
     report_id = None
     if save:

@@ -3,15 +3,13 @@
 Spark 4's ``pyspark.sql.datasource``) with one input partition per queue and position range,
 so the executors read the broker in parallel and nothing passes through the driver.
 
-Both give the same columns: ``bus_id, queue_id, offset, message_id, ctime, body, nested``
-(``ctime`` is when the source stored the event; ``nested``: an array directly inside an array,
-which only the Python rule engine evaluates).
+Both give the same columns: ``bus_id, queue_id, offset, message_id, ctime, body``
+(``ctime`` is when the source stored the event).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from datetime import datetime
 
@@ -20,11 +18,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from eventpush.sparkjobs import jdbc
 
 FORMAT = "eventpush_bus"
-SCHEMA = (
-    "bus_id INT, queue_id INT, offset BIGINT, message_id STRING, ctime TIMESTAMP, "
-    "body STRING, nested BOOLEAN"
-)
-NESTED = re.compile(r"[\[,]\s*\[")
+SCHEMA = "bus_id INT, queue_id INT, offset BIGINT, message_id STRING, ctime TIMESTAMP, body STRING"
 
 
 class RangePartition(InputPartition):
@@ -66,7 +60,6 @@ class BusEventsReader(DataSourceReader):
                 event.message_id,
                 event.ctime,
                 event.body,
-                NESTED.search(event.body) is not None,
             )
 
 

@@ -80,13 +80,7 @@ def offset_predicates(ranges: list[QueueRange], slice_size: int = DEFAULT_SLICE)
     return predicates
 
 
-# ``nested``: the body holds an array directly inside an array, which only the Python rule
-# engine evaluates (see pattern_sql); PostgreSQL tells, so Spark can split rows without
-# reading the bus twice.
-EVENT_COLUMNS = (
-    'bus_id, queue_id, "offset", message_id, ctime, body::text AS body, '
-    "body::text ~ '[\\[,]\\s*\\[' AS nested"
-)
+EVENT_COLUMNS = 'bus_id, queue_id, "offset", message_id, ctime, body::text AS body'
 
 
 def read_events(
@@ -104,7 +98,7 @@ def read_events(
     if not predicates:
         schema = (
             "bus_id INT, queue_id INT, offset BIGINT, message_id STRING, "
-            "ctime TIMESTAMP, body STRING, nested BOOLEAN"
+            "ctime TIMESTAMP, body STRING"
         )
         return spark.createDataFrame([], schema)
     df = read_query(spark, db, f"SELECT {EVENT_COLUMNS} FROM bus_event", predicates)

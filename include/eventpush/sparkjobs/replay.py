@@ -20,8 +20,10 @@ record that gained a delivery row meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from dataclasses import asdict, dataclass, field
+from collections import deque
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 
 from eventpush.db import connection, transaction
@@ -39,6 +41,10 @@ from eventpush.sparkjobs.forms import (
 
 WHATS = ("failed", "missing", "all")
 PUSH_CONCURRENCY = 16  # requests in flight per partition
+WRITE_INTERVAL_S = 0.2  # how often a partition writes its finished outcomes (as the engine)
+# A pushing partition is a Python process, a database connection and an HTTP pool: below this
+# many records a second one cost more than it gave (docs/BENCHMARKS.md, replay).
+RECORDS_PER_PUSH_PARTITION = 50_000
 
 
 class ReplayRequestError(ValueError):
@@ -226,9 +232,9 @@ def push_partition(
         rows = list(rows)
         if not rows:
             return iter([])
-        import asyncio
+        import uvloop  # as the engine: it roughly halves the loop's own cost per request
 
-        return iter(asyncio.run(_push(db_url, replay_id, what, rate_per_partition, rows, policy)))
+        return iter(uvloop.run(_push(db_url, replay_id, what, rate_per_partition, rows, policy)))
 
     return run
 
@@ -237,10 +243,8 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
     import asyncio
     import time
 
-    import psycopg2.extras
-
     from eventpush.db import connect
-    from eventpush.push.delivery import DELIVERED, Record, load_targets
+    from eventpush.push.delivery import Record, load_targets
     from eventpush.rules.transforms import compile_transform
     from eventpush.sinks import Sinks
     from eventpush.sparkjobs.bus_events import source_bodies
@@ -274,10 +278,10 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
         transforms = {
             rid: compile_transform(t.transform_kind, t.transform_spec) for rid, t in targets.items()
         }
-        gate = asyncio.Semaphore(PUSH_CONCURRENCY)
         interval = 1.0 / rate if rate else 0.0
         start = time.monotonic()
-        outcomes: list = []
+        pending: list = []  # (target, records, outcome) not yet written
+        counts = {"delivered": 0, "failed": 0}
 
         def record(row) -> Record:
             raw = bodies[(row["runner_id"], row["queue_id"], row["offset"])]
@@ -285,20 +289,14 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
 
         async def send(first: int, batch: list, sinks) -> None:
             """One request of up to ``batch_size`` records, paced by its first record's index."""
-            async with gate:
-                if interval:  # record i goes no earlier than i / rate
-                    delay = start + first * interval - time.monotonic()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                target = targets[batch[0]["runner_id"]]
-                records = [record(row) for row in batch]
-                outcome = await sinks.deliver(target, records, transforms[target.runner_id])
-                pairs = zip(batch, records, strict=True)
-                outcomes.extend((row, target, rec, outcome) for row, rec in pairs)
-
-        async def in_order(batches: list[tuple[int, list]], sinks) -> None:
-            for first, batch in batches:
-                await send(first, batch, sinks)
+            if interval:  # record i goes no earlier than i / rate
+                delay = start + first * interval - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            target = targets[batch[0]["runner_id"]]
+            records = [record(row) for row in batch]
+            outcome = await sinks.deliver(target, records, transforms[target.runner_id])
+            pending.append((target, records, outcome))
 
         todo: dict[int, list] = {}
         skipped = 0
@@ -310,7 +308,7 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
                 todo.setdefault(row["runner_id"], []).append(row)
         # As live: a batch target gets batches of its size; an ordered target gets one sender
         # per queue that sends its batches in offset order, each after the one before is final.
-        lines: list[list[tuple[int, list]]] = []
+        lines: deque[list[tuple[int, list]]] = deque()
         first = 0
         for runner_id, runner_rows in sorted(todo.items()):
             target = targets[runner_id]
@@ -324,75 +322,99 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
                     line.append((first, queue_rows[k : k + target.batch_size]))
                     first += len(line[-1][1])
                 lines.extend([line] if target.ordered else [[b] for b in line])
-        async with Sinks(policy) as sinks:
-            await asyncio.gather(*(in_order(line, sinks) for line in lines))
 
-        delivered = [o for o in outcomes if o[3].kind == DELIVERED]
-        failed = [o for o in outcomes if o[3].kind != DELIVERED]
+        async def sender(sinks) -> None:
+            # A fixed set of senders taking lines in order: the concurrency bound without a
+            # task (and a semaphore waiter) per request.
+            while lines:
+                for first, batch in lines.popleft():
+                    await send(first, batch, sinks)
+
+        # One transaction for the partition, as before, but written while the pushes go on
+        # (as the engine's committer does), not after them: the rows' foreign-key checks and
+        # index updates cost about as much as the requests themselves.
         with transaction(conn) as cur:
-            psycopg2.extras.execute_values(
-                cur,
-                "INSERT INTO event_push_delivery (runner_id, consumer_group, topic_name, "
-                'queue_id, "offset", message_id, attempts, http_status, latency_ms, origin, '
-                "replay_id) VALUES %s",
-                [
-                    (
-                        t.runner_id,
-                        t.runner,
-                        t.bus,
-                        rec.queue_id,
-                        rec.offset,
-                        rec.message_id,
-                        rec.attempts,
-                        out.http_status,
-                        out.latency_ms,
-                        "replay",
-                        replay_id,
-                    )
-                    for _, t, rec, out in delivered
-                ],
-            )
-            if delivered:
-                cur.execute(
-                    "UPDATE event_push_failure f SET status = 'replayed', replay_id = %s, "
-                    "mtime = now() FROM unnest(%s::int[], %s::int[], %s::bigint[]) "
-                    "AS k(runner_id, q, off) WHERE f.runner_id = k.runner_id "
-                    'AND f.queue_id = k.q AND f."offset" = k.off',
-                    (
-                        replay_id,
-                        [t.runner_id for _, t, _, _ in delivered],
-                        [rec.queue_id for _, _, rec, _ in delivered],
-                        [rec.offset for _, _, rec, _ in delivered],
-                    ),
-                )
-            psycopg2.extras.execute_values(
-                cur,
-                "INSERT INTO event_push_failure (runner_id, consumer_group, topic_name, "
-                'queue_id, "offset", message_id, attempts, http_status, last_error, status, '
-                'replay_id) VALUES %s ON CONFLICT (runner_id, queue_id, "offset") DO UPDATE '
-                "SET status = 'dead', attempts = event_push_failure.attempts + "
-                "EXCLUDED.attempts, http_status = EXCLUDED.http_status, "
-                "last_error = EXCLUDED.last_error, replay_id = EXCLUDED.replay_id, mtime = now()",
-                [
-                    (
-                        t.runner_id,
-                        t.runner,
-                        t.bus,
-                        rec.queue_id,
-                        rec.offset,
-                        rec.message_id,
-                        rec.attempts,
-                        out.http_status,
-                        out.error or "failed",
-                        "dead",
-                        replay_id,
-                    )
-                    for _, t, rec, out in failed
-                ],
-            )
+            done = asyncio.Event()
+
+            async def writer() -> None:
+                while True:
+                    finished = done.is_set()
+                    chunk = pending[:]
+                    pending.clear()
+                    if chunk:
+                        await asyncio.to_thread(_write_outcomes, cur, chunk, replay_id, counts)
+                    if finished:
+                        return
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(WRITE_INTERVAL_S):
+                            await done.wait()
+
+            writing = asyncio.create_task(writer())
+            try:
+                async with Sinks(policy) as sinks:
+                    senders = min(PUSH_CONCURRENCY, len(lines))
+                    await asyncio.gather(*(sender(sinks) for _ in range(senders)))
+            finally:
+                done.set()
+                await writing
     finally:
         conn.close()
-    return [("delivered", len(delivered)), ("failed", len(failed)), ("skipped", skipped)]
+    return [("delivered", counts["delivered"]), ("failed", counts["failed"]), ("skipped", skipped)]
+
+
+def _write_outcomes(cur, outcomes: list, replay_id: int, counts: dict) -> None:
+    """Delivery rows (origin ``replay``), and failure rows marked ``replayed`` or ``dead``, for
+    finished requests, built by the engine's own row builder so live and replay rows cannot
+    drift apart."""
+    import psycopg2.extras
+
+    from eventpush.push.committing import outcome_rows
+    from eventpush.push.delivery import DELIVERED
+
+    delivered, failed = [], []
+    for target, records, outcome in outcomes:
+        rows = outcome_rows(target, records, outcome)
+        (delivered if outcome.kind == DELIVERED else failed).extend(rows)
+    if delivered:
+        psycopg2.extras.execute_values(
+            cur,
+            "INSERT INTO event_push_delivery (runner_id, consumer_group, topic_name, "
+            'queue_id, "offset", message_id, attempts, http_status, latency_ms, origin, '
+            "replay_id) VALUES %s",
+            [(*_fields(d), "replay", replay_id) for d in delivered],
+            page_size=1000,
+        )
+        cur.execute(
+            "UPDATE event_push_failure f SET status = 'replayed', replay_id = %s, "
+            "mtime = now() FROM unnest(%s::int[], %s::int[], %s::bigint[]) "
+            "AS k(runner_id, q, off) WHERE f.runner_id = k.runner_id "
+            'AND f.queue_id = k.q AND f."offset" = k.off',
+            (
+                replay_id,
+                [d.runner_id for d in delivered],
+                [d.queue_id for d in delivered],
+                [d.offset for d in delivered],
+            ),
+        )
+    if failed:
+        psycopg2.extras.execute_values(
+            cur,
+            "INSERT INTO event_push_failure (runner_id, consumer_group, topic_name, "
+            'queue_id, "offset", message_id, attempts, http_status, last_error, status, '
+            'replay_id) VALUES %s ON CONFLICT (runner_id, queue_id, "offset") DO UPDATE '
+            "SET status = 'dead', attempts = event_push_failure.attempts + "
+            "EXCLUDED.attempts, http_status = EXCLUDED.http_status, "
+            "last_error = EXCLUDED.last_error, replay_id = EXCLUDED.replay_id, mtime = now()",
+            [(*_fields(f), "dead", replay_id) for f in failed],
+            page_size=1000,
+        )
+    counts["delivered"] += len(delivered)
+    counts["failed"] += len(failed)
+
+
+def _fields(row) -> tuple:
+    """A row dataclass's values in field order (``astuple`` deep-copies: slow here)."""
+    return tuple(getattr(row, f.name) for f in fields(row))
 
 
 def start_run(db_url: str, req: ReplayRequest) -> int:
@@ -442,10 +464,10 @@ def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -
         label = f"{run_label} replay {replay_id}"
         quality.check_replay_selection(keys, runner_ids, effective_max_count(req), label, db_url)
         if not req.dry_run and result.selected:
-            parts = max(1, min(result.selected, spark.sparkContext.defaultParallelism))
+            parts = push_partitions(result.selected, spark.sparkContext.defaultParallelism)
             rate = req.rate_limit / parts if req.rate_limit else None
             totals = (
-                selection.repartition(parts, "runner_id", "queue_id")
+                selection.repartition(parts, *spread_keys(db_url, runner_ids))
                 .rdd.mapPartitions(push_partition(db_url, replay_id, req.what, rate, policy))
                 .reduceByKey(lambda a, b: a + b)
                 .collectAsMap()
@@ -466,6 +488,49 @@ def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -
 
     publish_batch("replay", replay_results(result))
     return result
+
+
+def recorded_run(db_url: str, label: str) -> dict:
+    """The counts of the replay run recorded under ``label`` (an Airflow run id); raises
+    unless it succeeded, so a DAG's report task fails with the run's own error."""
+    with connection(db_url) as conn, transaction(conn) as cur:
+        cur.execute(
+            "SELECT id, status, selected, delivered, failed, dry_run, error "
+            "FROM event_replay_run WHERE request->>'label' = %s ORDER BY id DESC LIMIT 1",
+            (label,),
+        )
+        row = cur.fetchone()
+    if row is None:
+        raise RuntimeError(f"the replay job recorded no run for {label}")
+    keys = ("replay_id", "status", "selected", "delivered", "failed", "dry_run", "error")
+    result = dict(zip(keys, row, strict=True))
+    if result["status"] != "succeeded":
+        raise RuntimeError(f"replay {result['replay_id']} {result['status']}: {result['error']}")
+    return result
+
+
+def push_partitions(selected: int, parallelism: int) -> int:
+    """How many partitions push: one per ``RECORDS_PER_PUSH_PARTITION`` records, at most one
+    per executor core."""
+    wanted = -(-selected // RECORDS_PER_PUSH_PARTITION)
+    return max(1, min(wanted, parallelism))
+
+
+def spread_keys(db_url: str, runner_ids: list[int]) -> list:
+    """How records spread over the pushing partitions: an ordered target's queue stays in one
+    partition (one sender per queue, in offset order); an unordered target's records spread
+    by offset, so a runner with few queues still keeps every partition busy."""
+    from pyspark.sql import functions as F
+
+    with connection(db_url) as conn, transaction(conn) as cur:
+        cur.execute(
+            "SELECT r.id FROM event_target_runner r JOIN event_target t ON t.id = r.target_id "
+            "WHERE r.id = ANY(%s) AND t.ordered",
+            (runner_ids,),
+        )
+        ordered = [row[0] for row in cur.fetchall()]
+    lane = F.when(F.col("runner_id").isin(ordered), F.lit(-1)).otherwise(F.col("offset"))
+    return [F.col("runner_id"), F.col("queue_id"), lane]
 
 
 def _runner_names(db_url: str, runner_ids: list[int]) -> dict[int, str]:
@@ -532,6 +597,17 @@ def request_from_form(
         label=label,
         everything=bool(params.get("everything")),
     )
+
+
+def checked_job_args(
+    db_url: str, params: dict, label: str | None = None, conf: dict | None = None
+) -> list[str]:
+    """A replay form, checked against the database, as the replay job's arguments; raises
+    ``ReplayRequestError`` naming the field otherwise (the DAGs' first task)."""
+    request = request_from_form(params, label, conf)
+    with connection(db_url) as conn, transaction(conn) as cur:
+        check_request(request, cur)
+    return job_args(request)
 
 
 def job_args(req: ReplayRequest) -> list[str]:
