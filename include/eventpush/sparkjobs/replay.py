@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections import deque
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from eventpush.db import connection, transaction
@@ -381,7 +381,7 @@ def _write_outcomes(cur, outcomes: list, replay_id: int, counts: dict) -> None:
             "INSERT INTO event_push_delivery (runner_id, consumer_group, topic_name, "
             'queue_id, "offset", message_id, attempts, http_status, latency_ms, origin, '
             "replay_id) VALUES %s",
-            [(*_fields(d), "replay", replay_id) for d in delivered],
+            [(*d, "replay", replay_id) for d in delivered],
             page_size=1000,
         )
         cur.execute(
@@ -405,16 +405,11 @@ def _write_outcomes(cur, outcomes: list, replay_id: int, counts: dict) -> None:
             "SET status = 'dead', attempts = event_push_failure.attempts + "
             "EXCLUDED.attempts, http_status = EXCLUDED.http_status, "
             "last_error = EXCLUDED.last_error, replay_id = EXCLUDED.replay_id, mtime = now()",
-            [(*_fields(f), "dead", replay_id) for f in failed],
+            [(*f, "dead", replay_id) for f in failed],
             page_size=1000,
         )
     counts["delivered"] += len(delivered)
     counts["failed"] += len(failed)
-
-
-def _fields(row) -> tuple:
-    """A row dataclass's values in field order (``astuple`` deep-copies: slow here)."""
-    return tuple(getattr(row, f.name) for f in fields(row))
 
 
 def start_run(db_url: str, req: ReplayRequest) -> int:
