@@ -7,6 +7,8 @@ import asyncio
 import json
 import threading
 import time
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 
@@ -152,8 +154,6 @@ def test_a_broken_slice_fails_the_checks_run_and_raises_the_alert(
 
 
 def test_a_checks_run_without_slices_checks_nothing_and_an_event_without_one_fails():
-    from types import SimpleNamespace
-
     from eventpush.airflow.push_slice import slices_to_check
 
     assert slices_to_check([]) == []
@@ -254,14 +254,22 @@ def test_trigger_wakes_on_publish_and_ends_quietly_without_work(conn, airflow_co
     quiet = asyncio.run(first_event(WorkerWorkTrigger(**kwargs)))
     assert quiet["status"] == "timeout" and time.monotonic() - started < 5
 
-    # without work the push task defers to the trigger rather than hold its slot
-    op = PushSliceOperator(task_id="s", worker="w1", slice_seconds=1, wait_timeout=1)
+    # without work the push task defers to the trigger rather than hold its slot, for no
+    # longer than its wait timeout or what is left of the run's window
+    op = PushSliceOperator(task_id="s", worker="w1", slice_seconds=60, wait_timeout=30)
+    run_started = datetime.now(UTC) - timedelta(seconds=50)
+    context = {"dag_run": SimpleNamespace(start_date=run_started)}
     with pytest.raises(TaskDeferred) as deferred:
-        op.execute({})
+        op.execute(context)
     assert isinstance(deferred.value.trigger, WorkerWorkTrigger)
     assert deferred.value.method_name == "execute_complete"
+    assert 8 < deferred.value.trigger.timeout <= 10
     with pytest.raises(AirflowSkipException):
-        op.execute_complete({}, {"status": "timeout", "worker": "w1"})
+        op.execute_complete(context, {"status": "timeout", "worker": "w1"})
+    # a window already over: nothing to wait for in this run
+    late = {"dag_run": SimpleNamespace(start_date=run_started - timedelta(seconds=60))}
+    with pytest.raises(AirflowSkipException, match="window"):
+        op.execute(late)
 
     async def publish_later():
         await asyncio.sleep(0.5)
@@ -289,3 +297,18 @@ def test_without_work_the_push_tasks_defer_and_the_run_ends_quietly(
     assert str(run.state) == "success", states
     assert states["push"] == ["skipped", "skipped"], states
     assert time.monotonic() - started < 30
+
+
+def test_a_worker_without_work_does_not_hold_back_the_run(push_dag, conn, airflow_conn_env):
+    with Receiver() as rx:
+        seed(conn, f"{rx.url}/ok", workers=("w1",))
+        seed(conn, f"{rx.url}/ok", workers=("w2",), bus="quiet")
+        publish(conn, "orders", order_events(3))
+        started = time.monotonic()
+        run = push_dag.test(run_conf={"slice_seconds": 4, "wait_timeout_s": 300})
+        took = time.monotonic() - started
+    states = _states(run)
+    assert str(run.state) == "success", states
+    assert sorted(states["push"]) == ["skipped", "success"], states
+    # w2 waits for what is left of the run's 4 s window, not for its 300 s wait timeout
+    assert took < 60

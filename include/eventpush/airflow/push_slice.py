@@ -14,6 +14,7 @@ next push run starts as soon as a slice ends, and a broken slice still fails a D
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,6 +40,9 @@ ORDER BY w.name
 """
 
 SLICE_KEYS = ("report", "before", "after")
+# Work found at the very end of a run's window still gets a slice worth the task's start-up
+# (it is waiting already); the run then ends a little after its window.
+MIN_SLICE_S = 5.0
 
 
 def push_workers(url: str) -> list[str]:
@@ -106,13 +110,17 @@ def slices_to_check(events: Iterable[Any]) -> list[dict]:
 class PushSliceOperator(BaseOperator):
     """Push one slice of ``worker``, waiting for work first without holding a worker slot.
 
+    Every push task of a run ends by the same moment, the run's start plus ``slice_seconds``
+    (the run's window), so a worker that waits for work never holds back the next slice of a
+    busy one: the run, and with it the hand-over to the next run, ends on time.
+
     It checks once for work (new events or retries due); without any it defers to
-    ``WorkerWorkTrigger`` in the triggerer and resumes when work comes. It then runs the push
-    engine for ``slice_seconds`` under the worker's lease, returns the engine's counts and
-    records the slice (counts and snapshots) as the ``extra`` of an event on ``PUSH_SLICES``
-    (which must be among its ``outlets``).
-    It skips when ``wait_timeout`` passes without work (the run ends quietly, the continuous
-    schedule starts the next) and when the lease is held elsewhere.
+    ``WorkerWorkTrigger`` in the triggerer until work comes, the window ends or
+    ``wait_timeout`` passes (then it skips: the run ends quietly and the continuous schedule
+    starts the next). With work, it runs the push engine for the rest of the window (at
+    least ``MIN_SLICE_S``) under the worker's lease, returns the engine's counts and records
+    the slice (counts and snapshots) as the ``extra`` of an event on ``PUSH_SLICES`` (which
+    must be among its ``outlets``). It skips when the lease is held elsewhere.
     """
 
     template_fields = ("worker", "slice_seconds", "wait_timeout")
@@ -135,15 +143,23 @@ class PushSliceOperator(BaseOperator):
         self.poll_interval = poll_interval
         self.conn_id = conn_id
 
+    def window_left(self, context: Any) -> float:
+        """Seconds left until this run's window ends (negative once it has)."""
+        started = context["dag_run"].start_date.timestamp()
+        return started + float(self.slice_seconds) - time.time()
+
     def execute(self, context: Any) -> dict:
         from eventpush.airflow.connection import database_url
 
         if worker_has_work(database_url(self.conn_id), self.worker):
             return self._push(context)
+        wait = min(float(self.wait_timeout), self.window_left(context))
+        if wait <= 0:
+            raise AirflowSkipException(f"no work for worker {self.worker!r} in this run's window")
         self.defer(
             trigger=WorkerWorkTrigger(
                 worker=self.worker,
-                timeout=float(self.wait_timeout),
+                timeout=wait,
                 poll_interval=self.poll_interval,
                 conn_id=self.conn_id,
             ),
@@ -152,17 +168,17 @@ class PushSliceOperator(BaseOperator):
 
     def execute_complete(self, context: Any, event: dict | None = None) -> dict:
         if not event or event.get("status") != "work":
-            raise AirflowSkipException(
-                f"no work for worker {self.worker!r} within {float(self.wait_timeout):g}s"
-            )
+            waited = (event or {}).get("waited_s", "?")
+            raise AirflowSkipException(f"no work for worker {self.worker!r} within {waited}s")
         return self._push(context)
 
     def _push(self, context: Any) -> dict:
         from eventpush.airflow.connection import database_url
         from eventpush.push import WorkerBusyError
 
+        budget = max(MIN_SLICE_S, self.window_left(context))
         try:
-            result = push_slice(self.worker, database_url(self.conn_id), float(self.slice_seconds))
+            result = push_slice(self.worker, database_url(self.conn_id), budget)
         except WorkerBusyError as exc:
             raise AirflowSkipException(
                 f"worker {self.worker!r} is pushed elsewhere: {exc}"
