@@ -3,7 +3,7 @@ standalone worker, at a steady publish rate, with slice hand-overs measured.
 
     # the DAG path: Airflow must be running on this database (scripts/airflow-standalone.sh)
     EVENTPUSH_DATABASE_URL=... python bench/dag_latency.py dag --rate 100 --duration 600
-    # the standalone path: the engine runs here, as `eventpush worker run` does
+    # the standalone path: `eventpush worker run` in a process of its own
     EVENTPUSH_DATABASE_URL=... python bench/dag_latency.py standalone --rate 1000 --duration 60
 
 Events are published on a fixed schedule (``rate`` per second, paced against the clock), one
@@ -27,6 +27,8 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -209,16 +211,14 @@ def main() -> None:
     watch = LeaseWatch(url, worker)
     stop = None
     if args.mode == "standalone":
-        from eventpush.push import Engine
-
-        engine = Engine(worker, url)
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=lambda: loop.run_until_complete(engine.run()))
-        thread.start()
+        # `eventpush worker run` in a process of its own, as deployed: in a thread here it
+        # would share one interpreter lock with the publisher and the receiver
+        cli = "from eventpush.cli import main; main()"
+        worker_run = subprocess.Popen([sys.executable, "-c", cli, "worker", "run", worker])
 
         def stop() -> None:
-            loop.call_soon_threadsafe(engine.stop)
-            thread.join(30)
+            worker_run.terminate()  # SIGTERM: a graceful stop
+            worker_run.wait(30)
 
     try:
         with connection(url) as conn:
