@@ -6,15 +6,17 @@ Runs continuously, one run at a time. Each run:
 1. **list_workers**: the enabled push workers that have runners assigned.
 2. **push**, mapped over them (`eventpush.airflow.push_slice.PushSliceOperator`): it checks
    once for work (new events or retries due) and, without any, hands the wait to
-   `eventpush.airflow.triggers.WorkerWorkTrigger` in the triggerer (no worker slot held). After
-   `wait_timeout_s` (a run param, 300 s by default) without work it skips, the run ends
-   quietly and the next one starts. With work, it runs the push engine of that worker for
-   its whole `slice_seconds` budget under the worker's lease: between bursts the engine waits
-   on publish notifications, so an event published during the slice goes out within
-   milliseconds. A standalone `eventpush worker run` of the same worker and this task never
-   push at once (the task skips when the lease is held elsewhere). It returns the slice's
-   counts and records the slice (counts and before/after snapshots) as an event on the asset
-   `eventpush_push_slices`.
+   `eventpush.airflow.triggers.WorkerWorkTrigger` in the triggerer (no worker slot held). The
+   wait ends when work comes, when the run's window ends (`slice_seconds`, 120 s by default,
+   after the run started) or after `wait_timeout_s` (300 s by default); without work the task
+   skips and the run ends quietly. With work, it runs the push engine of that worker until
+   the window ends, under the worker's lease: between bursts the engine waits on publish
+   notifications, so an event published during the slice goes out within milliseconds.
+   Every push task of a run ends with the window, so an idle worker never holds back the next
+   slice of a busy one. A standalone `eventpush worker run` of the same worker and this task
+   never push at once (the task skips when the lease is held elsewhere). It returns the
+   slice's counts and records the slice (counts and before/after snapshots) as an event on
+   the asset `eventpush_push_slices`.
 
 The Great Expectations check of each slice is not on this path: the DAG
 `eventpush_push_checks` is scheduled on `eventpush_push_slices` and checks every slice
@@ -52,7 +54,10 @@ NO_WORKERS_BACKOFF_S = 30.0
     default_args={"owner": "eventpush", "retries": 0},
     params={
         "slice_seconds": Param(
-            SLICE_SECONDS, type="number", minimum=1, description="time budget of one push slice"
+            SLICE_SECONDS,
+            type="number",
+            minimum=1,
+            description="the run's window: each push slice of a run ends this long after its start",
         ),
         "wait_timeout_s": Param(
             WAIT_TIMEOUT_S,
