@@ -4,20 +4,25 @@
 Runs continuously, one run at a time. Each run:
 
 1. **list_workers**: the enabled push workers that have runners assigned.
-2. For each of them (dynamic task mapping over the task group `worker`):
-   - **wait_for_work**: a deferrable sensor. It checks once, then hands the wait to
-     `eventpush.airflow.triggers.WorkerWorkTrigger` in the triggerer (no worker slot held) until the
-     worker's runners have new events or retries due. After `wait_timeout_s` (a run param,
-     300 s by default) without work it skips, the run ends quietly and the next one starts.
-   - **push**: the push engine for that worker for one bounded slice (until idle, or the
-     `slice_seconds` budget), under the worker's lease: a standalone `eventpush worker run`
-     of the same worker and this task never push at once (the task skips when the lease is
-     held elsewhere). Returns the slice's counts.
-   - **check**: a Great Expectations suite over what the slice wrote: offsets never moved
-     backwards, every delivery row belongs to a runner of this worker and matches its rule,
-     failure rows carry an error, counts add up. Fails the task loudly otherwise, and also
-     when the worker's lag is past `EVENTPUSH_ALERT_LAG_EVENTS` (100000 by default); its
-     failure callback raises the `push_check` alert (`eventpush.airflow.alerts`).
+2. **push**, mapped over them (`eventpush.airflow.push_slice.PushSliceOperator`): it checks
+   once for work (new events or retries due) and, without any, hands the wait to
+   `eventpush.airflow.triggers.WorkerWorkTrigger` in the triggerer (no worker slot held). The
+   wait ends when work comes, when the run's window ends (`slice_seconds`, 120 s by default,
+   after the run started) or after `wait_timeout_s` (300 s by default); without work the task
+   skips and the run ends quietly. With work, it runs the push engine of that worker until
+   the window ends, under the worker's lease: between bursts the engine waits on publish
+   notifications, so an event published during the slice goes out within milliseconds.
+   Every push task of a run ends with the window, so an idle worker never holds back the next
+   slice of a busy one. A standalone `eventpush worker run` of the same worker and this task
+   never push at once (the task skips when the lease is held elsewhere). It returns the
+   slice's counts and records the slice (counts and before/after snapshots) as an event on
+   the asset `eventpush_push_slices`.
+
+The Great Expectations check of each slice is not on this path: the DAG
+`eventpush_push_checks` is scheduled on `eventpush_push_slices` and checks every slice
+recorded there (failing loudly, with the `push_check` alert). The wait and the push are one
+task and the check is elsewhere because every task Airflow starts between two slices costs
+seconds, and those seconds are the hand-over, when nothing of the worker is pushed.
 
 The eventpush database is the Airflow connection `eventpush_db`, or `EVENTPUSH_DATABASE_URL`.
 """
@@ -25,13 +30,12 @@ The eventpush database is the Airflow connection `eventpush_db`, or `EVENTPUSH_D
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
-from airflow.sdk import Param, dag, get_current_context, task, task_group
+from airflow.sdk import Param, dag, task
 
-from eventpush.airflow import alerts
-from eventpush.airflow.triggers import WorkerWorkSensor
+from eventpush.airflow.push_slice import PUSH_SLICES, PushSliceOperator
 
+SLICE_SECONDS = 120
 WAIT_TIMEOUT_S = 300.0
 POLL_INTERVAL_S = 5.0
 NO_WORKERS_BACKOFF_S = 30.0
@@ -39,7 +43,7 @@ NO_WORKERS_BACKOFF_S = 30.0
 
 @dag(
     dag_id="eventpush_push",
-    description="Push events from buses to their targets, one mapped task group per worker",
+    description="Push events from buses to their targets, one mapped push task per worker",
     doc_md=__doc__,
     schedule="@continuous",
     start_date=datetime(2024, 1, 1),
@@ -50,13 +54,16 @@ NO_WORKERS_BACKOFF_S = 30.0
     default_args={"owner": "eventpush", "retries": 0},
     params={
         "slice_seconds": Param(
-            120, type="number", minimum=1, description="time budget of one push slice"
+            SLICE_SECONDS,
+            type="number",
+            minimum=1,
+            description="the run's window: each push slice of a run ends this long after its start",
         ),
         "wait_timeout_s": Param(
             WAIT_TIMEOUT_S,
             type="number",
             minimum=1,
-            description="how long a worker's sensor waits for work before the run ends quietly",
+            description="how long a worker's push task waits for work before the run ends quietly",
         ),
     },
 )
@@ -76,55 +83,13 @@ def eventpush_push() -> None:
             time.sleep(POLL_INTERVAL_S)
         return workers
 
-    @task
-    def push(worker: str) -> dict[str, Any]:
-        """One bounded push slice for ``worker``; returns the engine's counts and the before
-        and after snapshots the check compares."""
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        from eventpush.airflow.connection import database_url
-        from eventpush.airflow.push_slice import push_slice
-        from eventpush.push import WorkerBusyError
-
-        budget = float(get_current_context()["params"]["slice_seconds"])
-        try:
-            result = push_slice(worker, database_url(), budget)
-        except WorkerBusyError as exc:
-            raise AirflowSkipException(f"worker {worker!r} is pushed elsewhere: {exc}") from None
-        print(f"worker {worker}: {result['report']}")
-        return result
-
-    @task(on_failure_callback=alerts.push_failed)
-    def check(result: dict[str, Any]) -> dict[str, Any]:
-        """The Great Expectations check of the slice; raises ``CheckFailed`` when it breaks,
-        and fails when the worker's lag is past ``EVENTPUSH_ALERT_LAG_EVENTS`` (an alert)."""
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from eventpush.airflow.connection import database_url
-        from eventpush.quality.push_slice import check_push_slice
-
-        worker = result["before"]["worker"]
-        label = f"{get_current_context()['dag_run'].run_id}/{worker}"
-        url = database_url()
-        outcome = check_push_slice(url, result["before"], result["after"], result["report"], label)
-        lagging = alerts.push_lag_check(url, worker)
-        if lagging:
-            raise AirflowFailException(lagging)
-        return {"report": result["report"], "check": outcome["statistics"]}
-
-    @task_group(group_id="worker")
-    def per_worker(worker: str) -> None:
-        waited = WorkerWorkSensor(
-            task_id="wait_for_work",
-            worker=worker,
-            wait_timeout="{{ params.wait_timeout_s }}",
-            poll_interval=POLL_INTERVAL_S,
-        )
-        pushed = push(worker)
-        waited >> pushed
-        check(pushed)
-
-    per_worker.expand(worker=list_workers())
+    PushSliceOperator.partial(
+        task_id="push",
+        outlets=[PUSH_SLICES],
+        slice_seconds="{{ params.slice_seconds }}",
+        wait_timeout="{{ params.wait_timeout_s }}",
+        poll_interval=POLL_INTERVAL_S,
+    ).expand(worker=list_workers())
 
 
 eventpush_push()

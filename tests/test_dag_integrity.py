@@ -39,21 +39,32 @@ def test_every_dag_is_documented_tagged_and_owned(dagbag):
 
 
 def test_push_dag_shape(dagbag):
+    from eventpush.airflow.push_slice import PUSH_SLICES
+
     dag = dagbag.dags["eventpush_push"]
     assert type(dag.timetable).__name__ == "ContinuousTimetable"
     assert dag.max_active_runs == 1
     assert dag.is_paused_upon_creation is False
     assert dag.catchup is False
-    assert {t.task_id for t in dag.tasks} == {
-        "list_workers",
-        "worker.wait_for_work",
-        "worker.push",
-        "worker.check",
-    }
-    sensor = dag.get_task("worker.wait_for_work")
-    assert type(sensor).__module__ == "eventpush.airflow.triggers"  # the trigger is not in dags/
-    assert dag.get_task("worker.check").upstream_task_ids == {"worker.push"}
-    assert dag.get_task("worker.push").upstream_task_ids == {"worker.wait_for_work", "list_workers"}
+    # nothing but the worker list between two slices: every task costs hand-over time
+    assert {t.task_id for t in dag.tasks} == {"list_workers", "push"}
+    push = dag.get_task("push")
+    assert push.operator_class.__module__ == "eventpush.airflow.push_slice"  # not in dags/
+    assert push.upstream_task_ids == {"list_workers"}
+    assert push.outlets == [PUSH_SLICES]
+
+
+def test_push_checks_dag_is_scheduled_on_the_slices_the_push_dag_records(dagbag):
+    from eventpush.airflow import alerts
+    from eventpush.airflow.push_slice import PUSH_SLICES
+
+    dag = dagbag.dags["eventpush_push_checks"]
+    assert type(dag.timetable).__name__ == "AssetTriggeredTimetable"
+    assert dag.timetable.asset_condition.objects == (PUSH_SLICES,)
+    assert dag.is_paused_upon_creation is False
+    assert {t.task_id for t in dag.tasks} == {"slices", "check"}
+    assert dag.get_task("check").upstream_task_ids == {"slices"}
+    assert dag.get_task("check").on_failure_callback is alerts.push_failed
 
 
 PROBE = textwrap.dedent(

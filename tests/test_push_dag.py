@@ -1,11 +1,14 @@
-"""The push DAG end to end with ``dag.test()``: real PostgreSQL, a receiver on loopback, the
-real engine, trigger and GX check."""
+"""The push DAG and its checks DAG end to end with ``dag.test()``: real PostgreSQL, a receiver
+on loopback, the real engine, trigger, asset events and GX check."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,16 +18,53 @@ from tests.airflow_fixtures import REPO, StandaloneWorker, order_events, seed, w
 
 pytest_plugins = ["tests.airflow_fixtures"]
 
-CONF = {"slice_seconds": 30, "wait_timeout_s": 5}
+# A slice pushes for its whole budget: short here, and the events are published before it.
+CONF = {"slice_seconds": 3, "wait_timeout_s": 5}
+
+
+def _load(name: str):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags" / f"{name}.py"))
+    assert not bag.import_errors
+    return bag.dags[name]
 
 
 @pytest.fixture(scope="module")
 def push_dag(airflow_db):
-    from airflow.dag_processing.dagbag import DagBag
+    return _load("eventpush_push")
 
-    bag = DagBag(dag_folder=str(REPO / "dags" / "eventpush_push.py"))
-    assert not bag.import_errors
-    return bag.dags["eventpush_push"]
+
+@pytest.fixture(scope="module")
+def checks_dag(airflow_db):
+    return _load("eventpush_push_checks")
+
+
+def run_checks(checks_dag, push_run, monkeypatch):
+    """Run the checks DAG as the scheduler would after ``push_run``: on the asset events its
+    slices recorded. ``dag.test()`` makes a manual run, so those events (real rows written by
+    the push run) are attached to it as the run's triggering events before its tasks start."""
+    from airflow.models import dagrun
+    from airflow.models.asset import AssetEvent, AssetModel
+    from sqlalchemy import select
+
+    make_run = dagrun.get_or_create_dagrun
+
+    def run_on_the_push_runs_events(**kwargs):
+        run = make_run(**kwargs)
+        session = kwargs["session"]
+        events = session.scalars(
+            select(AssetEvent)
+            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+            .where(AssetModel.name == "eventpush_push_slices")
+            .where(AssetEvent.source_run_id == push_run.run_id)
+        ).all()
+        run.consumed_asset_events.extend(events)
+        session.commit()
+        return run
+
+    monkeypatch.setattr(dagrun, "get_or_create_dagrun", run_on_the_push_runs_events)
+    return checks_dag.test()
 
 
 def _states(run) -> dict[str, list[str]]:
@@ -42,28 +82,37 @@ def _check_results(conn) -> list[tuple]:
     return rows
 
 
-def test_dag_run_delivers_published_events_and_checks_pass(push_dag, conn, airflow_conn_env):
+def test_dag_run_delivers_published_events_and_checks_pass(
+    push_dag, checks_dag, conn, airflow_conn_env, monkeypatch
+):
     with Receiver() as rx:
         runners = seed(conn, f"{rx.url}/ok")
         publish(conn, "orders", order_events(12) + order_events(3, source="app.other"))
         run = push_dag.test(run_conf=CONF)
         states = _states(run)
         assert str(run.state) == "success", states
-        assert states["worker.push"] == ["success", "success"]
-        assert states["worker.check"] == ["success", "success"]
+        assert states["push"] == ["success", "success"]
         # every matching event reached the receiver, once per runner (two runners)
         delivered = rx.state.delivered("/ok")
         assert len(delivered) == 24
         ns = sorted(json.loads(r.body)["detail"]["n"] for r in delivered)
         assert ns == sorted(list(range(12)) * 2)
+    assert _check_results(conn) == []  # the check is not part of the push run
+    checked = run_checks(checks_dag, run, monkeypatch)
+    states = _states(checked)
+    assert str(checked.state) == "success", states
+    assert states["check"] == ["success", "success"], states
     results = _check_results(conn)
-    assert sorted(label.rsplit("/", 1)[1] for label, _, _ in results) == sorted(runners)
+    assert sorted(label for label, _, _ in results) == sorted(
+        f"{run.run_id}/{worker}" for worker in runners
+    )
     assert all(ok for _, ok, _ in results)
 
 
-def test_dag_run_fails_when_a_delivery_row_points_at_another_workers_runner(
-    push_dag, conn, airflow_conn_env
+def test_a_broken_slice_fails_the_checks_run_and_raises_the_alert(
+    push_dag, checks_dag, conn, airflow_conn_env, monkeypatch, tmp_path
 ):
+    monkeypatch.setenv("EVENTPUSH_METRICS_TEXTFILE_DIR", str(tmp_path))
     with Receiver() as rx:
         runners = seed(conn, f"{rx.url}/ok")
         with conn.cursor() as cur:
@@ -87,15 +136,35 @@ def test_dag_run_fails_when_a_delivery_row_points_at_another_workers_runner(
         conn.commit()
         publish(conn, "orders", order_events(6))
         run = push_dag.test(run_conf=CONF)
-    states = _states(run)
-    assert str(run.state) == "failed", states
-    assert states["worker.check"].count("failed") >= 1, states
+    # pushing is done and the next push run may start: the check fails in its own DAG
+    assert str(run.state) == "success", _states(run)
+    checked = run_checks(checks_dag, run, monkeypatch)
+    states = _states(checked)
+    assert str(checked.state) == "failed", states
+    assert states["check"].count("failed") >= 1, states
     results = {label.rsplit("/", 1)[1]: (ok, fails) for label, ok, fails in _check_results(conn)}
     ok, failures = results["w1"]
     assert ok is False
     broken = {(f["frame"], f["column"]) for f in failures}
     assert ("deliveries", "runner_id") in broken
     assert ("deliveries", "names_its_runner") in broken
+    # loud, as when the check ran in the push run: the push_check alert gauge is raised
+    alert = (tmp_path / "eventpush_alert_push_check.prom").read_text()
+    assert 'eventpush_alert{alert="push_check"} 1.0' in alert
+
+
+def test_a_checks_run_without_slices_checks_nothing_and_an_event_without_one_fails():
+    from eventpush.airflow.push_slice import slices_to_check
+
+    assert slices_to_check([]) == []
+    stranger = SimpleNamespace(
+        extra={"note": "posted by hand"},
+        source_dag_id=None,
+        source_run_id=None,
+        timestamp="2026-01-01T00:00:00+00:00",
+    )
+    with pytest.raises(ValueError, match="no slice to check"):
+        slices_to_check([stranger])
 
 
 def test_the_lease_holder_pushes_and_the_dag_skips_that_worker(push_dag, conn, airflow_conn_env):
@@ -113,14 +182,37 @@ def test_the_lease_holder_pushes_and_the_dag_skips_that_worker(push_dag, conn, a
                 return held
 
             wait_for(leased, what="the standalone worker's lease")
-            run = push_dag.test(run_conf=CONF)
+            run = push_dag.test(run_conf={**CONF, "slice_seconds": 10})
             states = _states(run)
             wait_for(lambda: len(rx.state.delivered("/slow")) == 10, what="all deliveries")
         assert str(run.state) == "success", states
-        # both sensors saw work; w1's push skipped (the lease is held elsewhere), w2's pushed
-        assert states["worker.wait_for_work"] == ["success", "success"], states
-        assert sorted(states["worker.push"]) == ["skipped", "success"], states
+        # both saw work; w1's push skipped (the lease is held elsewhere), w2's pushed
+        assert sorted(states["push"]) == ["skipped", "success"], states
         assert standalone.report.delivered == 5
+
+
+def test_a_slice_pushes_for_its_whole_budget_and_sends_late_events_at_once(conn, db_url):
+    from eventpush.airflow.push_slice import push_slice
+
+    with Receiver() as rx:
+        seed(conn, f"{rx.url}/ok", workers=("w1",))
+        publish(conn, "orders", order_events(2))
+        result: dict = {}
+        slice_ = threading.Thread(target=lambda: result.update(push_slice("w1", db_url, 5.0)))
+        started = time.monotonic()
+        slice_.start()
+        wait_for(lambda: len(rx.state.delivered("/ok")) == 2, what="the first events")
+        # idle now: a slice that stopped at its first idle moment would have ended
+        time.sleep(1.0)
+        published = time.monotonic()
+        publish(conn, "orders", order_events(1, start=2))
+        wait_for(lambda: len(rx.state.delivered("/ok")) == 3, timeout=4, what="the late event")
+        late_s = time.monotonic() - published
+        slice_.join(30)
+    assert late_s < 1.0  # woken by the publish notification, not by a poll or the next slice
+    assert time.monotonic() - started >= 5.0
+    assert result["report"]["delivered"] == 3
+    assert result["before"]["worker"] == result["after"]["worker"] == "w1"
 
 
 def test_check_names_an_offset_that_moved_backwards(conn, db_url):
@@ -145,7 +237,10 @@ def test_check_names_an_offset_that_moved_backwards(conn, db_url):
 
 
 def test_trigger_wakes_on_publish_and_ends_quietly_without_work(conn, airflow_conn_env):
-    from eventpush.airflow.triggers import WorkerWorkSensor, WorkerWorkTrigger
+    from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
+
+    from eventpush.airflow.push_slice import PushSliceOperator
+    from eventpush.airflow.triggers import WorkerWorkTrigger, worker_has_work
 
     seed(conn, "http://127.0.0.1:9/ok", workers=("w1",))
     classpath, kwargs = WorkerWorkTrigger("w1", timeout=1, poll_interval=30).serialize()
@@ -158,6 +253,23 @@ def test_trigger_wakes_on_publish_and_ends_quietly_without_work(conn, airflow_co
     started = time.monotonic()
     quiet = asyncio.run(first_event(WorkerWorkTrigger(**kwargs)))
     assert quiet["status"] == "timeout" and time.monotonic() - started < 5
+
+    # without work the push task defers to the trigger rather than hold its slot, for no
+    # longer than its wait timeout or what is left of the run's window
+    op = PushSliceOperator(task_id="s", worker="w1", slice_seconds=60, wait_timeout=30)
+    run_started = datetime.now(UTC) - timedelta(seconds=50)
+    context = {"dag_run": SimpleNamespace(start_date=run_started)}
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    assert isinstance(deferred.value.trigger, WorkerWorkTrigger)
+    assert deferred.value.method_name == "execute_complete"
+    assert 8 < deferred.value.trigger.timeout <= 10
+    with pytest.raises(AirflowSkipException):
+        op.execute_complete(context, {"status": "timeout", "worker": "w1"})
+    # a window already over: nothing to wait for in this run
+    late = {"dag_run": SimpleNamespace(start_date=run_started - timedelta(seconds=60))}
+    with pytest.raises(AirflowSkipException, match="window"):
+        op.execute(late)
 
     async def publish_later():
         await asyncio.sleep(0.5)
@@ -172,21 +284,31 @@ def test_trigger_wakes_on_publish_and_ends_quietly_without_work(conn, airflow_co
     woke = asyncio.run(wait_and_publish())
     # the notification wakes it long before the 30 s poll interval
     assert woke["status"] == "work" and time.monotonic() - started < 5
-
-    sensor = WorkerWorkSensor(task_id="s", worker="w1", wait_timeout=1)
-    from airflow.sdk.exceptions import AirflowSkipException
-
-    with pytest.raises(AirflowSkipException):
-        sensor.execute_complete({}, {"status": "timeout", "worker": "w1"})
-    assert sensor.execute({}) == {"status": "work", "worker": "w1", "waited_s": 0.0}
+    assert worker_has_work(airflow_conn_env, "w1")
 
 
-def test_without_work_the_sensors_defer_and_the_run_ends_quietly(push_dag, conn, airflow_conn_env):
+def test_without_work_the_push_tasks_defer_and_the_run_ends_quietly(
+    push_dag, conn, airflow_conn_env
+):
     seed(conn, "http://127.0.0.1:9/ok")
     started = time.monotonic()
     run = push_dag.test(run_conf={"slice_seconds": 30, "wait_timeout_s": 2})
     states = _states(run)
     assert str(run.state) == "success", states
-    assert states["worker.wait_for_work"] == ["skipped", "skipped"], states
-    assert states["worker.push"] == ["skipped", "skipped"], states
+    assert states["push"] == ["skipped", "skipped"], states
     assert time.monotonic() - started < 30
+
+
+def test_a_worker_without_work_does_not_hold_back_the_run(push_dag, conn, airflow_conn_env):
+    with Receiver() as rx:
+        seed(conn, f"{rx.url}/ok", workers=("w1",))
+        seed(conn, f"{rx.url}/ok", workers=("w2",), bus="quiet")
+        publish(conn, "orders", order_events(3))
+        started = time.monotonic()
+        run = push_dag.test(run_conf={"slice_seconds": 4, "wait_timeout_s": 300})
+        took = time.monotonic() - started
+    states = _states(run)
+    assert str(run.state) == "success", states
+    assert sorted(states["push"]) == ["skipped", "success"], states
+    # w2 waits for what is left of the run's 4 s window, not for its 300 s wait timeout
+    assert took < 60

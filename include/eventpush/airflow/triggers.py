@@ -1,4 +1,4 @@
-"""The push DAG's wait: an async trigger and the deferrable sensor that hands off to it.
+"""The push DAG's wait: an async trigger that fires when a worker has work.
 
 ``WorkerWorkTrigger`` runs in the triggerer. It fires as soon as a running runner of its worker
 has something to do (``status.has_work``: new events or records handed back for retry), and
@@ -8,9 +8,8 @@ notifications (``pg_notify('eventpush_publish', bus_id)``) are read from the soc
 ``loop.add_reader``, so a publish wakes the trigger at once; ``poll_interval`` is the
 fallback for due retries and missed notifications.
 
-``WorkerWorkSensor`` checks once in the worker slot (cheap, and free when work is already
-waiting) and otherwise defers to the trigger; on a timeout it skips, so the run ends quietly
-and the continuous schedule starts the next one.
+``eventpush.airflow.push_slice.PushSliceOperator`` checks once with ``worker_has_work`` in its
+worker slot (cheap, and free when work is already waiting) and otherwise defers to the trigger.
 """
 
 from __future__ import annotations
@@ -22,8 +21,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow.sdk import BaseSensorOperator
-from airflow.sdk.exceptions import AirflowSkipException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from eventpush.airflow.connection import CONN_ID
@@ -35,7 +32,9 @@ DEFAULT_POLL_S = 5.0
 log = logging.getLogger(__name__)
 
 
-def _has_work(url: str, worker: str) -> bool:
+def worker_has_work(url: str, worker: str) -> bool:
+    """Whether a running runner of ``worker`` has events past its committed offset or retries
+    due (one query)."""
     from eventpush.db import connection
     from eventpush.status import has_work
 
@@ -107,7 +106,7 @@ class WorkerWorkTrigger(BaseTrigger):
         try:
             while True:
                 woken.clear()
-                if await asyncio.to_thread(_has_work, url, self.worker):
+                if await asyncio.to_thread(worker_has_work, url, self.worker):
                     yield TriggerEvent(
                         {
                             "status": "work",
@@ -131,63 +130,3 @@ class WorkerWorkTrigger(BaseTrigger):
                     loop.remove_reader(listener.fileno())
                 with contextlib.suppress(Exception):
                     listener.close()
-
-
-class WorkerWorkSensor(BaseSensorOperator):
-    """Wait, without holding a worker slot, until ``worker`` has something to push.
-
-    Succeeds (returning the trigger's event) when there is work; skips when ``wait_timeout``
-    passes without any, which ends the DAG run quietly.
-    """
-
-    template_fields = ("worker", "wait_timeout")
-    ui_color = "#e8f4ff"
-
-    def __init__(
-        self,
-        *,
-        worker: str,
-        wait_timeout: float | str = DEFAULT_TIMEOUT_S,
-        poll_interval: float = DEFAULT_POLL_S,
-        conn_id: str = CONN_ID,
-        deferrable: bool = True,
-        **kwargs: Any,
-    ) -> None:
-        # In poke mode (deferrable=False) the same timeout skips rather than fails.
-        if isinstance(wait_timeout, int | float):
-            kwargs.setdefault("timeout", wait_timeout)
-        kwargs.setdefault("poke_interval", poll_interval)
-        kwargs.setdefault("soft_fail", True)
-        super().__init__(**kwargs)
-        self.deferrable = deferrable
-        self.worker = worker
-        self.wait_timeout = wait_timeout
-        self.poll_interval = poll_interval
-        self.conn_id = conn_id
-
-    def poke(self, context: Any) -> bool:
-        from eventpush.airflow.connection import database_url
-
-        return _has_work(database_url(self.conn_id), self.worker)
-
-    def execute(self, context: Any) -> Any:
-        if self.poke(context):
-            return {"status": "work", "worker": self.worker, "waited_s": 0.0}
-        if not self.deferrable:
-            return super().execute(context)
-        self.defer(
-            trigger=WorkerWorkTrigger(
-                worker=self.worker,
-                timeout=float(self.wait_timeout),
-                poll_interval=self.poll_interval,
-                conn_id=self.conn_id,
-            ),
-            method_name="execute_complete",
-        )
-
-    def execute_complete(self, context: Any, event: dict | None = None) -> dict:
-        if not event or event.get("status") != "work":
-            raise AirflowSkipException(
-                f"no work for worker {self.worker!r} within {float(self.wait_timeout):g}s"
-            )
-        return event
