@@ -89,6 +89,10 @@ class Runner:
         self.limiter.resize(
             min(self._control(controls, "concurrency", self.target.concurrency), 1024)
         )
+        # A resume, a wider lane or more concurrency must be acted on now, not at the next
+        # wake-up of the dispatcher and the feeders.
+        self.wake.set()
+        self.room.set()
 
     def _control(self, controls: dict, key: str, default: int) -> int:
         value = controls.get(key, default)
@@ -98,8 +102,6 @@ class Runner:
                 f"got {value!r}"
             )
         return value
-        self.wake.set()
-        self.room.set()
 
     def percentiles(self) -> tuple[float | None, float | None]:
         if len(self.latencies) < 2:
