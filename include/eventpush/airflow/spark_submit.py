@@ -34,15 +34,16 @@ class EventpushSparkSubmitOperator(SparkSubmitOperator):
     """``spark-submit`` of one eventpush job, with the package and driver shipped along."""
 
     def execute(self, context):
-        from eventpush.sparkjobs.session import require_airflow_master
+        from eventpush.sparkjobs.session import on_loopback, require_airflow_master
 
         master = require_airflow_master(self._conn_id)
         self.log.info("submitting %s to %s", Path(self.application).name, master)
         secrets = Path(tempfile.mkdtemp(prefix="eventpush-submit-"))
         try:
             self.prepare_submit(secrets, master)
-            if master.startswith("local"):
-                # A local job has no peers: its driver stays on loopback, not the first NIC.
+            if on_loopback(master):
+                # A local job, or one on a loopback cluster: its driver stays on loopback,
+                # not the first NIC.
                 self.env_vars = {"SPARK_LOCAL_IP": "127.0.0.1", **self.env_vars}
             return super().execute(context)
         finally:

@@ -87,6 +87,21 @@ def resolve_master(explicit: str | None = None, conn_id: str = DEFAULT_CONN_ID) 
     return airflow_master(conn_id) or DEFAULT_MASTER
 
 
+def on_loopback(master: str) -> bool:
+    """Whether ``master`` is local mode or a cluster listening on a loopback address."""
+    if master.startswith("local"):
+        return True
+    import ipaddress
+
+    host = urlsplit(master.split(",")[0]).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def jdbc_jar() -> str:
     jar = os.environ.get("EVENTPUSH_JDBC_JAR") or DEFAULT_JDBC_JAR
     if not Path(jar).is_file():
@@ -189,8 +204,9 @@ def get_spark(master: str | None = None, app_name: str = "eventpush", shuffle_pa
     if master or launching:
         master = resolve_master(master)
         builder = builder.master(master)
-    if (master or "").startswith("local"):
-        # A local session has no peers: its driver binds loopback, not the first interface.
+    if master and on_loopback(master):
+        # A local session, or a cluster on this machine's loopback: its driver binds
+        # loopback, not the first interface.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     if (master or "").startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
         # Local Python workers must be this interpreter (with pyarrow), not any python3;
@@ -238,7 +254,30 @@ def get_spark(master: str | None = None, app_name: str = "eventpush", shuffle_pa
             os.unlink(properties)  # the JVM has read it
     spark.sparkContext.setLogLevel("WARN")
     spark.sparkContext.addPyFile(package_zip())
+    if not spark.sparkContext.master.startswith("local"):
+        # On a cluster, say which Python the executors run: a wrong one is the first suspect.
+        print(EXECUTOR_PYTHON_MARK, json.dumps(executor_pythons(spark)), file=sys.stderr)
     return spark
+
+
+EXECUTOR_PYTHON_MARK = "eventpush: executors' Python:"
+
+
+def executor_pythons(spark) -> list[dict[str, str]]:
+    """The interpreters the executors run Python tasks with, as the tasks report them."""
+    sc = spark.sparkContext
+    slots = max(2, sc.defaultParallelism)
+
+    def probe(_rows):
+        import platform
+        import sys
+
+        yield (sys.executable, sys.prefix, platform.python_version())
+
+    seen = set(sc.parallelize(range(slots), slots).mapPartitions(probe).collect())
+    return [
+        dict(zip(("executable", "prefix", "version"), row, strict=True)) for row in sorted(seen)
+    ]
 
 
 def require_airflow_master(conn_id: str = DEFAULT_CONN_ID) -> str:
