@@ -24,7 +24,7 @@ The eventpush database is the Airflow connection `eventpush_db`, or `EVENTPUSH_D
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import Param, dag, get_current_context, task, task_group
@@ -76,7 +76,8 @@ def eventpush_push() -> None:
             time.sleep(POLL_INTERVAL_S)
         return workers
 
-    @task
+    # Retried: a slice whose Celery worker died resumes from the committed offsets elsewhere.
+    @task(retries=2, retry_delay=timedelta(seconds=5))
     def push(worker: str) -> dict[str, Any]:
         """One bounded push slice for ``worker``; returns the engine's counts and the before
         and after snapshots the check compares."""
