@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The deployment docker-compose.yaml describes, as processes on this machine:
 #
-#   scripts/cluster.sh up | down [--purge] | status        (or ./dev cluster ...)
+#   scripts/cluster.sh up [spark] | down [--purge] | status        (or ./dev cluster ...)
+#
+# (`up spark` starts the Spark part alone.)
 #
 # - a Spark standalone master and two workers, from the installed pyspark's own spark-class,
 #   bound to 127.0.0.1. The workers run with a PATH whose python3 is the machine's, not this
@@ -199,6 +201,11 @@ up() {
       --webui-port $((base + 8 + i)) "$master_url"
   done
 
+  if [[ ${1:-} == spark ]]; then  # Spark alone, e.g. for bench/audit.py --master
+    wait_workers 2 120
+    status || true
+    return
+  fi
   airflow_env
   say "Airflow metadata: database $airflow_db; migrating (a minute or two the first time)"
   metadata_db create
@@ -301,8 +308,8 @@ down() {
 }
 
 case "${1:-}" in
-  up) up ;;
+  up) shift; up "$@" ;;
   down) shift; down "$@" ;;
   status) status ;;
-  *) echo "usage: scripts/cluster.sh up | down [--purge] | status" >&2; exit 2 ;;
+  *) echo "usage: scripts/cluster.sh up [spark] | down [--purge] | status" >&2; exit 2 ;;
 esac

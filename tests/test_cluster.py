@@ -146,6 +146,15 @@ class Cluster:
         self.api = f"http://127.0.0.1:{base}"
         self._token: str | None = None
 
+    def start(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            ["bash", str(REPO / "scripts" / "cluster.sh"), *args],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
     def script(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         return subprocess.run(
             ["bash", str(REPO / "scripts" / "cluster.sh"), *args],
@@ -244,7 +253,7 @@ def local_results(dbs):
 
 
 @pytest.fixture(scope="module")
-def cluster(dbs, local_results, tmp_path_factory):
+def cluster(dbs, tmp_path_factory, request):
     if not _redis_up():
         pytest.skip("no Redis on 127.0.0.1:6379: the CeleryExecutor needs one")
     url, _ = dbs
@@ -272,12 +281,18 @@ def cluster(dbs, local_results, tmp_path_factory):
     env.pop("AIRFLOW_HOME", None)
     env = {k: v for k, v in env.items() if not k.startswith("AIRFLOW_CONN_")}
     c = Cluster(env, directory, base)
+    # The local-mode results are computed while the cluster starts: the two overlap.
+    up = c.start("up")
     try:
-        up = c.script("up")
-        assert up.returncode == 0, up.stdout + up.stderr
+        request.getfixturevalue("local_results")
+        out, err = up.communicate(timeout=600)
+        assert up.returncode == 0, out + err
         _wait_for_dags(c)
         yield c
     finally:
+        if up.poll() is None:  # local mode failed first: stop the start, then tear down
+            up.terminate()
+            up.wait(60)
         down = c.script("down", "--purge")
         leftovers = subprocess.run(
             ["pgrep", "-f", str(directory)], capture_output=True, text=True
