@@ -96,12 +96,19 @@ def test_the_archive_is_built_once_and_runs_without_this_venv(tmp_path):
     target = tmp_path / "unpacked"
     with tarfile.open(first) as tar:
         tar.extractall(target, filter="tar")
-    code = "import sys, pyarrow, pandas, aiohttp, psycopg2, jsonpath_ng, msgspec; print(sys.prefix)"
+    # What executors import: the jobs' task-side modules (the package travels as a zip; here
+    # it comes from the checkout), nothing from this venv.
+    code = (
+        "import sys, pyarrow, pandas; "
+        "import eventpush.push, eventpush.push.delivery, eventpush.rules.transforms, "
+        "eventpush.sparkjobs.replay, eventpush.sparkjobs.pattern_sql, eventpush.sparkjobs.audit, "
+        "eventpush.sparkjobs.rebalance; print(sys.prefix)"
+    )
     done = subprocess.run(
         [str(target / "bin" / "python"), "-c", code],
         capture_output=True,
         text=True,
-        env={"PATH": "/usr/bin:/bin"},
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "include")},
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
