@@ -445,6 +445,19 @@ def _celery_worker_of(cluster: Cluster, pid: int) -> str | None:
     return None
 
 
+def _logged(conn, runner: str) -> int:
+    """How many distinct records ``runner``'s delivery log holds (committed deliveries)."""
+    with conn.cursor() as cur:
+        cur.execute(
+            'SELECT count(DISTINCT (d.queue_id, d."offset")) FROM event_push_delivery d '
+            "JOIN event_target_runner r ON r.id = d.runner_id WHERE r.name = %s",
+            (runner,),
+        )
+        count = cur.fetchone()[0]
+    conn.commit()
+    return count
+
+
 def _received(receiver, path: str) -> list[int]:
     """The events (their ``detail.n``) that reached ``path``, one per request, in order."""
     with receiver.state.lock:
@@ -524,14 +537,7 @@ def test_a_celery_worker_killed_mid_slice_loses_nothing(cluster, dbs, receiver):
         os.killpg(cluster.pid(victim), signal.SIGKILL)
         time.sleep(1)  # what was in flight has landed or died with the process
         seen_at_kill = set(_received(receiver, path))
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT count(*) FROM event_push_delivery d JOIN event_target_runner r "
-                "ON r.id = d.runner_id WHERE r.name = %s",
-                (runner,),
-            )
-            committed_at_kill = cur.fetchone()[0]
-        conn.commit()
+        committed_at_kill = _logged(conn, runner)
         assert committed_at_kill < n, "the slice had finished before the kill"
 
         def done() -> bool:
@@ -572,14 +578,7 @@ def test_a_celery_worker_killed_mid_slice_loses_nothing(cluster, dbs, receiver):
         ), "the retry did not run on the surviving worker"
 
         got = _received(receiver, path)
-        with conn.cursor() as cur:
-            cur.execute(
-                'SELECT count(DISTINCT (d.queue_id, d."offset")) FROM event_push_delivery d '
-                "JOIN event_target_runner r ON r.id = d.runner_id WHERE r.name = %s",
-                (runner,),
-            )
-            logged = cur.fetchone()[0]
-        conn.commit()
+        logged = _logged(conn, runner)
         copies = Counter(got)
         duplicates = sum(c - 1 for c in copies.values())
         in_flight = len(seen_at_kill) - committed_at_kill
