@@ -1,6 +1,7 @@
 """Audit benchmark: the Spark audit job (local mode) beside the same audit as one SQL query.
 
     .venv/bin/python bench/audit.py [--sizes 100000,1000000,10000000] [--runners 10]
+        [--master local[*] | local[2] | spark://127.0.0.1:7077]
 
 For each size: a scratch database with one bus (8 queues), ``--runners`` runners each
 matching one source in ten, every matched event delivered except one in ten thousand
@@ -8,6 +9,8 @@ matching one source in ten, every matched event delivered except one in ten thou
 of the same shape: Spark with the rules through the Python engine (as the job runs), and
 PostgreSQL with the rules hand-written as SQL. Rows/s counts bus events scanned. Both ways
 must report the same counts, or the bench stops.
+``--master`` runs the Spark side on a cluster (e.g. ``./dev cluster up``'s standalone master),
+with the executors' Python environment shipped as for any job.
 """
 
 from __future__ import annotations
@@ -148,12 +151,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="100000,1000000")
     parser.add_argument("--runners", type=int, default=10)
+    parser.add_argument("--master", default="local[*]", help="the Spark master to audit on")
     args = parser.parse_args()
 
     from eventpush.sparkjobs.session import get_spark
 
-    spark = get_spark("local[*]", app_name="bench-audit", shuffle_partitions=8)
-    print(f"machine: {machine()}; Spark local[*]; {args.runners} runners, {QUEUES} queues")
+    spark = get_spark(args.master, app_name="bench-audit", shuffle_partitions=8)
+    print(f"machine: {machine()}; Spark {args.master}; {args.runners} runners, {QUEUES} queues")
     results = []
     for size in (int(s) for s in args.sizes.split(",")):
         with scratch_database("eventpush_bench_audit") as url:
@@ -165,7 +169,7 @@ def main() -> None:
             pg_s, pg = sql_audit(url)
             if udf != pg:
                 raise SystemExit(f"audits disagree: spark {udf} sql {pg}")
-            row = {"events": size, "spark_udf_s": udf_s, "postgres_s": pg_s}
+            row = {"events": size, "master": args.master, "spark_udf_s": udf_s, "postgres_s": pg_s}
             missing = sum(v[2] for v in pg.values())
             print(
                 f"spark (rules by the Python engine): {udf_s:.1f} s = "

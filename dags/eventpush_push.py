@@ -29,7 +29,7 @@ The eventpush database is the Airflow connection `eventpush_db`, or `EVENTPUSH_D
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow.sdk import Param, dag, task
 
@@ -85,6 +85,9 @@ def eventpush_push() -> None:
 
     PushSliceOperator.partial(
         task_id="push",
+        # Retried: a slice whose Celery worker died resumes from the committed offsets elsewhere.
+        retries=2,
+        retry_delay=timedelta(seconds=5),
         outlets=[PUSH_SLICES],
         slice_seconds="{{ params.slice_seconds }}",
         wait_timeout="{{ params.wait_timeout_s }}",

@@ -144,9 +144,23 @@ conn.close()
 PY
 }
 
+setup_spark_pyenv() {
+  # The Python environment shipped to Spark executors on a cluster (spark.archives), packed
+  # from requirements-executor.lock into var/spark-pyenv/ and kept while the lock is the same.
+  # Only for a non-local EVENTPUSH_SPARK_MASTER: otherwise the first cluster submit (or
+  # `./dev cluster up`) builds it, and `./dev test` and `./dev demo` never wait for it.
+  case "${EVENTPUSH_SPARK_MASTER:-local}" in
+    local*) return ;;
+  esac
+  say "packing the Spark executors' Python environment (once per lock file)"
+  PYTHONPATH="$ROOT/include" "$VENV/bin/python" -m eventpush.sparkjobs.pyenv build >/dev/null \
+    || die "could not pack the Spark executors' Python environment"
+}
+
 setup_all() {
   setup_venv
   setup_system_packages
   setup_postgres
+  setup_spark_pyenv
   export PATH="$VENV/bin:$PATH"
 }

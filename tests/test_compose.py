@@ -35,8 +35,7 @@ def test_images_match_the_locked_versions(compose):
     dockerfile = (REPO / "docker" / "airflow.Dockerfile").read_text()
     base = re.search(r"^FROM apache/airflow:(\S+)-python3\.11$", dockerfile, re.M).group(1)
     assert base == version("apache-airflow")
-    for name in ("spark-master", "spark-worker"):
-        assert compose["services"][name]["image"] == f"apache/spark:{pyspark.__version__}"
+    assert f"pyspark=={pyspark.__version__}" in (REPO / "requirements.lock").read_text()
     for source in re.findall(r"^COPY --chown=\S+ (.+) \S+$", dockerfile, re.M):
         for path in source.split():
             assert (REPO / path).exists(), f"Dockerfile copies missing {path}"
@@ -149,3 +148,22 @@ def test_nats_runs_jetstream_with_its_store_in_a_volume(compose):
     assert mounted == store and volume in compose["volumes"]
     assert "ports" not in nats  # internal network only
     assert "healthcheck" in nats
+
+
+def test_spark_runs_from_the_airflow_image_with_its_own_pyspark(compose):
+    """Master and workers are the Airflow services' image (same Python, same locked
+    dependencies: the executors cannot drift from the drivers), started with spark-class
+    from the pyspark installed in it; so no packed environment needs to travel with a job."""
+    services = compose["services"]
+    airflow = services["airflow-worker"]
+    for name in ("spark-master", "spark-worker"):
+        service = services[name]
+        assert service["image"] == airflow["image"] and service["build"] == airflow["build"]
+        command = " ".join(service["command"])
+        assert "import os, pyspark; print(os.path.dirname(pyspark.__file__))" in command
+        assert '"$$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.' in command
+        assert "/opt/spark" not in command and "apache/spark" not in str(service)
+    assert "deploy.master.Master" in " ".join(services["spark-master"]["command"])
+    assert "spark://spark-master:7077" in " ".join(services["spark-worker"]["command"])
+    for name in AIRFLOW_SERVICES:
+        assert services[name]["environment"]["EVENTPUSH_SPARK_PYENV"] == "off", name

@@ -5,7 +5,9 @@ fields are shown in the UI, and the database URL carries a password): the packag
 ``--py-files``, the JDBC jar, the database URL in a file of mode 0600 in a private directory
 (the job finds it through ``EVENTPUSH_DATABASE_URL_FILE``; ``--files`` ships it to a
 cluster-mode driver), Spark's shared secret in a private ``--properties-file`` when one is
-set, and the Python and ``spark-submit`` of this installation. A missing Spark connection
+set, the Python and ``spark-submit`` of this installation, and for a master that is not
+``local[...]`` the executors' packed Python environment (``--archives``, see
+``eventpush.sparkjobs.pyenv``). A missing Spark connection
 fails the task with a message instead of meaning YARN.
 """
 
@@ -32,15 +34,16 @@ class EventpushSparkSubmitOperator(SparkSubmitOperator):
     """``spark-submit`` of one eventpush job, with the package and driver shipped along."""
 
     def execute(self, context):
-        from eventpush.sparkjobs.session import require_airflow_master
+        from eventpush.sparkjobs.session import on_loopback, require_airflow_master
 
         master = require_airflow_master(self._conn_id)
         self.log.info("submitting %s to %s", Path(self.application).name, master)
         secrets = Path(tempfile.mkdtemp(prefix="eventpush-submit-"))
         try:
-            self.prepare_submit(secrets)
-            if master.startswith("local"):
-                # A local job has no peers: its driver stays on loopback, not the first NIC.
+            self.prepare_submit(secrets, master)
+            if on_loopback(master):
+                # A local job, or one on a loopback cluster: its driver stays on loopback,
+                # not the first NIC.
                 self.env_vars = {"SPARK_LOCAL_IP": "127.0.0.1", **self.env_vars}
             return super().execute(context)
         finally:
@@ -48,11 +51,13 @@ class EventpushSparkSubmitOperator(SparkSubmitOperator):
             # files, and a cluster-mode one got its copy through --files at submit time.
             shutil.rmtree(secrets, ignore_errors=True)
 
-    def prepare_submit(self, secrets: Path) -> None:
+    def prepare_submit(self, secrets: Path, master: str) -> None:
         """Point the submission at the package, the driver and the secrets in ``secrets``
-        (a private directory). The provider prints ``--conf``, and on YARN and Kubernetes
-        turns ``env_vars`` into ``--conf``: only file paths go there, never a secret."""
+        (a private directory), and, for a cluster ``master``, at the executors' packed Python
+        environment. The provider prints ``--conf``, and on YARN and Kubernetes turns
+        ``env_vars`` into ``--conf``: only file paths go there, never a secret."""
         from eventpush.airflow.connection import database_url
+        from eventpush.sparkjobs.pyenv import cluster_conf
         from eventpush.sparkjobs.session import (
             auth_properties_file,
             jdbc_jar,
@@ -79,6 +84,12 @@ class EventpushSparkSubmitOperator(SparkSubmitOperator):
             "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", python),
             "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", python),
         }
+        shipped = cluster_conf(master, driver_python=env["PYSPARK_DRIVER_PYTHON"])
+        if shipped:
+            # spark.archives and spark.pyspark.python win over PYSPARK_PYTHON in spark-submit.
+            archive = shipped.pop("spark.archives")
+            self._archives = ",".join(a for a in (self._archives, archive) if a)
+            self.conf = {**(self.conf or {}), **shipped}
         if shutil.which("spark-submit") is None:  # the venv's spark-submit, next to python
             env["PATH"] = f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         self.env_vars = {**(self.env_vars or {}), **env}

@@ -7,6 +7,8 @@ already set, else ``EVENTPUSH_SPARK_MASTER``, else the Airflow connection ``spar
 The PostgreSQL JDBC driver comes from ``EVENTPUSH_JDBC_JAR`` (the Debian jar by default) and
 the eventpush package travels to the executors as a zip, so they need not have it installed;
 the zip is built in a private directory of this process, never at a path others can predict.
+A master that is not ``local[...]`` also gets the packed Python environment of
+``eventpush.sparkjobs.pyenv``, so executors need no dependencies of their own.
 
 Secrets never travel on a command line (``ps``, the Spark UI and the task log show those):
 Spark's shared secret (``EVENTPUSH_SPARK_SECRET`` or the file ``EVENTPUSH_SPARK_SECRET_FILE``
@@ -83,6 +85,21 @@ def resolve_master(explicit: str | None = None, conn_id: str = DEFAULT_CONN_ID) 
     if env:
         return env
     return airflow_master(conn_id) or DEFAULT_MASTER
+
+
+def on_loopback(master: str) -> bool:
+    """Whether ``master`` is local mode or a cluster listening on a loopback address."""
+    if master.startswith("local"):
+        return True
+    import ipaddress
+
+    host = urlsplit(master.split(",")[0]).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def jdbc_jar() -> str:
@@ -187,13 +204,25 @@ def get_spark(master: str | None = None, app_name: str = "eventpush", shuffle_pa
     if master or launching:
         master = resolve_master(master)
         builder = builder.master(master)
-    if (master or "").startswith("local"):
-        # A local session has no peers: its driver binds loopback, not the first interface.
+    if master and on_loopback(master):
+        # A local session, or a cluster on this machine's loopback: its driver binds
+        # loopback, not the first interface.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     if (master or "").startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
         # Local Python workers must be this interpreter (with pyarrow), not any python3;
         # PySpark reads the variable when the context starts.
         os.environ["PYSPARK_PYTHON"] = sys.executable
+    launch_env: dict[str, str] = {}
+    if launching and master and not master.startswith("local"):
+        from eventpush.sparkjobs.pyenv import cluster_conf
+
+        # A cluster's executors get this job's Python environment shipped with it.
+        for key, value in cluster_conf(master).items():
+            builder = builder.config(key, value)
+            if key == "spark.pyspark.python":
+                # An in-process driver reads the executors' interpreter from the environment
+                # when the context starts; later local sessions must not inherit it.
+                launch_env["PYSPARK_PYTHON"] = value
     jar = jdbc_jar()
     builder = (
         builder.config("spark.jars", jar)
@@ -208,22 +237,47 @@ def get_spark(master: str | None = None, app_name: str = "eventpush", shuffle_pa
     # in a private properties file that PySpark's own launcher passes along. Under
     # spark-submit the JVM is already up and the submitting side passed the file.
     properties = auth_properties_file() if launching else None
-    saved = os.environ.get("PYSPARK_SUBMIT_ARGS")
     if properties:
-        rest = saved or "pyspark-shell"
-        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(properties)} {rest}"
+        rest = os.environ.get("PYSPARK_SUBMIT_ARGS") or "pyspark-shell"
+        launch_env["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(properties)} {rest}"
+    saved = {key: os.environ.get(key) for key in launch_env}
+    os.environ.update(launch_env)
     try:
         spark = builder.getOrCreate()
     finally:
-        if properties:
-            if saved is None:
-                os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
             else:
-                os.environ["PYSPARK_SUBMIT_ARGS"] = saved
+                os.environ[key] = value
+        if properties:
             os.unlink(properties)  # the JVM has read it
     spark.sparkContext.setLogLevel("WARN")
     spark.sparkContext.addPyFile(package_zip())
+    if not spark.sparkContext.master.startswith("local"):
+        # On a cluster, say which Python the executors run: a wrong one is the first suspect.
+        print(EXECUTOR_PYTHON_MARK, json.dumps(executor_pythons(spark)), file=sys.stderr)
     return spark
+
+
+EXECUTOR_PYTHON_MARK = "eventpush: executors' Python:"
+
+
+def executor_pythons(spark) -> list[dict[str, str]]:
+    """The interpreters the executors run Python tasks with, as the tasks report them."""
+    sc = spark.sparkContext
+    slots = max(2, sc.defaultParallelism)
+
+    def probe(_rows):
+        import platform
+        import sys
+
+        yield (sys.executable, sys.prefix, platform.python_version())
+
+    seen = set(sc.parallelize(range(slots), slots).mapPartitions(probe).collect())
+    return [
+        dict(zip(("executable", "prefix", "version"), row, strict=True)) for row in sorted(seen)
+    ]
 
 
 def require_airflow_master(conn_id: str = DEFAULT_CONN_ID) -> str:

@@ -1,0 +1,588 @@
+"""The batch DAGs on Airflow's CeleryExecutor with Spark on a standalone cluster, for real.
+
+One cluster for the module (``scripts/cluster.sh up``: a Spark master and two workers from
+pyspark's own ``spark-class``, Airflow's API server, scheduler, DAG processor, triggerer and
+two Celery workers on the machine's Redis), on ports, a queue, an AIRFLOW_HOME and a metadata
+database of its own. A demo-sized catalog is made once and copied twice: the cluster works on
+one copy, Spark local mode (``local[2]``, in process through the CLI) on the other, and each
+DAG's result must equal local mode's. The Spark workers run with a PATH whose python3 is not
+the checkout's venv; the executors report the interpreter they run, which must be the packed
+environment shipped with the job. Last, a Celery worker is killed with SIGKILL in the middle
+of a push slice: the slice is retried on the other worker and nothing is lost.
+
+Select with ``-m cluster``; a few minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import psycopg2
+import pytest
+from batch_support import events, make_runner, publish_lines, simulate_push
+from conftest import ADMIN_URL, RUN_ID, _admin, _drop, _server
+
+from eventpush import catalog
+from eventpush.catalog import TargetSpec
+from eventpush.demo.receiver import Receiver
+from eventpush.sparkjobs.session import EXECUTOR_PYTHON_MARK
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1500)]
+
+REPO = Path(__file__).resolve().parents[1]
+VENV = Path(sys.executable).parent.parent
+SINCE = datetime.now(UTC) - timedelta(hours=1)
+UNTIL = datetime.now(UTC) + timedelta(hours=1)
+PASSWORD = "cluster-test-pw"
+
+
+def _free_port_base(span: int = 11) -> int:
+    """A base port with ``span`` free ports after it on 127.0.0.1."""
+    import random
+
+    for _ in range(200):
+        base = random.randrange(20000, 40000)
+        socks = []
+        try:
+            for port in range(base, base + span):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range on 127.0.0.1")
+
+
+def _redis_up() -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", 6379), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+def _make_dataset(url: str, receiver_url: str) -> None:
+    """Three runners on one bus, all first given to w1 (w2 comes later: rebalancing has work);
+    2000 events pushed by ``simulate_push`` with failures, then two delivery rows removed so
+    the audit finds a gap."""
+    conn = psycopg2.connect(url)
+    try:
+        catalog.create_worker(conn, "w1")
+        runners = [
+            make_runner(
+                conn, "orders", "all", name, {"source": ["app.orders"]}, url=f"{receiver_url}/ok"
+            )
+            for name in ("crm", "erp")
+        ]
+        runners.append(
+            make_runner(
+                conn,
+                "orders",
+                "big",
+                "warehouse",
+                {"source": ["app.orders"], "detail": {"n": [{"numeric": [">=", 1500]}]}},
+                url=f"{receiver_url}/ok/warehouse",
+            )
+        )
+        catalog.assign(conn)
+        catalog.create_worker(conn, "w2")
+        publish_lines(conn, "orders", events(2000))
+        for i, runner in enumerate(runners):
+            simulate_push(conn, runner, fail=set(range(i, 2000, 97)))
+        with conn.cursor() as cur:
+            cur.execute(
+                "DELETE FROM event_push_delivery WHERE id IN "
+                "(SELECT id FROM event_push_delivery ORDER BY id LIMIT 2)"
+            )
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def _clone(template: str, name: str) -> str:
+    _admin(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    return f"{_server(ADMIN_URL)}/{name}"
+
+
+def _cli(url: str, *args: str) -> dict:
+    """The eventpush CLI in Spark local mode on ``url``; its JSON output."""
+    env = {
+        **os.environ,
+        "EVENTPUSH_DATABASE_URL": url,
+        "EVENTPUSH_SPARK_MASTER": "local[2]",
+        "PYTHONPATH": str(REPO / "include"),
+    }
+    done = subprocess.run(
+        [str(VENV / "bin" / "eventpush"), *args, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+class Cluster:
+    def __init__(self, env: dict[str, str], directory: Path, base: int) -> None:
+        self.env = env
+        self.dir = directory
+        self.api = f"http://127.0.0.1:{base}"
+        self._token: str | None = None
+
+    def start(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            ["bash", str(REPO / "scripts" / "cluster.sh"), *args],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def script(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(REPO / "scripts" / "cluster.sh"), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def pid(self, service: str) -> int:
+        return int((self.dir / "pids" / f"{service}.pid").read_text())
+
+    def http(self) -> httpx.Client:
+        if self._token is None:
+            r = httpx.post(
+                f"{self.api}/auth/token", json={"username": "admin", "password": PASSWORD}
+            )
+            r.raise_for_status()
+            self._token = r.json()["access_token"]
+        return httpx.Client(
+            base_url=f"{self.api}/api/v2",
+            headers={"Authorization": f"Bearer {self._token}"},
+            timeout=30,
+        )
+
+    def trigger(self, dag_id: str, conf: dict) -> str:
+        with self.http() as h:
+            # A logical date, as the UI's trigger form gives: eventpush_audit's window task
+            # reads the data interval, which a run without one does not have.
+            when = datetime.now(UTC).isoformat()
+            r = h.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": when, "conf": conf})
+            assert r.status_code == 200, r.text
+            return r.json()["dag_run_id"]
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
+        with self.http() as h:
+            r = h.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")
+            r.raise_for_status()
+        return {
+            ti["task_id"] + (f"[{ti['map_index']}]" if ti["map_index"] >= 0 else ""): ti["state"]
+            for ti in r.json()["task_instances"]
+        }
+
+    def wait_run(self, dag_id: str, run_id: str, timeout: float = 420) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.http() as h:
+                state = h.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
+            if state in ("success", "failed"):
+                return state
+            time.sleep(3)
+        raise AssertionError(
+            f"{dag_id} {run_id} not done in {timeout}s: "
+            f"{self.task_states(dag_id, run_id)}; logs in {self.dir}/logs"
+        )
+
+    def failures(self, dag_id: str, run_id: str) -> str:
+        """The task states of a run and the last lines of each failed task's log."""
+        states = self.task_states(dag_id, run_id)
+        text = [json.dumps(states)]
+        run_dir = self.dir / "airflow" / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
+        for log in sorted(run_dir.glob("task_id=*/**/*.log")):
+            lines = log.read_text(errors="replace").splitlines()
+            if any('"level":"error"' in line for line in lines):
+                text.append(f"--- {log.relative_to(run_dir)}")
+                text.extend(line[:400] for line in lines[-15:])
+        return "\n".join(text)
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, attempt: int = 1) -> str:
+        path = (
+            self.dir
+            / "airflow"
+            / "logs"
+            / f"dag_id={dag_id}"
+            / f"run_id={run_id}"
+            / f"task_id={task_id}"
+            / f"attempt={attempt}.log"
+        )
+        return path.read_text()
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    with Receiver() as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def dbs(template_db, receiver):
+    """(cluster database URL, local-mode database URL): two copies of one dataset."""
+    names = [f"eventpush_test_{RUN_ID}_{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    try:
+        seed = _clone(template_db, names[0])
+        _make_dataset(seed, receiver.url)
+        yield _clone(names[0], names[1]), _clone(names[0], names[2])
+    finally:
+        for name in names:
+            _drop(name)
+
+
+@pytest.fixture(scope="module")
+def local_results(dbs):
+    """Audit, then replay of the failed records, then rebalance, in Spark local mode."""
+    _, local = dbs
+    window = ["--since", SINCE.isoformat(), "--until", UNTIL.isoformat()]
+    return {
+        "audit": _cli(local, "audit", *window),
+        "replay": _cli(local, "replay", "--what", "failed", "--bus", "orders"),
+        "rebalance": _cli(local, "rebalance"),
+    }
+
+
+@pytest.fixture(scope="module")
+def cluster(dbs, tmp_path_factory, request):
+    if not _redis_up():
+        pytest.skip("no Redis on 127.0.0.1:6379: the CeleryExecutor needs one")
+    url, _ = dbs
+    directory = tmp_path_factory.mktemp("cluster")
+    kept = tmp_path_factory.mktemp("cluster-logs")
+    base = _free_port_base()
+    (directory / "passwords.json").write_text(json.dumps({"admin": PASSWORD}))
+    env = {
+        **os.environ,
+        "EVENTPUSH_VENV": str(VENV),
+        "EVENTPUSH_DATABASE_URL": url,
+        "EVENTPUSH_ADMIN_URL": ADMIN_URL,
+        "EVENTPUSH_CLUSTER_DIR": str(directory),
+        "EVENTPUSH_CLUSTER_PORT_BASE": str(base),
+        "EVENTPUSH_CLUSTER_AIRFLOW_DB": f"eventpush_test_{RUN_ID}_airflow",
+        "EVENTPUSH_CLUSTER_QUEUE": f"eventpush-test-{RUN_ID}",
+        "EVENTPUSH_JDBC_JAR": os.environ.get(
+            "EVENTPUSH_JDBC_JAR", "/usr/share/java/postgresql.jar"
+        ),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(directory / "passwords.json"),
+        # a dead Celery worker's task is failed (and retried) after this long without heartbeat
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "45",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+    }
+    env.pop("AIRFLOW_HOME", None)
+    env = {k: v for k, v in env.items() if not k.startswith("AIRFLOW_CONN_")}
+    c = Cluster(env, directory, base)
+    # The local-mode results are computed while the cluster starts: the two overlap.
+    up = c.start("up")
+    try:
+        request.getfixturevalue("local_results")
+        out, err = up.communicate(timeout=600)
+        assert up.returncode == 0, out + err
+        _wait_for_dags(c)
+        yield c
+    finally:
+        if up.poll() is None:  # local mode failed first: stop the start, then tear down
+            up.terminate()
+            up.wait(60)
+        for logs in (directory / "logs", directory / "airflow" / "logs"):
+            if logs.is_dir():  # kept for reading after a failure; the rest is purged
+                shutil.copytree(logs, kept / logs.relative_to(directory), dirs_exist_ok=True)
+        down = c.script("down", "--purge")
+        leftovers = subprocess.run(
+            ["pgrep", "-f", str(directory)], capture_output=True, text=True
+        ).stdout.split()
+        assert down.returncode == 0, down.stderr
+        assert not leftovers, f"processes left behind: {leftovers}"
+        import redis
+
+        redis.Redis("127.0.0.1", 6379).delete(env["EVENTPUSH_CLUSTER_QUEUE"])
+
+
+def _wait_for_dags(c: Cluster, timeout: float = 240) -> None:
+    wanted = {"eventpush_audit", "eventpush_replay", "eventpush_rebalance", "eventpush_push"}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with c.http() as h:
+            got = {d["dag_id"] for d in h.get("/dags").json().get("dags", [])}
+        if wanted <= got:
+            return
+        time.sleep(3)
+    raise AssertionError(f"DAGs not parsed in {timeout}s: {got}")
+
+
+def _executor_pythons(log: str) -> list[dict]:
+    for line in log.splitlines():
+        if EXECUTOR_PYTHON_MARK in line:
+            event = json.loads(line).get("event", line)
+            doc = event.split(EXECUTOR_PYTHON_MARK, 1)[1].strip()
+            return json.loads(doc)
+    raise AssertionError("the job did not report its executors' Python")
+
+
+def _by_runner(rows: list[dict]) -> dict[str, dict]:
+    keys = ("expected", "delivered", "failed", "missing", "pending", "duplicates")
+    return {r["runner"]: {k: r[k] for k in keys} for r in rows}
+
+
+def test_audit_dag_on_the_cluster_equals_local_mode(cluster, dbs, local_results):
+    url, _ = dbs
+    conf = {"since": SINCE.isoformat(), "until": UNTIL.isoformat()}
+    run_id = cluster.trigger("eventpush_audit", conf)
+    state = cluster.wait_run("eventpush_audit", run_id)
+    states = cluster.task_states("eventpush_audit", run_id)
+    # the two deleted deliveries are missing: the job succeeds, the check fails the run
+    assert state == "failed" and states["audit_job"] == "success", cluster.failures(
+        "eventpush_audit", run_id
+    )
+    with psycopg2.connect(url) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT runners FROM event_audit_report WHERE window_start = %s "
+            "ORDER BY id DESC LIMIT 1",
+            (SINCE,),
+        )
+        (runners,) = cur.fetchone()
+    expected = _by_runner(local_results["audit"]["runners"])
+    assert _by_runner(runners) == expected
+    assert sum(r["missing"] for r in expected.values()) == 2
+
+    pythons = _executor_pythons(cluster.task_log("eventpush_audit", run_id, "audit_job"))
+    driver_version = ".".join(map(str, sys.version_info[:3]))
+    assert pythons, "no executor reported"
+    for p in pythons:
+        # the packed environment unpacked in the executor's directory on a Spark worker
+        assert str(cluster.dir / "spark") in p["executable"], p
+        assert p["executable"].endswith("/pyenv/bin/python"), p
+        assert not p["executable"].startswith(str(VENV)) and p["prefix"] != str(VENV), p
+        assert p["version"] == driver_version, p
+
+
+def test_replay_dag_on_the_cluster_equals_local_mode(cluster, dbs, local_results):
+    url, local = dbs
+    run_id = cluster.trigger("eventpush_replay", {"what": "failed", "bus": "orders"})
+    state = cluster.wait_run("eventpush_replay", run_id)
+    assert state == "success", cluster.failures("eventpush_replay", run_id)
+
+    def outcome(db: str) -> tuple:
+        with psycopg2.connect(db) as conn, conn.cursor() as cur:
+            cur.execute(
+                "SELECT selected, delivered, failed FROM event_replay_run "
+                "WHERE status = 'succeeded' ORDER BY id DESC LIMIT 1"
+            )
+            counts = cur.fetchone()
+            cur.execute(
+                'SELECT r.name, f.queue_id, f."offset", f.status FROM event_push_failure f '
+                "JOIN event_target_runner r ON r.id = f.runner_id ORDER BY 1, 2, 3"
+            )
+            return counts, cur.fetchall()
+
+    cluster_counts, cluster_failures = outcome(url)
+    local_counts, local_failures = outcome(local)
+    want = local_results["replay"]
+    assert local_counts == (want["selected"], want["delivered"], want["failed"])
+    assert cluster_counts == local_counts and cluster_failures == local_failures
+    assert want["selected"] > 0 and {f[3] for f in cluster_failures} == {"replayed"}
+
+
+def test_rebalance_dag_on_the_cluster_equals_local_mode(cluster, dbs, local_results):
+    url, _ = dbs
+    run_id = cluster.trigger("eventpush_rebalance", {})
+    state = cluster.wait_run("eventpush_rebalance", run_id)
+    assert state == "success", cluster.failures("eventpush_rebalance", run_id)
+    with psycopg2.connect(url) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT r.name, w.name FROM event_target_runner r "
+            "LEFT JOIN event_push_worker w ON w.id = r.worker_id WHERE r.name LIKE 'orders/%'"
+        )
+        assignment = dict(cur.fetchall())
+    expected = local_results["rebalance"]["assignment"]
+    assert assignment == expected
+    assert set(expected.values()) == {"w1", "w2"}  # it had work to do: w2 started empty
+
+
+def _push_run(cluster: Cluster) -> dict | None:
+    with cluster.http() as h:
+        runs = h.get(
+            "/dags/eventpush_push/dagRuns", params={"state": "running", "order_by": "-start_date"}
+        ).json()["dag_runs"]
+    return runs[0] if runs else None
+
+
+def _celery_worker_of(cluster: Cluster, pid: int) -> str | None:
+    """Which Celery worker's process group ``pid`` (a task's process) belongs to."""
+    try:
+        group = os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+    for name in ("celery-worker-1", "celery-worker-2"):
+        if cluster.pid(name) == group:
+            return name
+    return None
+
+
+def _logged(conn, runner: str) -> int:
+    """How many distinct records ``runner``'s delivery log holds (committed deliveries)."""
+    with conn.cursor() as cur:
+        cur.execute(
+            'SELECT count(DISTINCT (d.queue_id, d."offset")) FROM event_push_delivery d '
+            "JOIN event_target_runner r ON r.id = d.runner_id WHERE r.name = %s",
+            (runner,),
+        )
+        count = cur.fetchone()[0]
+    conn.commit()
+    return count
+
+
+def _received(receiver, path: str) -> list[int]:
+    """The events (their ``detail.n``) that reached ``path``, one per request, in order."""
+    with receiver.state.lock:
+        bodies = [r.body for r in receiver.state.requests if r.path == path]
+    return [json.loads(body)["detail"]["n"] for body in bodies]
+
+
+def test_a_celery_worker_killed_mid_slice_loses_nothing(cluster, dbs, receiver):
+    url, _ = dbs
+    conn = psycopg2.connect(url)
+    try:
+        catalog.create_worker(conn, "wk")
+        catalog.create_bus(conn, "kill", 2)
+        catalog.create_rule(conn, "kill", "all", {"source": ["app.orders"]})
+        runner = catalog.create_target(
+            conn,
+            "kill",
+            "all",
+            TargetSpec(
+                name="slow", url=f"{receiver.url}/slow/kill?ms=60", concurrency=4, batch_size=1
+            ),
+        )
+        catalog.assign(conn)
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT w.name FROM event_target_runner r JOIN event_push_worker w "
+                "ON w.id = r.worker_id WHERE r.name = %s",
+                (runner,),
+            )
+            assert cur.fetchone() == ("wk",)
+        conn.commit()
+
+        # The running push round listed its workers when it began: end it, so the next
+        # (continuous) round has a sensor for wk.
+        current = _push_run(cluster)
+        if current:
+            with cluster.http() as h:
+                r = h.patch(
+                    f"/dags/eventpush_push/dagRuns/{current['dag_run_id']}",
+                    json={"state": "success"},
+                )
+                assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 180
+        run = None
+        while time.monotonic() < deadline:
+            run = _push_run(cluster)
+            if run and (not current or run["dag_run_id"] != current["dag_run_id"]):
+                states = cluster.task_states("eventpush_push", run["dag_run_id"])
+                if len([k for k in states if k.startswith("worker.wait_for_work[")]) == 3:
+                    break
+            time.sleep(2)
+        else:
+            raise AssertionError("no push round with a sensor for wk")
+        run_id = run["dag_run_id"]
+
+        n = 300
+        publish_lines(conn, "kill", events(n))
+        path = "/slow/kill"
+
+        # Wait until wk's push slice is delivering, then kill its Celery worker outright.
+        deadline = time.monotonic() + 240
+        victim = None
+        while time.monotonic() < deadline:
+            if receiver.state.count[path] >= 60:
+                with cluster.http() as h:
+                    tis = h.get(
+                        f"/dags/eventpush_push/dagRuns/{run_id}/taskInstances",
+                        params={"task_id": "worker.push"},
+                    ).json()["task_instances"]
+                for ti in tis:
+                    if ti["state"] == "running" and ti.get("pid"):
+                        victim = _celery_worker_of(cluster, ti["pid"])
+                if victim:
+                    break
+            time.sleep(0.2)
+        assert victim, f"wk's push slice never ran: {cluster.task_states('eventpush_push', run_id)}"
+        os.killpg(cluster.pid(victim), signal.SIGKILL)
+        time.sleep(1)  # what was in flight has landed or died with the process
+        seen_at_kill = set(_received(receiver, path))
+        committed_at_kill = _logged(conn, runner)
+        assert committed_at_kill < n, "the slice had finished before the kill"
+
+        def done() -> bool:
+            with conn.cursor() as cur:
+                cur.execute(
+                    'SELECT coalesce(sum(q.next_offset - o."offset"), -1) FROM event_push_offset o '
+                    "JOIN event_target_runner r ON r.id = o.runner_id "
+                    "JOIN event_bus b ON b.name = 'kill' "
+                    "JOIN event_bus_queue q ON q.bus_id = b.id AND q.queue_id = o.queue_id "
+                    "WHERE r.name = %s",
+                    (runner,),
+                )
+                lag = cur.fetchone()[0]
+            conn.commit()
+            return lag == 0
+
+        deadline = time.monotonic() + 300
+        while not done():
+            states = cluster.task_states("eventpush_push", run_id)
+            assert time.monotonic() < deadline, f"the slice was not finished elsewhere: {states}"
+            time.sleep(2)
+
+        with cluster.http() as h:
+            tis = h.get(
+                f"/dags/eventpush_push/dagRuns/{run_id}/taskInstances",
+                params={"task_id": "worker.push"},
+            ).json()["task_instances"]
+        retried = [ti for ti in tis if ti["try_number"] >= 2]
+        assert retried, tis
+        survivor = {"celery-worker-1": "celery-worker-2", "celery-worker-2": "celery-worker-1"}[
+            victim
+        ]
+        log = (cluster.dir / "logs" / f"{survivor}.log").read_text()
+        assert re.search(
+            rf"run_id='{re.escape(run_id)}'[^\n]*task_id='worker\.push'|"
+            rf"task_id='worker\.push'[^\n]*run_id='{re.escape(run_id)}'[^\n]*try_number=2",
+            log,
+        ), "the retry did not run on the surviving worker"
+
+        got = _received(receiver, path)
+        logged = _logged(conn, runner)
+        copies = Counter(got)
+        duplicates = sum(c - 1 for c in copies.values())
+        in_flight = len(seen_at_kill) - committed_at_kill
+        assert len(copies) == n and logged == n  # nothing lost
+        assert duplicates <= in_flight, (duplicates, in_flight)
+    finally:
+        conn.close()
