@@ -2,7 +2,8 @@
 ### eventpush_audit: is every event accounted for?
 
 Hourly over its data interval, and on demand for any window (the form's `since` and
-`until`; empty means the run's data interval; a time without an offset is UTC).
+`until`; empty means the run's data interval, or the hour before the run when it was
+triggered without a logical date; a time without an offset is UTC).
 
 1. **window**: the window and bus to audit, checked (until after since, the bus exists, no
    field the form does not have).
@@ -103,8 +104,9 @@ def eventpush_audit() -> None:
             since_at, until_at, bus = audit_window(
                 dict(context["params"]),
                 context["dag_run"].conf,
-                context["data_interval_start"],
-                context["data_interval_end"],
+                # A run triggered with "logical_date": null has no data interval.
+                context.get("data_interval_start"),
+                context.get("data_interval_end"),
             )
         except FormError as exc:
             raise AirflowFailException(f"audit request refused: {exc}") from None

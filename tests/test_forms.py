@@ -112,6 +112,15 @@ def test_audit_form_reads_naive_times_as_utc():
         audit_window({"since": "noon"}, None, start, end)
 
 
+def test_audit_form_without_a_data_interval_audits_the_hour_before_now():
+    """A run triggered with ``"logical_date": null`` has no data interval."""
+    now = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    since, until, _ = audit_window({}, None, None, None, now=now)
+    assert (since, until) == (datetime(2026, 3, 1, 11, tzinfo=UTC), now)
+    since, until, _ = audit_window({"since": "2026-03-01T00:00:00"}, None, None, None, now=now)
+    assert (since, until) == (datetime(2026, 3, 1, tzinfo=UTC), now)
+
+
 def test_cli_replay_refuses_all_without_a_window_before_spark(cli):
     r = cli("replay", "--what", "all", env={"EVENTPUSH_DATABASE_URL": ""})
     assert r.returncode == 2, r.stderr

@@ -79,11 +79,19 @@ def check_form_keys(*forms: dict | None, known: tuple[str, ...]) -> None:
 
 
 def audit_window(
-    params: dict, conf: dict | None, interval_start: datetime, interval_end: datetime
+    params: dict,
+    conf: dict | None,
+    interval_start: datetime | None,
+    interval_end: datetime | None,
+    now: datetime | None = None,
 ) -> tuple[datetime, datetime, str | None]:
     """The audit's window and bus: the form's ``since``/``until`` (naive times are UTC), else
-    the run's data interval; refused when ``until`` is not after ``since``."""
+    the run's data interval, else (a run triggered without a logical date has none) the hour
+    before ``now``; refused when ``until`` is not after ``since``."""
     check_form_keys(params, conf, known=AUDIT_FORM_FIELDS)
+    if interval_start is None or interval_end is None:
+        interval_end = now or datetime.now(UTC)
+        interval_start = interval_end - timedelta(hours=1)
     since = parse_time("since", params["since"]) if params.get("since") else interval_start
     until = parse_time("until", params["until"]) if params.get("until") else interval_end
     if until <= since:
