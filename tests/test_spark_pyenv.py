@@ -101,7 +101,8 @@ def test_the_archive_is_built_once_and_runs_without_this_venv(tmp_path):
     code = (
         "import sys, pyarrow, pandas; "
         "import eventpush.push, eventpush.push.delivery, eventpush.rules.transforms, "
-        "eventpush.sparkjobs.replay, eventpush.sparkjobs.pattern_sql, eventpush.sparkjobs.audit, "
+        "eventpush.sinks.http, eventpush.sinks.nats, eventpush.sources.nats, "
+        "eventpush.sparkjobs.replay, eventpush.sparkjobs.audit, "
         "eventpush.sparkjobs.rebalance; print(sys.prefix)"
     )
     done = subprocess.run(
