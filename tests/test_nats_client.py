@@ -5,6 +5,7 @@ processes form a cluster; the second advertises a client address the policy deni
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -14,6 +15,21 @@ import pytest
 from nats_support import free_port, nats_server_binary
 
 from eventpush.nats_client import connect_pinned
+
+
+def wait_for_info(port: int) -> None:
+    """Until the server on ``port`` greets a client (it serves from then on)."""
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                s.settimeout(1.0)
+                if s.recv(4).startswith(b"INFO"):
+                    return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -84,3 +100,37 @@ def test_a_pinned_client_never_takes_in_the_servers_a_cluster_advertises(cluster
     unpinned, pinned = asyncio.run(go())
     assert advertised in unpinned  # the test's premise: the cluster does advertise B
     assert pinned == [f"127.0.0.1:{port}"]
+
+
+def test_a_bus_authenticates_with_the_file_targets_use_and_never_shows_the_password(
+    conn, tmp_path, monkeypatch
+):
+    """EVENTPUSH_NATS_CREDENTIALS serves buses as it serves targets (here a user:password
+    line); a refused password appears in no error."""
+    from eventpush import catalog
+    from eventpush.sources import SourceError, SourceUnavailableError
+
+    binary = nats_server_binary()
+    if binary is None:
+        pytest.fail("nats-server is not installed: scripts/setup.sh installs Debian's")
+    port = free_port()
+    command = [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(tmp_path / "js")]
+    command += ["--user", "alice", "--pass", "s3cret-right"]
+    creds = tmp_path / "nats.credentials"
+    monkeypatch.setenv("EVENTPUSH_NATS_CREDENTIALS", str(creds))
+    with open(tmp_path / "nats.log", "wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for_info(port)
+            creds.write_text("alice:s3cret-wrong\n")
+            with pytest.raises((SourceError, SourceUnavailableError)) as refused:
+                catalog.create_bus(conn, "orders", 2, source=f"nats://127.0.0.1:{port}")
+            assert "s3cret" not in str(refused.value)
+            creds.write_text("alice:s3cret-right\n")
+            catalog.create_bus(conn, "orders", 2, source=f"nats://127.0.0.1:{port}")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    with conn.cursor() as cur:
+        cur.execute("SELECT source_url FROM event_bus WHERE name = 'orders'")
+        assert cur.fetchall() == [(f"nats://127.0.0.1:{port}",)]
