@@ -203,6 +203,45 @@ def test_worker_pushes_events_from_outside_and_from_eventpush(conn, nats_server)
     assert rows(conn, "SELECT DISTINCT broker_name FROM event_push_offset") == [("nats",)]
 
 
+def test_delivery_and_failure_rows_name_the_nats_broker(conn, nats_server):
+    """broker_name on the delivery and failure rows of a NATS bus's runners, live and replayed,
+    is the bus's source kind (not the column default of eventpush's own store)."""
+    from eventpush.push.delivery import DELIVERED, FINAL, Outcome, Record, load_targets
+    from eventpush.sparkjobs.replay import _write_outcomes
+
+    with Receiver() as rx:
+        setup(conn, nats_server, rx.url + "/ok", queues=2)
+        gone = catalog.TargetSpec(name="gone", url=rx.url + "/gone", max_attempts=1)
+        catalog.create_target(conn, "orders", "r", gone)
+        catalog.assign(conn)
+        publish(conn, "orders", [json.dumps(event(i)) for i in range(4)])
+        report = run_worker("w1", until_idle=True, max_seconds=60)
+        assert (report.delivered, report.failed) == (4, 4)
+    assert rows(conn, "SELECT DISTINCT broker_name FROM event_push_delivery") == [("nats",)]
+    assert rows(conn, "SELECT DISTINCT broker_name FROM event_push_failure") == [("nats",)]
+
+    # A replay's rows, written by its own writer: the same broker_name.
+    with conn.cursor() as cur:
+        cur.execute("DELETE FROM event_push_delivery")
+        cur.execute("DELETE FROM event_push_failure")
+        ok, gone_target = sorted(load_targets(cur), key=lambda t: t.name != "t")
+        record = Record(0, 99, "ev-99", {}, "{}", attempts=1)
+        counts = {"delivered": 0, "failed": 0}
+        _write_outcomes(
+            cur,
+            [
+                (ok, [record], Outcome(DELIVERED, 200, None, 1.0)),
+                (gone_target, [record], Outcome(FINAL, 410, "HTTP 410", 1.0)),
+            ],
+            None,
+            counts,
+        )
+    conn.commit()
+    assert counts == {"delivered": 1, "failed": 1}
+    assert rows(conn, "SELECT origin, broker_name FROM event_push_delivery") == [("replay", "nats")]
+    assert rows(conn, "SELECT status, broker_name FROM event_push_failure") == [("dead", "nats")]
+
+
 def test_a_feeder_waiting_at_the_end_wakes_for_a_raw_publish(conn, nats_server):
     with Receiver() as rx:
         setup(conn, nats_server, rx.url + "/ok")

@@ -97,9 +97,10 @@ class Committer:
         # One synchronous step: swap the outcome buffers and compute the offsets they allow.
         deliveries, failures = self.deliveries, self.failures
         self.deliveries, self.failures = [], []
-        offsets, written, generations = [], [], {}
+        offsets, written, generations, brokers = [], [], {}, {}
         for runner in self.owned():
             generations[runner.id] = runner.generation
+            brokers[runner.id] = runner.target.broker
             for c in runner.cursors.values():
                 committable = c.committable()
                 if committable != c.committed_db or c.pulled != c.pulled_db:
@@ -114,7 +115,7 @@ class Committer:
         ):  # rows of a runner no longer ours: never written
             deliveries = [d for d in deliveries if d.runner_id in generations]
             failures = [f for f in failures if f.runner_id in generations]
-        return store.CommitBatch(deliveries, failures, offsets, generations), written
+        return store.CommitBatch(deliveries, failures, offsets, generations, brokers), written
 
     async def commit(self, give_up_s: float | None = None) -> None:
         """Commit what an interrupted commit left pending, then what has gathered; transient

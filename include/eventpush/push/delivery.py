@@ -82,6 +82,8 @@ class Target:
     # The bus's settings for the input transformer's <aws.events.event> and rule ARN.
     bus_account: str | None = None
     bus_region: str | None = None
+    # The bus's source kind: the broker_name of the runner's delivery and failure rows.
+    broker: str = "eventpush"
 
 
 @dataclass(slots=True)
@@ -112,7 +114,7 @@ class Outcome:
 TARGET_SQL = """
 SELECT r.id, r.name, b.name, b.id, ru.name, ru.pattern::text, t.name, t.url, t.secret,
        t.transform_kind, t.transform_spec, t.max_attempts, t.backoff_ms, t.max_age_s,
-       t.timeout_ms, t.batch_size, t.concurrency, t.ordered, b.account, b.region
+       t.timeout_ms, t.batch_size, t.concurrency, t.ordered, b.account, b.region, b.source_url
 FROM event_target_runner r
 JOIN event_target t ON t.id = r.target_id
 JOIN event_rule ru ON ru.id = t.rule_id
@@ -123,8 +125,10 @@ JOIN event_bus b ON b.id = ru.bus_id
 def load_targets(cur, where: str = "TRUE", params: tuple = ()) -> list[Target]:
     """Targets joined with their runner, rule and bus; ``where`` is a fixed SQL condition
     over aliases r, t, ru, b with its values in ``params``."""
+    from eventpush.sources import broker_name
+
     cur.execute(f"{TARGET_SQL} WHERE {where} ORDER BY r.id", params)
-    return [Target(*row) for row in cur.fetchall()]
+    return [Target(*row[:-1], broker=broker_name(row[-1])) for row in cur.fetchall()]
 
 
 def webhook_id(target: Target, records: list[Record]) -> str:

@@ -19,7 +19,7 @@ import io
 import json
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import psycopg2
@@ -28,6 +28,7 @@ import psycopg2.extras
 from eventpush.db import Connection, StoreError, connect, copy_text, transaction
 from eventpush.push.delivery import Target, load_targets
 
+DEFAULT_BROKER = "eventpush"  # the column default: a bus on eventpush's own PostgreSQL store
 LEASE_NAMESPACE = 0x45_50  # first key of the advisory lock; the worker id is the second
 RUNNER_NAMESPACE = 0x45_51  # a runner's claim; the runner id is the second key
 # SQLSTATE classes worth waiting out: connection exceptions, invalid transaction state (25006
@@ -253,6 +254,7 @@ class CommitBatch:
     failures: list[FailureRow]
     offsets: list[OffsetRow]
     generations: dict[int, int]  # every runner written for -> generation it was started at
+    brokers: dict[int, str] = field(default_factory=dict)  # runner -> its rows' broker_name
     xid: int | None = None
 
     def without(self, runner_ids: frozenset[int]) -> CommitBatch:
@@ -261,6 +263,7 @@ class CommitBatch:
             [f for f in self.failures if f.runner_id not in runner_ids],
             [o for o in self.offsets if o.runner_id not in runner_ids],
             {r: g for r, g in self.generations.items() if r not in runner_ids},
+            {r: b for r, b in self.brokers.items() if r not in runner_ids},
         )
 
     def empty(self) -> bool:
@@ -271,6 +274,7 @@ def commit(conn: Connection, wid: int, batch: CommitBatch) -> None:
     """Deliveries, failures, offsets and counters in one transaction, under the lease and
     the claims of every runner written for, fenced by their assignment generation."""
     deliveries, failures, offsets = batch.deliveries, batch.failures, batch.offsets
+    brokers = batch.brokers
     batch.xid = None
     with transaction(conn) as cur:
         cur.execute("SELECT txid_current()")
@@ -293,11 +297,12 @@ def commit(conn: Connection, wid: int, batch: CommitBatch) -> None:
                 raise FencedError(fenced)
         if deliveries:
             buf = io.StringIO()
-            prefixes: dict[int, str] = {}  # a runner's first three columns, escaped once
+            prefixes: dict[int, str] = {}  # a runner's first four columns, escaped once
             for d in deliveries:
                 prefix = prefixes.get(d.runner_id)
                 if prefix is None:
-                    prefix = f"{d.runner_id}\t{copy_text(d.runner)}\t{copy_text(d.bus)}\t"
+                    broker = copy_text(brokers.get(d.runner_id, DEFAULT_BROKER))
+                    prefix = f"{d.runner_id}\t{copy_text(d.runner)}\t{copy_text(d.bus)}\t{broker}\t"
                     prefixes[d.runner_id] = prefix
                 buf.write(
                     f"{prefix}{d.queue_id}\t{d.offset}\t{copy_text(d.message_id)}\t"
@@ -305,16 +310,16 @@ def commit(conn: Connection, wid: int, batch: CommitBatch) -> None:
                 )
             buf.seek(0)
             cur.copy_expert(
-                "COPY event_push_delivery (runner_id, consumer_group, topic_name, queue_id, "
-                '"offset", message_id, attempts, http_status, latency_ms) FROM STDIN',
+                "COPY event_push_delivery (runner_id, consumer_group, topic_name, broker_name, "
+                'queue_id, "offset", message_id, attempts, http_status, latency_ms) FROM STDIN',
                 buf,
             )
         if failures:
             psycopg2.extras.execute_values(
                 cur,
                 "INSERT INTO event_push_failure (runner_id, consumer_group, topic_name, "
-                'queue_id, "offset", message_id, attempts, http_status, last_error) VALUES %s '
-                'ON CONFLICT (runner_id, queue_id, "offset") DO UPDATE SET '
+                'broker_name, queue_id, "offset", message_id, attempts, http_status, last_error) '
+                'VALUES %s ON CONFLICT (runner_id, queue_id, "offset") DO UPDATE SET '
                 "attempts = event_push_failure.attempts + EXCLUDED.attempts, "
                 "http_status = EXCLUDED.http_status, last_error = EXCLUDED.last_error, "
                 "status = 'failed', mtime = now()",
@@ -323,6 +328,7 @@ def commit(conn: Connection, wid: int, batch: CommitBatch) -> None:
                         f.runner_id,
                         f.runner,
                         f.bus,
+                        brokers.get(f.runner_id, DEFAULT_BROKER),
                         f.queue_id,
                         f.offset,
                         f.message_id,

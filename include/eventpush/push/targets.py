@@ -192,13 +192,22 @@ BUILTIN_SCHEMES = ("http", "https", "nats")
 _NATS_TOKEN = re.compile(r"[^.*>\s/]+")
 
 
-def _check_nats(parts, port: int | None, where: str) -> None:
-    if port is None:
+def _check_nats(url: str, where: str) -> str:
+    """The host of a nats:// target URL: the rules every NATS URL follows
+    (``eventpush.nats_client.parse_url``), then a target's own: an explicit port and one
+    concrete subject as the path."""
+    from eventpush.nats_client import NatsUrlError, parse_url  # it builds on this module
+
+    try:
+        nats_url = parse_url(url, "target URL")
+    except NatsUrlError as exc:
+        raise InvalidTargetUrlError(str(exc)) from None
+    if not nats_url.explicit_port:
         raise InvalidTargetUrlError(
             f"target URL {where!r} has no port: write nats://HOST:PORT/SUBJECT (NATS uses 4222)"
         )
-    subject = parts.path[1:]
-    if parts.query or parts.fragment or not subject:
+    subject = nats_url.path
+    if not subject:
         raise InvalidTargetUrlError(
             f"target URL {where!r} must be nats://HOST:PORT/SUBJECT: one subject as the path, "
             "no query or fragment"
@@ -208,6 +217,7 @@ def _check_nats(parts, port: int | None, where: str) -> None:
             f"target URL {where!r}: {subject!r} is not a concrete NATS subject (dot-separated "
             "tokens without '/', '*', '>' or spaces)"
         )
+    return nats_url.host
 
 
 def _plugin_url(url: str, scheme: str, where: str, policy: AddressPolicy | None) -> str:
@@ -240,22 +250,18 @@ def validate_url(url: str, policy: AddressPolicy | None = None) -> str:
         raise InvalidTargetUrlError(f"target URL {where!r} is malformed: {exc}") from None
     if parts.scheme not in BUILTIN_SCHEMES:
         return _plugin_url(url, parts.scheme, where, policy)
-    host = parts.hostname
-    if not host:
-        raise InvalidTargetUrlError(f"target URL {where!r} has no host")
-    if parts.username or parts.password:
-        if parts.scheme == "nats":
-            raise InvalidTargetUrlError(
-                "target URL must not carry credentials: put the NATS credentials in a file "
-                "named by EVENTPUSH_NATS_CREDENTIALS"
-            )
-        raise InvalidTargetUrlError(
-            "target URL must not carry credentials: give the target a --secret instead"
-        )
-    if port == 0:
-        raise InvalidTargetUrlError(f"target URL {where!r} has port 0")
     if parts.scheme == "nats":
-        _check_nats(parts, port, where)
+        host = _check_nats(url, where)
+    else:
+        host = parts.hostname
+        if not host:
+            raise InvalidTargetUrlError(f"target URL {where!r} has no host")
+        if parts.username or parts.password:
+            raise InvalidTargetUrlError(
+                "target URL must not carry credentials: give the target a --secret instead"
+            )
+        if port == 0:
+            raise InvalidTargetUrlError(f"target URL {where!r} has port 0")
     if host.rstrip(".").lower() in METADATA_HOSTS:
         raise InvalidTargetUrlError(f"target URL host {host!r} is a cloud metadata service")
     try:

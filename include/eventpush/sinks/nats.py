@@ -13,10 +13,10 @@ JetStream refusal other than 503 and a message over the server's payload limit o
 credentials; a broker that is down, restarting or slower than the target's timeout is
 retried.
 
-One connection per (host, port) is shared by every target on it. The host is resolved and
-every address checked against the address policy before connecting; the connection is then
-pinned to the checked address, so reconnections after a broker restart never reach another
-one (addresses a cluster advertises are ignored). Credentials come from the file
+One connection per (host, port) is shared by every target on it, made by
+``eventpush.nats_client``: every address of the host checked against the address policy, the
+connection pinned to the checked one (reconnections after a broker restart never reach
+another; addresses a cluster advertises are ignored), credentials from the file
 ``EVENTPUSH_NATS_CREDENTIALS`` names, never from the URL (see docs/OPERATIONS.md).
 """
 
@@ -24,13 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
+import functools
 import logging
-import os
-import socket
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import nats
 import nats.errors
@@ -38,6 +35,7 @@ import nats.js.errors
 
 from eventpush import tracing
 from eventpush.config import ConfigError, redact
+from eventpush.nats_client import NatsUrl, connect_pinned, credentials, parse_url, secrets_of
 from eventpush.push.delivery import (
     DELIVERED,
     FINAL,
@@ -52,7 +50,6 @@ from eventpush.sinks import transform_failed
 
 log = logging.getLogger(__name__)
 
-CREDENTIALS_ENV = "EVENTPUSH_NATS_CREDENTIALS"
 RECONNECT_WAIT_S = 0.25
 # About 5 s of a broker gone, then the client closes and the next send resolves the host
 # again (a cluster's name may point at another node by then).
@@ -61,43 +58,10 @@ CLOSE_TIMEOUT_S = 2.0
 MSG_ID = "Nats-Msg-Id"
 
 
-def split_url(url: str) -> tuple[str, int, str]:
-    """(host, port, subject) of a nats:// target URL already validated."""
-    rest = url.partition("://")[2]
-    authority, _, subject = rest.partition("/")
-    host, _, port = authority.rpartition(":")
-    return host.strip("[]"), int(port), subject
-
-
-def credentials() -> dict:
-    """nats-py connect options from the file ``EVENTPUSH_NATS_CREDENTIALS`` names: a NATS
-    ``.creds`` file (user JWT and seed), a ``user:password`` line or a token; none when unset."""
-    path = os.environ.get(CREDENTIALS_ENV, "").strip()
-    if not path:
-        return {}
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(
-            f"{CREDENTIALS_ENV} names {path}, which cannot be read: "
-            f"{exc.strerror or type(exc).__name__}"
-        ) from None
-    if "BEGIN NATS USER JWT" in text:
-        return {"user_credentials": path}
-    line = text.strip().splitlines()[0].strip() if text.strip() else ""
-    if not line:
-        raise ConfigError(f"{CREDENTIALS_ENV} names {path}, which is empty")
-    user, sep, password = line.partition(":")
-    return {"user": user, "password": password} if sep else {"token": line}
-
-
-class _PinnedClient(nats.NATS):
-    """A client that never adds the servers a cluster advertises to its pool: they were not
-    checked against the address policy. Reconnections go to the checked address only."""
-
-    async def _process_info(self, info: dict, initial_connection: bool = False) -> None:
-        info = {key: value for key, value in info.items() if key != "connect_urls"}
-        await super()._process_info(info, initial_connection)
+@functools.lru_cache(maxsize=1024)
+def _where(url: str) -> NatsUrl:
+    """Host, port and subject of a nats:// target URL already validated (parsed once)."""
+    return parse_url(url, "target URL")
 
 
 class _Connection:
@@ -121,7 +85,8 @@ class NatsSink:
 
     async def send(self, target: Target, records: list[Record], transform) -> Outcome:
         started = time.perf_counter()
-        host, port, subject = split_url(target.url)
+        where = _where(target.url)
+        host, port, subject = where.host, where.port, where.path
         # One message per record: its own body and its own idempotency key.
         single = target if target.batch_size == 1 else replace(target, batch_size=1)
         try:
@@ -203,10 +168,8 @@ class NatsSink:
             return conn
 
     async def _connect(self, host: str, port: int) -> _Connection:
-        address = await self._checked_address(host, port)
-        netloc = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
         options = credentials()
-        self._secrets = [v for k, v in options.items() if k in ("password", "token") and v]
+        self._secrets = secrets_of(options)
 
         connecting = True
 
@@ -219,37 +182,19 @@ class NatsSink:
             if connecting and _auth_refused(exc):
                 raise nats.errors.AuthorizationError
 
-        client = _PinnedClient()
-        try:
-            await client.connect(
-                servers=[f"nats://{netloc}"],
-                name="eventpush",
-                allow_reconnect=True,
-                max_reconnect_attempts=MAX_RECONNECTS,
-                reconnect_time_wait=RECONNECT_WAIT_S,
-                dont_randomize=True,
-                error_cb=on_error,
-                **options,
-            )
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(client.close())
-            raise
+        client = await connect_pinned(
+            host,
+            port,
+            policy=self.policy,
+            name="eventpush",
+            allow_reconnect=True,
+            max_reconnect_attempts=MAX_RECONNECTS,
+            reconnect_time_wait=RECONNECT_WAIT_S,
+            error_cb=on_error,
+            **options,
+        )
         connecting = False
         return _Connection(client)
-
-    async def _checked_address(self, host: str, port: int) -> str:
-        """The address to connect to, after every address of ``host`` passed the policy (a
-        name that mixes allowed and denied addresses is a rebinding trick, not a broker)."""
-        try:
-            ipaddress.ip_address(host)
-            infos = [(None, None, None, None, (host, port))]
-        except ValueError:
-            loop = asyncio.get_running_loop()
-            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        for info in infos:
-            self.policy.check(info[4][0])
-        return infos[0][4][0]
 
     async def close(self) -> None:
         conns, self._conns = list(self._conns.values()), {}

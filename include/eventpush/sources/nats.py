@@ -108,14 +108,12 @@ def run(coro_fn: Callable, *args):
 
 async def _with_nats(bus: Bus, work: Callable):
     """``work(nc)`` on a connection of its own; failures said in one line, without secrets."""
-    from eventpush.config import redact
+    from eventpush.config import ConfigError, redact
     from eventpush.push.targets import RefusedAddressError
 
     try:
         nc = await connect(bus.source_url, name=f"eventpush {bus.name}")
-    except RefusedAddressError as exc:
-        raise SourceError(str(exc)) from None
-    except NatsUrlError as exc:
+    except (RefusedAddressError, NatsUrlError, ConfigError) as exc:
         raise SourceError(str(exc)) from None
     except Exception as exc:
         why = redact(f"NATS server {bus.source_url} of bus {bus.name}: {_line(exc)}")

@@ -371,17 +371,19 @@ def _write_outcomes(cur, outcomes: list, replay_id: int, counts: dict) -> None:
     from eventpush.push.committing import outcome_rows
     from eventpush.push.delivery import DELIVERED
 
-    delivered, failed = [], []
+    delivered, failed = [], []  # (row, the runner's broker_name)
     for target, records, outcome in outcomes:
         rows = outcome_rows(target, records, outcome)
-        (delivered if outcome.kind == DELIVERED else failed).extend(rows)
+        (delivered if outcome.kind == DELIVERED else failed).extend(
+            (row, target.broker) for row in rows
+        )
     if delivered:
         psycopg2.extras.execute_values(
             cur,
             "INSERT INTO event_push_delivery (runner_id, consumer_group, topic_name, "
-            'queue_id, "offset", message_id, attempts, http_status, latency_ms, origin, '
-            "replay_id) VALUES %s",
-            [(*d, "replay", replay_id) for d in delivered],
+            'queue_id, "offset", message_id, attempts, http_status, latency_ms, broker_name, '
+            "origin, replay_id) VALUES %s",
+            [(*d, broker, "replay", replay_id) for d, broker in delivered],
             page_size=1000,
         )
         cur.execute(
@@ -391,21 +393,21 @@ def _write_outcomes(cur, outcomes: list, replay_id: int, counts: dict) -> None:
             'AND f.queue_id = k.q AND f."offset" = k.off',
             (
                 replay_id,
-                [d.runner_id for d in delivered],
-                [d.queue_id for d in delivered],
-                [d.offset for d in delivered],
+                [d.runner_id for d, _ in delivered],
+                [d.queue_id for d, _ in delivered],
+                [d.offset for d, _ in delivered],
             ),
         )
     if failed:
         psycopg2.extras.execute_values(
             cur,
             "INSERT INTO event_push_failure (runner_id, consumer_group, topic_name, "
-            'queue_id, "offset", message_id, attempts, http_status, last_error, status, '
-            'replay_id) VALUES %s ON CONFLICT (runner_id, queue_id, "offset") DO UPDATE '
+            'queue_id, "offset", message_id, attempts, http_status, last_error, broker_name, '
+            'status, replay_id) VALUES %s ON CONFLICT (runner_id, queue_id, "offset") DO UPDATE '
             "SET status = 'dead', attempts = event_push_failure.attempts + "
             "EXCLUDED.attempts, http_status = EXCLUDED.http_status, "
             "last_error = EXCLUDED.last_error, replay_id = EXCLUDED.replay_id, mtime = now()",
-            [(*f, "dead", replay_id) for f in failed],
+            [(*f, broker, "dead", replay_id) for f, broker in failed],
             page_size=1000,
         )
     counts["delivered"] += len(delivered)
