@@ -154,6 +154,19 @@ def finish_deliver_span(span: trace.Span, outcome) -> None:
         span.set_status(trace.Status(trace.StatusCode.ERROR, outcome.error or outcome.kind))
 
 
+async def in_deliver_span(target, records, send):
+    """``await send()`` in a deliver span of its own, whose ``traceparent`` the request
+    carries (``OUTGOING``); the outcome is recorded on the span."""
+    with deliver_span(target, records, records[0].attempts + 1) as (span, parent):
+        token = OUTGOING.set(parent)
+        try:
+            outcome = await send()
+        finally:
+            OUTGOING.reset(token)
+        finish_deliver_span(span, outcome)
+    return outcome
+
+
 @contextmanager
 def commit_span(worker: str):
     with tracer().start_as_current_span(

@@ -367,14 +367,9 @@ class Lanes:
             finally:
                 tracing.OUTGOING.reset(token)
         else:
-            attempt_no = batch[0].attempts + 1
-            with tracing.deliver_span(runner.target, batch, attempt_no) as (span, parent):
-                token = tracing.OUTGOING.set(parent)
-                try:
-                    outcome = await self.attempt(runner, batch, granted)
-                finally:
-                    tracing.OUTGOING.reset(token)
-                tracing.finish_deliver_span(span, outcome)
+            outcome = await tracing.in_deliver_span(
+                runner.target, batch, lambda: self.attempt(runner, batch, granted)
+            )
         if self.metrics is not None:
             self.metrics.attempted(
                 runner.target.runner, outcome.kind, outcome.latency_ms / 1000, retry

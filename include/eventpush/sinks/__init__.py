@@ -154,13 +154,9 @@ class Sinks:
         for r in records:
             r.first_seen = r.first_seen or start
         while True:
-            with tracing.deliver_span(target, records, records[0].attempts + 1) as (span, parent):
-                token = tracing.OUTGOING.set(parent)
-                try:
-                    outcome = await self.send(target, records, transform)
-                finally:
-                    tracing.OUTGOING.reset(token)
-                tracing.finish_deliver_span(span, outcome)
+            outcome = await tracing.in_deliver_span(
+                target, records, lambda: self.send(target, records, transform)
+            )
             for r in records:
                 r.attempts += 1
             if outcome.kind != RETRY:
