@@ -94,8 +94,10 @@ fi
 
  The DAGs are active from their first parse:
    eventpush_push       always on: pushes events to targets, one run after another
+   eventpush_push_checks  after each push slice: Great Expectations checks, off the push path
    eventpush_audit      hourly: audits the past hour; Trigger for any window
    eventpush_rebalance  every 10 minutes: balances runners over push workers
+   eventpush_replay_gaps  on the audit's gaps: replays them when the Variable eventpush_replay_gaps is true
    eventpush_replay     on demand only: Trigger in the UI, or through the REST API:
      TOKEN=\$(curl -s -X POST $base/auth/token -H 'Content-Type: application/json' \\
        -d '{"username": "admin", "password": "..."}' | python -c 'import json,sys; print(json.load(sys.stdin)["access_token"])')

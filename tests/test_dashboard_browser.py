@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -78,6 +81,7 @@ class Browser:
             [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its helper processes too can be stopped as one group
         )
         port_file = Path(profile) / "DevToolsActivePort"
         wait_for(port_file.exists, timeout=30, what="chromium to start")
@@ -86,11 +90,22 @@ class Browser:
         self.ids = iter(range(1, 1_000_000))
 
     def close(self) -> None:
-        self.proc.terminate()
-        try:
+        # The whole group: a helper process left behind still writes into the profile while
+        # the test removes it.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # until the last of the group is gone
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
 
     async def session(self, run):
         import aiohttp

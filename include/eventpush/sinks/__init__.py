@@ -81,6 +81,11 @@ def _entry_points() -> dict[str, EntryPoint]:
     claimed: dict[str, EntryPoint] = {}
     for ep in entry_points(group=GROUP):
         name = ep.name.lower()
+        # Checked first: eventpush's own entry points claim the built-in schemes too.
+        if name in BUILTIN and ep.value != BUILTIN[name]:
+            raise SinkConflictError(
+                f"sink scheme {name!r} is built in; a plug-in may not replace it with {ep.value}"
+            )
         other = claimed.get(name)
         if other is not None and other.value != ep.value:
             raise SinkConflictError(
@@ -88,12 +93,7 @@ def _entry_points() -> dict[str, EntryPoint]:
                 f"uninstall one of the packages declaring it in entry points {GROUP!r}"
             )
         claimed[name] = ep
-    for name, ep in claimed.items():
-        if name in BUILTIN and ep.value != BUILTIN[name]:
-            raise SinkConflictError(
-                f"sink scheme {name!r} is built in; a plug-in may not replace it with {ep.value}"
-            )
-        found[name] = ep
+    found.update(claimed)
     return found
 
 
