@@ -15,6 +15,7 @@ Select with ``-m cluster``; a few minutes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -455,15 +456,31 @@ def _push_task_of(cluster: Cluster, run_id: str, worker: str) -> dict | None:
 
 
 def _celery_worker_of(cluster: Cluster, pid: int) -> str | None:
-    """Which Celery worker's process group ``pid`` (a task's process) belongs to."""
+    """Which Celery worker ``pid`` (a task's process) runs under: Airflow's supervisor puts
+    the task in a process group of its own, so it is found among the worker's descendants."""
+    import psutil
+
     try:
-        group = os.getpgid(pid)
-    except ProcessLookupError:
+        ancestors = {p.pid for p in psutil.Process(pid).parents()}
+    except psutil.NoSuchProcess:
         return None
     for name in ("celery-worker-1", "celery-worker-2"):
-        if cluster.pid(name) == group:
+        if cluster.pid(name) in ancestors:
             return name
     return None
+
+
+def _kill_celery_worker(cluster: Cluster, name: str) -> None:
+    """SIGKILL a Celery worker and every process under it, as when its host dies: a signal to
+    the worker's process group alone would miss its tasks' own groups."""
+    import psutil
+
+    root = psutil.Process(cluster.pid(name))
+    for p in [*root.children(recursive=True), root]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(root.pid, signal.SIGKILL)
 
 
 def _logged(conn, runner: str) -> int:
@@ -558,7 +575,7 @@ def test_a_celery_worker_killed_mid_slice_loses_nothing(cluster, dbs, receiver):
             time.sleep(0.2)
         assert victim, f"wk's push slice never ran: {cluster.task_states('eventpush_push', run_id)}"
         killed_try = ti["try_number"]
-        os.killpg(cluster.pid(victim), signal.SIGKILL)
+        _kill_celery_worker(cluster, victim)
         time.sleep(1)  # what was in flight has landed or died with the process
         seen_at_kill = set(_received(receiver, path))
         committed_at_kill = _logged(conn, runner)
