@@ -15,6 +15,7 @@ Select with ``-m cluster``; a few minutes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -433,16 +434,53 @@ def _push_run(cluster: Cluster) -> dict | None:
     return runs[0] if runs else None
 
 
+def _push_task_of(cluster: Cluster, run_id: str, worker: str) -> dict | None:
+    """The mapped ``push`` task instance of ``worker`` in a push run, once it exists: found by
+    its rendered ``worker`` field, else by its place in ``list_workers``' result."""
+    with cluster.http() as h:
+        tis = h.get(
+            f"/dags/eventpush_push/dagRuns/{run_id}/taskInstances", params={"task_id": "push"}
+        ).json()["task_instances"]
+        for ti in tis:
+            if (ti.get("rendered_fields") or {}).get("worker") == worker:
+                return ti
+        r = h.get(
+            f"/dags/eventpush_push/dagRuns/{run_id}/taskInstances/list_workers"
+            "/xcomEntries/return_value"
+        )
+    listed = r.json().get("value") if r.status_code == 200 else None
+    if isinstance(listed, list) and worker in listed:
+        index = listed.index(worker)
+        return next((ti for ti in tis if ti["map_index"] == index), None)
+    return None
+
+
 def _celery_worker_of(cluster: Cluster, pid: int) -> str | None:
-    """Which Celery worker's process group ``pid`` (a task's process) belongs to."""
+    """Which Celery worker ``pid`` (a task's process) runs under: Airflow's supervisor puts
+    the task in a process group of its own, so it is found among the worker's descendants."""
+    import psutil
+
     try:
-        group = os.getpgid(pid)
-    except ProcessLookupError:
+        ancestors = {p.pid for p in psutil.Process(pid).parents()}
+    except psutil.NoSuchProcess:
         return None
     for name in ("celery-worker-1", "celery-worker-2"):
-        if cluster.pid(name) == group:
+        if cluster.pid(name) in ancestors:
             return name
     return None
+
+
+def _kill_celery_worker(cluster: Cluster, name: str) -> None:
+    """SIGKILL a Celery worker and every process under it, as when its host dies: a signal to
+    the worker's process group alone would miss its tasks' own groups."""
+    import psutil
+
+    root = psutil.Process(cluster.pid(name))
+    for p in [*root.children(recursive=True), root]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(root.pid, signal.SIGKILL)
 
 
 def _logged(conn, runner: str) -> int:
@@ -490,8 +528,8 @@ def test_a_celery_worker_killed_mid_slice_loses_nothing(cluster, dbs, receiver):
             assert cur.fetchone() == ("wk",)
         conn.commit()
 
-        # The running push round listed its workers when it began: end it, so the next
-        # (continuous) round has a sensor for wk.
+        # The running push round listed its workers when it began: end it, so that the next
+        # (continuous) round maps a push task over wk too.
         current = _push_run(cluster)
         if current:
             with cluster.http() as h:
@@ -500,18 +538,25 @@ def test_a_celery_worker_killed_mid_slice_loses_nothing(cluster, dbs, receiver):
                     json={"state": "success"},
                 )
                 assert r.status_code == 200, r.text
+        # wk has nothing to push yet: its task defers to the trigger, waiting for work.
         deadline = time.monotonic() + 180
-        run = None
+        run = ti = None
         while time.monotonic() < deadline:
             run = _push_run(cluster)
             if run and (not current or run["dag_run_id"] != current["dag_run_id"]):
-                states = cluster.task_states("eventpush_push", run["dag_run_id"])
-                if len([k for k in states if k.startswith("worker.wait_for_work[")]) == 3:
+                ti = _push_task_of(cluster, run["dag_run_id"], "wk")
+                if ti and ti["state"] in ("deferred", "running"):
                     break
             time.sleep(2)
         else:
-            raise AssertionError("no push round with a sensor for wk")
-        run_id = run["dag_run_id"]
+            raise AssertionError(f"no push round waiting for wk's work: {run} {ti}")
+        run_id, index = run["dag_run_id"], ti["map_index"]
+
+        def wk_push() -> dict:
+            with cluster.http() as h:
+                r = h.get(f"/dags/eventpush_push/dagRuns/{run_id}/taskInstances/push/{index}")
+                r.raise_for_status()
+                return r.json()
 
         n = 300
         publish_lines(conn, "kill", events(n))
@@ -522,19 +567,15 @@ def test_a_celery_worker_killed_mid_slice_loses_nothing(cluster, dbs, receiver):
         victim = None
         while time.monotonic() < deadline:
             if receiver.state.count[path] >= 60:
-                with cluster.http() as h:
-                    tis = h.get(
-                        f"/dags/eventpush_push/dagRuns/{run_id}/taskInstances",
-                        params={"task_id": "worker.push"},
-                    ).json()["task_instances"]
-                for ti in tis:
-                    if ti["state"] == "running" and ti.get("pid"):
-                        victim = _celery_worker_of(cluster, ti["pid"])
+                ti = wk_push()
+                if ti["state"] == "running" and ti.get("pid"):
+                    victim = _celery_worker_of(cluster, ti["pid"])
                 if victim:
                     break
             time.sleep(0.2)
         assert victim, f"wk's push slice never ran: {cluster.task_states('eventpush_push', run_id)}"
-        os.killpg(cluster.pid(victim), signal.SIGKILL)
+        killed_try = ti["try_number"]
+        _kill_celery_worker(cluster, victim)
         time.sleep(1)  # what was in flight has landed or died with the process
         seen_at_kill = set(_received(receiver, path))
         committed_at_kill = _logged(conn, runner)
@@ -560,22 +601,23 @@ def test_a_celery_worker_killed_mid_slice_loses_nothing(cluster, dbs, receiver):
             assert time.monotonic() < deadline, f"the slice was not finished elsewhere: {states}"
             time.sleep(2)
 
-        with cluster.http() as h:
-            tis = h.get(
-                f"/dags/eventpush_push/dagRuns/{run_id}/taskInstances",
-                params={"task_id": "worker.push"},
-            ).json()["task_instances"]
-        retried = [ti for ti in tis if ti["try_number"] >= 2]
-        assert retried, tis
+        ti = wk_push()
+        assert ti["try_number"] > killed_try, ti
         survivor = {"celery-worker-1": "celery-worker-2", "celery-worker-2": "celery-worker-1"}[
             victim
         ]
         log = (cluster.dir / "logs" / f"{survivor}.log").read_text()
-        assert re.search(
-            rf"run_id='{re.escape(run_id)}'[^\n]*task_id='worker\.push'|"
-            rf"task_id='worker\.push'[^\n]*run_id='{re.escape(run_id)}'[^\n]*try_number=2",
-            log,
-        ), "the retry did not run on the surviving worker"
+        # A line naming the task instance's fields (the workload it was given): wk's push
+        # task in this run, a later try than the killed one.
+        retry_here = [
+            line
+            for line in log.splitlines()
+            if f"run_id='{run_id}'" in line
+            and "task_id='push'" in line
+            and re.search(rf"\bmap_index={index}\b", line)
+            and int((re.search(r"\btry_number=(\d+)", line) or [0, 0])[1]) > killed_try
+        ]
+        assert retry_here, "the retry did not run on the surviving worker"
 
         got = _received(receiver, path)
         logged = _logged(conn, runner)

@@ -94,6 +94,26 @@ def test_load_from_delivery_log_balances_load(db_url, conn, spark):  # noqa: F81
     assert [r for r, w in placed.items() if w == hot_worker] == [runners[0]]
 
 
+def test_load_counts_live_deliveries_only_and_sums_them_exactly(db_url, conn, spark):  # noqa: F811
+    live, replayed = setup_runners(conn, 2, workers=("w1",))
+    with conn.cursor() as cur:
+        # 0.1 ms is no exact float: summed as floats, 900 of them are not 90 ms.
+        cur.execute(
+            "INSERT INTO event_push_delivery (runner_id, consumer_group, topic_name, queue_id, "
+            '"offset", message_id, attempts, http_status, latency_ms, ctime, origin) '
+            "SELECT r.id, r.name, 'orders', 0, g, 'm' || g, 1, 200, "
+            "CASE WHEN r.name = %s THEN 0.1 ELSE 500 END, now(), "
+            "CASE WHEN r.name = %s THEN 'live' ELSE 'replay' END "
+            "FROM event_target_runner r, generate_series(1, 900) g",
+            (live, live),
+        )
+    conn.commit()
+    inputs = rb.load_inputs(spark, db_url)
+    ids = {r.name: r.id for r in inputs.runners}
+    assert inputs.load == {ids[live]: 90.0 / 1000.0 / rb.DEFAULT_WINDOW.total_seconds()}
+    assert ids[replayed] not in inputs.load
+
+
 def test_bad_proposal_is_refused_by_the_check(db_url, conn, spark):  # noqa: F811
     setup_runners(conn, 6)
     rb.run_rebalance(spark, db_url)

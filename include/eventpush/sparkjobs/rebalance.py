@@ -2,9 +2,9 @@
 capacity, and a plan that says why each runner moves.
 
 Inputs: the enabled workers (capacity, heartbeat metrics), the runners of enabled rules with
-their bus, age and current worker, and each runner's load from the delivery log over a recent
-window, computed in Spark: ``load = rate x mean latency`` (Little's law: the concurrent requests
-it keeps busy).
+their bus, age and current worker, and each runner's load from its live deliveries in the
+delivery log over a recent window (a replay's are not its push worker's), computed in Spark:
+``load = rate x mean latency`` (Little's law: the concurrent requests it keeps busy).
 
 A runner's **weight** is a fixed cost (its lanes, connections and memory: a tenth of the mean
 runner load) plus its load. A runner created within the window has no history yet, which is not
@@ -136,7 +136,8 @@ def load_inputs(spark, db_url: str, window: timedelta = DEFAULT_WINDOW, now=None
 
 
 def runner_load(spark, db_url: str, runner_ids: list[int], window: timedelta, now=None):
-    """runner id -> rate (deliveries/s) x mean latency (s) over the window."""
+    """runner id -> rate (deliveries/s) x mean latency (s) over the window, from the live
+    deliveries only: a replay's are sent by the Spark job, not by the runner's push worker."""
     from pyspark.sql import functions as F
 
     from eventpush.sparkjobs import jdbc
@@ -146,17 +147,18 @@ def runner_load(spark, db_url: str, runner_ids: list[int], window: timedelta, no
     now = now or datetime.now(UTC)
     db = jdbc.jdbc_database(db_url)
     log = jdbc.read_by_runner(
-        spark, db, "event_push_delivery", "runner_id, ctime, latency_ms", runner_ids
-    ).where(F.col("ctime") >= F.lit(now - window))
+        spark, db, "event_push_delivery", "runner_id, ctime, latency_ms, origin", runner_ids
+    ).where((F.col("ctime") >= F.lit(now - window)) & (F.col("origin") == "live"))
     seconds = window.total_seconds()
+    # rate x mean latency = total latency / window. Summed as decimals: a sum of floats
+    # depends on the order of its rows, which follows the partitioning, and two runners of
+    # equal load must tie exactly (then the runner id decides) on any cluster.
     rows = (
         log.groupBy("runner_id")
-        .agg(F.count(F.lit(1)).alias("n"), F.avg("latency_ms").alias("latency_ms"))
+        .agg(F.sum(F.col("latency_ms").cast("decimal(18,3)")).alias("latency_ms"))
         .collect()
     )
-    return {
-        row["runner_id"]: (row["n"] / seconds) * (float(row["latency_ms"]) / 1000.0) for row in rows
-    }
+    return {row["runner_id"]: float(row["latency_ms"]) / 1000.0 / seconds for row in rows}
 
 
 def weights(inputs: Inputs) -> dict[int, float]:
