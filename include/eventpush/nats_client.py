@@ -20,14 +20,14 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from eventpush.config import ConfigError, redact_url
+from eventpush.config import ConfigError
 from eventpush.push.targets import (
     METADATA_HOSTS,
     AddressPolicy,
     RefusedAddressError,
     address_policy,
+    split_url,
 )
 
 CREDENTIALS_ENV = "EVENTPUSH_NATS_CREDENTIALS"
@@ -55,15 +55,7 @@ class NatsUrl:
 
 def parse_url(url: str, what: str = "NATS URL") -> NatsUrl:
     """``nats://HOST[:PORT][/PATH]``, checked (NatsUrlError says what is wrong)."""
-    if not isinstance(url, str) or not url.strip():
-        raise NatsUrlError(f"{what} is empty")
-    url = url.strip()
-    where = redact_url(url)
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise NatsUrlError(f"{what} {where!r} is malformed: {exc}") from None
+    url, parts, port, where = split_url(url, what, NatsUrlError)
     if parts.scheme != "nats":
         raise NatsUrlError(f"{what} {where!r} must use nats://, not {parts.scheme or 'none'!r}")
     if parts.username or parts.password:

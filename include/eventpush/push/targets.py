@@ -237,17 +237,23 @@ def _plugin_url(url: str, scheme: str, where: str, policy: AddressPolicy | None)
     )
 
 
-def validate_url(url: str, policy: AddressPolicy | None = None) -> str:
-    """The URL, checked; raises InvalidTargetUrlError saying what is wrong."""
+def split_url(url: str, what: str, error: type[ValueError] = InvalidTargetUrlError):
+    """``(url, parts, port, where)``: the URL stripped, split, its port, and its redacted form
+    for messages; ``error`` says in one line when it is empty or does not parse."""
     if not isinstance(url, str) or not url.strip():
-        raise InvalidTargetUrlError("target URL is empty")
+        raise error(f"{what} is empty")
     url = url.strip()
     where = redact_url(url)
     try:
         parts = urlsplit(url)
-        port = parts.port
+        return url, parts, parts.port, where
     except ValueError as exc:
-        raise InvalidTargetUrlError(f"target URL {where!r} is malformed: {exc}") from None
+        raise error(f"{what} {where!r} is malformed: {exc}") from None
+
+
+def validate_url(url: str, policy: AddressPolicy | None = None) -> str:
+    """The URL, checked; raises InvalidTargetUrlError saying what is wrong."""
+    url, parts, port, where = split_url(url, "target URL")
     if parts.scheme not in BUILTIN_SCHEMES:
         return _plugin_url(url, parts.scheme, where, policy)
     if parts.scheme == "nats":
