@@ -80,8 +80,8 @@ class InvalidTargetUrlError(ValueError):
 class RefusedAddressError(OSError):
     """A connection to a denied address, refused before a packet is sent.
 
-    An ``OSError`` so that aiohttp reports it like any failed connection attempt, with this
-    exception as its cause."""
+    An ``OSError`` so that the senders (HTTP and NATS) treat it like any failed connection
+    attempt."""
 
 
 def _nat64_ipv4(value: int, prefix_len: int) -> ipaddress.IPv4Address | None:
