@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,6 +60,8 @@ def topology(conn, url: str, paths: list[str], queues: int = 4, **spec) -> None:
 
 
 def wrk_rate(url: str, seconds: int = 5, connections: int = 64) -> float:
+    if shutil.which("wrk") is None:
+        raise SystemExit("bench/push.py: wrk is not installed (Debian: apt-get install wrk)")
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp, "post.lua")
         script.write_text(
