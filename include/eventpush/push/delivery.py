@@ -267,6 +267,13 @@ class Session:
             td = self._timeouts[ms] = timedelta(milliseconds=ms)
         return td
 
+    def pinned(self, url: str) -> Client | None:
+        """The client pinned to ``url`` while its pin is fresh (no await on the hot path)."""
+        route = self._routes.get(url)
+        if route is not None and route.expires > time.monotonic():
+            return route.client
+        return None
+
     async def client_for(self, url: str) -> Client:
         """The client pinned to ``url``'s checked address; raises RefusedAddressError for a
         denied one, InvalidTargetUrlError for a URL that cannot be sent to, OSError when the
@@ -363,29 +370,41 @@ def new_session(limit: int = 0, policy: AddressPolicy | None = None) -> Session:
 async def attempt(
     session: Session, target: Target, body: bytes, headers: dict[str, str]
 ) -> Outcome:
-    """One POST with the target's timeout (the client's own: no timer of ours). Never raises
-    for network trouble. Once the status line is in, it is the answer: trouble with the body
-    after it changes nothing."""
-    started = time.perf_counter()
-    status: int | None = None
-    retry_after = location = None
+    """One POST with the target's timeout (the client's own: no timer of ours), carrying the
+    ``traceparent`` of the attempt under way (``tracing.OUTGOING``). Never raises for network
+    trouble."""
     traceparent = tracing.OUTGOING.get()
     if traceparent is not None:  # the span of this attempt, so the receiver can join it
         headers = {**headers, "traceparent": traceparent}
+    return await post(session, target, body, headers)
+
+
+async def post(session: Session, target: Target, body: bytes, headers: dict[str, str]) -> Outcome:
+    """One POST of ``body`` with exactly ``headers``: :func:`attempt` without the trace
+    context. Once the status line is in, it is the answer: trouble with the body after it
+    changes nothing.
+
+    The answer's body is never handed to Python: the client reads at most ``BODY_CAP`` of it
+    before the status is returned (its streamed read buffer), and leaving the context drops
+    whatever is left, with the connection when the body was longer. A short answer has been
+    read to its end by then, so its connection goes back to the pool."""
+    started = time.perf_counter()
+    status: int | None = None
+    retry_after = location = None
     try:
-        client = await session.client_for(target.url)
+        client = session.pinned(target.url) or await session.client_for(target.url)
         request = (
             client.post(target.url)
             .headers(headers)
             .body_bytes(body)
             .timeout(session.timeout(target.timeout_ms))
+            .streamed_read_buffer_limit(BODY_CAP)
             .build_streamed()
         )
         async with request as resp:
             status = resp.status
             retry_after = resp.get_header("retry-after")
             location = resp.get_header("location")
-            await _read_capped(resp)
     except (RefusedAddressError, InvalidTargetUrlError) as exc:
         refused = _outcome(target, FINAL, None, f"refused address: {exc}", started)
         refused.reached = False
@@ -410,17 +429,6 @@ async def attempt(
     if status in (429, 503):
         outcome.retry_after_s = parse_retry_after(retry_after)
     return outcome
-
-
-async def _read_capped(resp) -> None:
-    """Read the answer's body up to BODY_CAP; past that, stop: leaving the response unread
-    drops its connection."""
-    seen = 0
-    reader = resp.body_reader
-    while (chunk := await reader.read_chunk()) is not None:
-        seen += len(chunk)
-        if seen > BODY_CAP:
-            return
 
 
 def _outcome(

@@ -32,7 +32,7 @@ from eventpush import tracing
 from eventpush.push import delivery
 from eventpush.push.committing import Committer
 from eventpush.push.controls import WorkerSettings
-from eventpush.push.cursor import QueueCursor
+from eventpush.push.cursor import UNCOMMITTED_SPANS, QueueCursor
 from eventpush.push.delivery import Outcome, Record, Target
 from eventpush.push.limits import CircuitBreaker, Limiter, Pass
 from eventpush.push.reading import BusSignals, WindowCache
@@ -85,6 +85,7 @@ class Runner:
         self.fenced = False  # moved away: its outcomes are never committed
         self.lane_limit = 10_000
         self.last_outcome: Outcome | None = None
+        self.send_fn = None  # the target's sink's send, looked up at the first attempt
         self.apply(settings)
 
     def apply(self, settings: tuple) -> None:
@@ -236,10 +237,22 @@ class Lanes:
             cursor.at_end = False
             taken = 0
             pulled_at = time.monotonic()  # a record's age (max_age_s) counts from here
+            # cursor.over's bounds, worked out once for this pull (nothing finishes during
+            # it): records still allowed, and the offset where the span bounds stop it.
+            room = s.buffer_records - len(cursor.inflight)
+            stop = cursor.committed_db + UNCOMMITTED_SPANS * s.buffer_span
+            oldest = next(iter(cursor.inflight)) if cursor.inflight else None
+            if oldest is not None:
+                stop = min(stop, oldest + s.buffer_span)
+            max_bytes, rid = s.buffer_bytes, runner.id
             for ev in events:
-                if cursor.over(s.buffer_records, s.buffer_bytes, s.buffer_span):
+                if room <= 0 or cursor.pulled >= stop or cursor.inflight_bytes >= max_bytes:
                     break
-                if runner.id in ev.matches:
+                if rid in ev.matches:
+                    if oldest is None:
+                        oldest = ev.offset
+                        stop = min(stop, oldest + s.buffer_span)
+                    room -= 1
                     cursor.take(ev.offset, ev.size)
                     record = Record(
                         cursor.queue_id, ev.offset, ev.message_id, ev.event, ev.raw, pulled_at
@@ -389,31 +402,25 @@ class Lanes:
     # --- observed attempts ----------------------------------------------------------------
 
     async def traced_attempt(self, runner: Runner, batch: list[Record], granted: Pass) -> Outcome:
-        """``attempt`` in a span of its own whose ``traceparent`` the request carries
-        (``tracing.OUTGOING``), observed in the worker's metrics."""
+        """One attempt through the target's sink, in a span of its own whose ``traceparent``
+        the request carries (``tracing.OUTGOING``), counted on the records, the breaker and
+        the worker's metrics."""
         retry = batch[0].attempts > 0
+        if retry:
+            self.report.retried += 1
+        send = runner.send_fn
+        if send is None:
+            send = runner.send_fn = self.sinks.sender_for(runner.target.url)
         if not tracing.enabled():  # the usual case, kept free of span machinery
             token = tracing.OUTGOING.set(tracing.unrecorded_traceparent(batch[0].event))
             try:
-                outcome = await self.attempt(runner, batch, granted)
+                outcome = await send(runner.target, batch, runner.transform)
             finally:
                 tracing.OUTGOING.reset(token)
         else:
             outcome = await tracing.in_deliver_span(
-                runner.target, batch, lambda: self.attempt(runner, batch, granted)
+                runner.target, batch, lambda: send(runner.target, batch, runner.transform)
             )
-        if self.metrics is not None:
-            self.metrics.attempted(
-                runner.target.runner, outcome.kind, outcome.latency_ms / 1000, retry
-            )
-        return outcome
-
-    # --- sending --------------------------------------------------------------------------
-
-    async def attempt(self, runner: Runner, batch: list[Record], granted: Pass) -> Outcome:
-        if batch[0].attempts:
-            self.report.retried += 1
-        outcome = await self.sinks.send(runner.target, batch, runner.transform)
         for r in batch:
             r.attempts += 1
         runner.last_outcome = outcome
@@ -422,7 +429,13 @@ class Lanes:
         runner.breaker.record(
             granted, reached=outcome.reached, failed=outcome.kind == delivery.RETRY
         )
+        if self.metrics is not None:
+            self.metrics.attempted(
+                runner.target.runner, outcome.kind, outcome.latency_ms / 1000, retry
+            )
         return outcome
+
+    # --- sending --------------------------------------------------------------------------
 
     async def send(self, runner: Runner, batch: list[Record], granted: Pass) -> None:
         try:
