@@ -78,7 +78,8 @@ def wrk_rate(url: str, seconds: int = 5, connections: int = 64) -> float:
 class CpuWatch:
     """CPU seconds spent meanwhile by this process's threads (grouped: the event loop, the
     HTTP client's tokio threads, the rest), the receiver and the database's backends, sampled
-    a few times a second so threads and backends that end before the stop still count."""
+    a few times a second so threads and backends that end before the stop still count. The
+    watcher's own thread is left out (``own`` says what it spent)."""
 
     def __init__(self, rx_pid: int, database_url: str) -> None:
         import threading
@@ -89,9 +90,11 @@ class CpuWatch:
         self.loop_tid = threading.get_native_id()
         self.threads: dict[int, tuple[str, float]] = {}
         self.backends: dict[int, float] = {}
-        self.first: dict[str, float] = {}
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
+        self.admin = psycopg2.connect(ADMIN_URL)
+        self.admin.autocommit = True
+        self.own = 0.0
 
     def _thread_group(self, tid: int) -> str:
         if tid == self.loop_tid:
@@ -106,10 +109,9 @@ class CpuWatch:
         for t in self.me.threads():
             group = self.threads.get(t.id, (None, 0.0))[0] or self._thread_group(t.id)
             self.threads[t.id] = (group, t.user_time + t.system_time)
-        with psycopg2.connect(ADMIN_URL) as conn, conn.cursor() as cur:
+        with self.admin.cursor() as cur:
             cur.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (self.dbname,))
             pids = [row[0] for row in cur.fetchall()]
-        conn.close()
         for pid in pids:
             try:
                 times = psutil.Process(pid).cpu_times()
@@ -120,8 +122,12 @@ class CpuWatch:
         self.rx_cpu = times.user + times.system
 
     def _run(self) -> None:
+        import threading
+
+        self.watcher_tid = threading.get_native_id()
         while not self.done.wait(0.2):
             self._sample()
+        self.own = time.thread_time()
 
     def __enter__(self) -> CpuWatch:
         self._sample()
@@ -135,12 +141,14 @@ class CpuWatch:
         self.done.set()
         self.thread.join()
         self._sample()
+        self.admin.close()
 
     def per(self, n: int) -> dict[str, float]:
         """CPU microseconds per unit (n units) by part."""
         parts: dict[str, float] = {}
         for tid, (group, cpu) in self.threads.items():
-            parts[group] = parts.get(group, 0.0) + cpu - self.start_threads.get(tid, 0.0)
+            if tid != self.watcher_tid:
+                parts[group] = parts.get(group, 0.0) + cpu - self.start_threads.get(tid, 0.0)
         parts["receiver"] = self.rx_cpu - self.start_rx
         parts["postgres"] = sum(
             cpu - self.start_backends.get(pid, 0.0) for pid, cpu in self.backends.items()
@@ -164,7 +172,7 @@ def _drain(n: int, **spec) -> tuple[float, float, int, tuple[float, float]]:
         with CpuWatch(rx.proc.pid, url) as watch:
             report = run_worker("w1", until_idle=True, max_seconds=600)
         elapsed = time.perf_counter() - started
-        loop_cpu, cpu = time.thread_time() - loop_cpu, time.process_time() - cpu
+        loop_cpu, cpu = time.thread_time() - loop_cpu, time.process_time() - cpu - watch.own
         after = wrk_rate(rx.url + "/ok/wrk")
     parts = watch.per(report.delivered)
     print(

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 
 from pyreqwest.client import Client, ClientBuilder
 from pyreqwest.exceptions import PyreqwestError, RequestTimeoutError
+from pyreqwest.http import Url
 
 from eventpush import tracing
 from eventpush.config import redact, redact_url
@@ -46,6 +47,7 @@ USER_AGENT = "eventpush/0.1"
 RETRY_AFTER_CAP_S = 300.0
 BACKOFF_CAP_S = 60.0
 BODY_CAP = 64 * 1024  # what we read of an answer; a target may send more, we never hold it
+URL_CACHE = 10_000  # parsed target URLs kept (a replay may meet many)
 PIN_TTL_S = 60.0  # how long a checked address stays pinned before the name is resolved again
 # A re-pinned client is closed once no send can still be using it: past the longest timeout.
 RETIRED_CLOSE_S = LIMITS["timeout_ms"][1] / 1000 + 30
@@ -244,6 +246,7 @@ class Session:
         self._limit = limit
         self._routes: dict[str, _Route] = {}  # target URL -> its pinned client
         self._timeouts: dict[int, timedelta] = {}
+        self._urls: dict[str, Url] = {}  # target URL -> parsed once (a str is parsed per request)
         self._retired: list[tuple[Client, float]] = []  # re-pinned clients, when retired
 
     async def __aenter__(self) -> Session:
@@ -260,6 +263,14 @@ class Session:
         for client in clients.values():
             with contextlib.suppress(Exception):  # a client that will not close stops nothing
                 await client.close()
+
+    def url(self, url: str) -> Url:
+        parsed = self._urls.get(url)
+        if parsed is None:
+            if len(self._urls) >= URL_CACHE:
+                self._urls.clear()
+            parsed = self._urls[url] = Url(url)
+        return parsed
 
     def timeout(self, ms: int) -> timedelta:
         td = self._timeouts.get(ms)
@@ -394,7 +405,7 @@ async def post(session: Session, target: Target, body: bytes, headers: dict[str,
     try:
         client = session.pinned(target.url) or await session.client_for(target.url)
         request = (
-            client.post(target.url)
+            client.post(session.url(target.url))
             .headers(headers)
             .body_bytes(body)
             .timeout(session.timeout(target.timeout_ms))

@@ -356,7 +356,13 @@ class Lanes:
         lane when there is one, else wait idle until one is handed over."""
         loop = asyncio.get_running_loop()
         while job is not None:
-            await self.send(runner, *job)
+            batch, granted = job
+            try:
+                outcome = await self.traced_attempt(runner, batch, granted)
+            finally:
+                self._release(runner, granted)
+            if not runner.fenced:  # moved away meanwhile: left uncommitted for the next owner
+                self._settle(runner, batch, outcome)
             if runner.stopped:
                 return
             job = self._take(runner)
@@ -437,22 +443,22 @@ class Lanes:
 
     # --- sending --------------------------------------------------------------------------
 
-    async def send(self, runner: Runner, batch: list[Record], granted: Pass) -> None:
-        try:
-            outcome = await self.traced_attempt(runner, batch, granted)
-        finally:
-            runner.limiter.release()
-            pool = self.pool
-            was_full = pool.in_use >= pool.limit
-            pool.release()
-            if was_full:  # other runners' senders may be waiting for this slot
-                self.wake_all()
-            # The sender takes its next batch itself; the runner's clock is woken only when
-            # the breaker has something to say (a probe's outcome, an open breaker).
-            if granted.probe or runner.breaker.is_open:
-                runner.wake.set()
-        if runner.fenced:
-            return  # moved away meanwhile: left uncommitted, the next owner redelivers
+    def _release(self, runner: Runner, granted: Pass) -> None:
+        """A send's slots back (an unordered runner's sender takes its next batch itself)."""
+        runner.limiter.release()
+        pool = self.pool
+        was_full = pool.in_use >= pool.limit
+        pool.release()
+        if was_full:  # other runners' senders may be waiting for this slot
+            self.wake_all()
+        # The runner's clock is woken only when the breaker has something to say (a probe's
+        # outcome, an open breaker).
+        if granted.probe or runner.breaker.is_open:
+            runner.wake.set()
+
+    def _settle(self, runner: Runner, batch: list[Record], outcome: Outcome) -> None:
+        """A retry goes on the timer heap (unless out of attempts or age); anything else is
+        finished."""
         if outcome.kind == delivery.RETRY:
             now = time.monotonic()
             delay = retry_delay(runner.target, batch[0].attempts, outcome.retry_after_s)
