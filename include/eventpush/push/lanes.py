@@ -6,6 +6,10 @@ take them to its target.
   one, so retries never starve fresh events. Sends take a slot of the runner's concurrency
   limit and of the worker's shared pool; a circuit breaker per target stops hammering a dead
   one. Ordered targets get one sequential sender per queue instead.
+- **Senders.** Long-lived coroutines per runner: a sender whose send ended takes its next
+  batch from the lane itself, so a busy runner costs no hand-over, future or wake-up per
+  send; idle senders are handed batches by the feeder that brought them. The dispatcher is
+  the runner's clock (due retries, the breaker's cool-down, aging out, changed limits).
 - **Backpressure.** A runner stops pulling a queue while its in-flight records on it pass a
   count, a byte size or an offset span, or while what it pulled runs too far past what is
   committed (``QueueCursor.over``).
@@ -66,7 +70,7 @@ class Runner:
         self.inflight = 0
         self.limiter = Limiter(target.concurrency)
         self.breaker = CircuitBreaker()
-        self.wake = asyncio.Event()  # lane or limits changed: the dispatcher looks again
+        self.wake = asyncio.Event()  # retries, breaker or limits changed: the dispatcher looks
         self.room = asyncio.Event()  # records finished or committed: feeders may pull again
         # A blocked feeder is woken once a share of what was in flight has finished, not by
         # every record that finishes (a wake per delivery was a large part of its cost).
