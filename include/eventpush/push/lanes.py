@@ -361,15 +361,18 @@ class Lanes:
         loop = asyncio.get_running_loop()
         while job is not None:
             batch, granted = job
+            pool_was_full = True
             try:
                 outcome = await self.traced_attempt(runner, batch, granted)
             finally:
-                self._release(runner, granted)
+                pool_was_full = self._release(runner, granted)
             if not runner.fenced:  # moved away meanwhile: left uncommitted for the next owner
                 self._settle(runner, batch, outcome)
             if runner.stopped:
                 return
-            job = self._take(runner)
+            # A slot of a full pool goes to whichever runner's dispatcher comes first (all were
+            # woken), not back to this runner at once: other runners may be waiting for it.
+            job = None if pool_was_full else self._take(runner)
             if job is None:
                 waiting = loop.create_future()
                 runner.idle_senders.append(waiting)
@@ -447,18 +450,19 @@ class Lanes:
 
     # --- sending --------------------------------------------------------------------------
 
-    def _release(self, runner: Runner, granted: Pass) -> None:
-        """A send's slots back (an unordered runner's sender takes its next batch itself)."""
+    def _release(self, runner: Runner, granted: Pass) -> bool:
+        """A send's slots back; True when the shared pool was full (every runner is woken)."""
         runner.limiter.release()
         pool = self.pool
         was_full = pool.in_use >= pool.limit
         pool.release()
         if was_full:  # other runners' senders may be waiting for this slot
             self.wake_all()
-        # The runner's clock is woken only when the breaker has something to say (a probe's
-        # outcome, an open breaker).
-        if granted.probe or runner.breaker.is_open:
+        # Otherwise the runner's clock is woken only when the breaker has something to say (a
+        # probe's outcome, an open breaker): the sender takes its next batch itself.
+        elif granted.probe or runner.breaker.is_open:
             runner.wake.set()
+        return was_full
 
     def _settle(self, runner: Runner, batch: list[Record], outcome: Outcome) -> None:
         """A retry goes on the timer heap (unless out of attempts or age); anything else is
