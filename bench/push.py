@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psutil  # noqa: E402
 import psycopg2  # noqa: E402
-from common import machine, scratch_database  # noqa: E402
+from common import ADMIN_URL, machine, scratch_database  # noqa: E402
 
 from eventpush import catalog  # noqa: E402
 from eventpush.demo.receiver import ReceiverProcess  # noqa: E402
@@ -78,6 +78,87 @@ def wrk_rate(url: str, seconds: int = 5, connections: int = 64) -> float:
     return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
 
 
+class CpuWatch:
+    """CPU seconds spent meanwhile by this process's threads (grouped: the event loop, the
+    HTTP client's tokio threads, the rest), the receiver and the database's backends, sampled
+    a few times a second so threads and backends that end before the stop still count. The
+    watcher's own thread is left out (``own`` says what it spent)."""
+
+    def __init__(self, rx_pid: int, database_url: str) -> None:
+        import threading
+
+        self.me = psutil.Process()
+        self.rx = psutil.Process(rx_pid)
+        self.dbname = database_url.rsplit("/", 1)[1]
+        self.loop_tid = threading.get_native_id()
+        self.threads: dict[int, tuple[str, float]] = {}
+        self.backends: dict[int, float] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.admin = psycopg2.connect(ADMIN_URL)
+        self.admin.autocommit = True
+        self.own = 0.0
+
+    def _thread_group(self, tid: int) -> str:
+        if tid == self.loop_tid:
+            return "loop"
+        try:
+            name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+        except OSError:
+            return "other"
+        return "http client" if name.startswith(("pyreqwest", "tokio")) else "other"
+
+    def _sample(self) -> None:
+        for t in self.me.threads():
+            group = self.threads.get(t.id, (None, 0.0))[0] or self._thread_group(t.id)
+            self.threads[t.id] = (group, t.user_time + t.system_time)
+        with self.admin.cursor() as cur:
+            cur.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (self.dbname,))
+            pids = [row[0] for row in cur.fetchall()]
+        for pid in pids:
+            try:
+                times = psutil.Process(pid).cpu_times()
+            except psutil.Error:
+                continue
+            self.backends[pid] = times.user + times.system
+        times = self.rx.cpu_times()
+        self.rx_cpu = times.user + times.system
+
+    def _run(self) -> None:
+        import threading
+
+        self.watcher_tid = threading.get_native_id()
+        while not self.done.wait(0.2):
+            self._sample()
+        self.own = time.thread_time()
+
+    def __enter__(self) -> CpuWatch:
+        self._sample()
+        self.start_threads = {tid: cpu for tid, (_, cpu) in self.threads.items()}
+        self.start_backends = dict(self.backends)
+        self.start_rx = self.rx_cpu
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
+        self._sample()
+        self.admin.close()
+
+    def per(self, n: int) -> dict[str, float]:
+        """CPU microseconds per unit (n units) by part."""
+        parts: dict[str, float] = {}
+        for tid, (group, cpu) in self.threads.items():
+            if tid != self.watcher_tid:
+                parts[group] = parts.get(group, 0.0) + cpu - self.start_threads.get(tid, 0.0)
+        parts["receiver"] = self.rx_cpu - self.start_rx
+        parts["postgres"] = sum(
+            cpu - self.start_backends.get(pid, 0.0) for pid, cpu in self.backends.items()
+        )
+        return {k: v / n * 1e6 for k, v in parts.items()}
+
+
 def _drain(n: int, **spec) -> tuple[float, float, int, tuple[float, float]]:
     """Publish n events for four targets and push them all with one worker; returns the
     receiver's wrk ceiling (the mean of a wrk run just before and one just after, so a load
@@ -91,10 +172,16 @@ def _drain(n: int, **spec) -> tuple[float, float, int, tuple[float, float]]:
             publish(conn, "orders", events(min(50_000, n - i), i))
         before = wrk_rate(rx.url + "/ok/wrk")
         started, loop_cpu, cpu = time.perf_counter(), time.thread_time(), time.process_time()
-        report = run_worker("w1", until_idle=True, max_seconds=600)
+        with CpuWatch(rx.proc.pid, url) as watch:
+            report = run_worker("w1", until_idle=True, max_seconds=600)
         elapsed = time.perf_counter() - started
-        loop_cpu, cpu = time.thread_time() - loop_cpu, time.process_time() - cpu
+        loop_cpu, cpu = time.thread_time() - loop_cpu, time.process_time() - cpu - watch.own
         after = wrk_rate(rx.url + "/ok/wrk")
+    parts = watch.per(report.delivered)
+    print(
+        "  CPU us per delivery by part: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
+    )
     per = 1e6 / report.delivered
     return (before + after) / 2, elapsed, report.delivered, (loop_cpu * per, cpu * per)
 
@@ -122,8 +209,9 @@ def bench_batch(n: int = 200_000) -> None:
     )
 
 
-async def _client_loop(kind: str, url: str, n: int, in_flight: int) -> tuple[float, float]:
-    """n POSTs, in_flight at a time, by a bare client loop: (requests/s, loop CPU us/request)."""
+async def _client_loop(kind: str, url: str, n: int, in_flight: int) -> tuple[float, float, float]:
+    """n POSTs, in_flight at a time, by a bare client loop: requests/s, and CPU us per request
+    of the loop thread and of the whole process (the HTTP client's own threads included)."""
     import asyncio
 
     import aiohttp
@@ -149,11 +237,12 @@ async def _client_loop(kind: str, url: str, n: int, in_flight: int) -> tuple[flo
         for _ in range(k):
             await post()
 
-    started, cpu = time.perf_counter(), time.thread_time()
+    started, cpu, all_cpu = time.perf_counter(), time.thread_time(), time.process_time()
     await asyncio.gather(*(one(n // in_flight) for _ in range(in_flight)))
     elapsed, cpu = time.perf_counter() - started, time.thread_time() - cpu
+    all_cpu = time.process_time() - all_cpu
     await session.close()
-    return n / elapsed, cpu / n * 1e6
+    return n / elapsed, cpu / n * 1e6, all_cpu / n * 1e6
 
 
 def bench_clients(n: int = 20_000, in_flight: int = 64, rounds: int = 2) -> None:
@@ -165,10 +254,13 @@ def bench_clients(n: int = 20_000, in_flight: int = 64, rounds: int = 2) -> None
         for r in range(rounds):
             ceiling = wrk_rate(rx.url + "/ok/wrk")
             for kind in ("aiohttp", "delivery.attempt"):
-                rate, cpu_us = uvloop.run(_client_loop(kind, rx.url + "/ok/c", n, in_flight))
+                rate, cpu_us, all_us = uvloop.run(
+                    _client_loop(kind, rx.url + "/ok/c", n, in_flight)
+                )
                 print(
                     f"clients round {r + 1}, {kind}: {rate:,.0f} req/s = {rate / ceiling:.2f} "
-                    f"of wrk {ceiling:,.0f}; loop thread {cpu_us:.1f} us CPU/request"
+                    f"of wrk {ceiling:,.0f}; CPU/request: loop thread {cpu_us:.1f} us, "
+                    f"process {all_us:.1f} us"
                 )
                 sys.stdout.flush()
 

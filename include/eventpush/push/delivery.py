@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 
 from pyreqwest.client import Client, ClientBuilder
 from pyreqwest.exceptions import PyreqwestError, RequestTimeoutError
+from pyreqwest.http import Url
 
 from eventpush import tracing
 from eventpush.config import redact, redact_url
@@ -46,6 +47,7 @@ USER_AGENT = "eventpush/0.1"
 RETRY_AFTER_CAP_S = 300.0
 BACKOFF_CAP_S = 60.0
 BODY_CAP = 64 * 1024  # what we read of an answer; a target may send more, we never hold it
+URL_CACHE = 10_000  # parsed target URLs kept (a replay may meet many)
 PIN_TTL_S = 60.0  # how long a checked address stays pinned before the name is resolved again
 # A re-pinned client is closed once no send can still be using it: past the longest timeout.
 RETIRED_CLOSE_S = LIMITS["timeout_ms"][1] / 1000 + 30
@@ -244,6 +246,7 @@ class Session:
         self._limit = limit
         self._routes: dict[str, _Route] = {}  # target URL -> its pinned client
         self._timeouts: dict[int, timedelta] = {}
+        self._urls: dict[str, Url] = {}  # target URL -> parsed once (a str is parsed per request)
         self._retired: list[tuple[Client, float]] = []  # re-pinned clients, when retired
 
     async def __aenter__(self) -> Session:
@@ -261,11 +264,26 @@ class Session:
             with contextlib.suppress(Exception):  # a client that will not close stops nothing
                 await client.close()
 
+    def url(self, url: str) -> Url:
+        parsed = self._urls.get(url)
+        if parsed is None:
+            if len(self._urls) >= URL_CACHE:
+                self._urls.clear()
+            parsed = self._urls[url] = Url(url)
+        return parsed
+
     def timeout(self, ms: int) -> timedelta:
         td = self._timeouts.get(ms)
         if td is None:
             td = self._timeouts[ms] = timedelta(milliseconds=ms)
         return td
+
+    def pinned(self, url: str) -> Client | None:
+        """The client pinned to ``url`` while its pin is fresh (no await on the hot path)."""
+        route = self._routes.get(url)
+        if route is not None and route.expires > time.monotonic():
+            return route.client
+        return None
 
     async def client_for(self, url: str) -> Client:
         """The client pinned to ``url``'s checked address; raises RefusedAddressError for a
@@ -363,29 +381,41 @@ def new_session(limit: int = 0, policy: AddressPolicy | None = None) -> Session:
 async def attempt(
     session: Session, target: Target, body: bytes, headers: dict[str, str]
 ) -> Outcome:
-    """One POST with the target's timeout (the client's own: no timer of ours). Never raises
-    for network trouble. Once the status line is in, it is the answer: trouble with the body
-    after it changes nothing."""
-    started = time.perf_counter()
-    status: int | None = None
-    retry_after = location = None
+    """One POST with the target's timeout (the client's own: no timer of ours), carrying the
+    ``traceparent`` of the attempt under way (``tracing.OUTGOING``). Never raises for network
+    trouble."""
     traceparent = tracing.OUTGOING.get()
     if traceparent is not None:  # the span of this attempt, so the receiver can join it
         headers = {**headers, "traceparent": traceparent}
+    return await post(session, target, body, headers)
+
+
+async def post(session: Session, target: Target, body: bytes, headers: dict[str, str]) -> Outcome:
+    """One POST of ``body`` with exactly ``headers``: :func:`attempt` without the trace
+    context. Once the status line is in, it is the answer: trouble with the body after it
+    changes nothing.
+
+    The answer's body is never handed to Python: the client reads at most ``BODY_CAP`` of it
+    before the status is returned (its streamed read buffer), and leaving the context drops
+    whatever is left, with the connection when the body was longer. A short answer has been
+    read to its end by then, so its connection goes back to the pool."""
+    started = time.perf_counter()
+    status: int | None = None
+    retry_after = location = None
     try:
-        client = await session.client_for(target.url)
+        client = session.pinned(target.url) or await session.client_for(target.url)
         request = (
-            client.post(target.url)
+            client.post(session.url(target.url))
             .headers(headers)
             .body_bytes(body)
             .timeout(session.timeout(target.timeout_ms))
+            .streamed_read_buffer_limit(BODY_CAP)
             .build_streamed()
         )
         async with request as resp:
             status = resp.status
             retry_after = resp.get_header("retry-after")
             location = resp.get_header("location")
-            await _read_capped(resp)
     except (RefusedAddressError, InvalidTargetUrlError) as exc:
         refused = _outcome(target, FINAL, None, f"refused address: {exc}", started)
         refused.reached = False
@@ -410,17 +440,6 @@ async def attempt(
     if status in (429, 503):
         outcome.retry_after_s = parse_retry_after(retry_after)
     return outcome
-
-
-async def _read_capped(resp) -> None:
-    """Read the answer's body up to BODY_CAP; past that, stop: leaving the response unread
-    drops its connection."""
-    seen = 0
-    reader = resp.body_reader
-    while (chunk := await reader.read_chunk()) is not None:
-        seen += len(chunk)
-        if seen > BODY_CAP:
-            return
 
 
 def _outcome(

@@ -330,13 +330,14 @@ class Engine:
 
     async def _refresh_locked(self) -> None:
         assigned, controls = await self.aux.call(store.read_assignment, self.wid, self.worker)
-        self.lanes.paused = bool(controls.get("paused", False))
+        paused = bool(controls.get("paused", False))
         settings = worker_settings(controls)
-        if settings != self.lanes.settings:
+        if paused != self.lanes.paused or settings != self.lanes.settings:
+            self.lanes.paused = paused
             self.lanes.settings = settings
             self.lanes.pool.resize(settings.pool_max)
             self.cache.max_bytes = settings.buffer_bytes // CACHE_SHARE
-            self.lanes.wake_all()
+            self.lanes.wake_all()  # a resume or wider limits are acted on now
         moved = [
             rid
             for rid, runner in self.runners.items()

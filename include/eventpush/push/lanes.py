@@ -6,6 +6,10 @@ take them to its target.
   one, so retries never starve fresh events. Sends take a slot of the runner's concurrency
   limit and of the worker's shared pool; a circuit breaker per target stops hammering a dead
   one. Ordered targets get one sequential sender per queue instead.
+- **Senders.** Long-lived coroutines per runner: a sender whose send ended takes its next
+  batch from the lane itself, so a busy runner costs no hand-over, future or wake-up per
+  send; idle senders are handed batches by the feeder that brought them. The dispatcher is
+  the runner's clock (due retries, the breaker's cool-down, aging out, changed limits).
 - **Backpressure.** A runner stops pulling a queue while its in-flight records on it pass a
   count, a byte size or an offset span, or while what it pulled runs too far past what is
   committed (``QueueCursor.over``).
@@ -32,13 +36,14 @@ from eventpush import tracing
 from eventpush.push import delivery
 from eventpush.push.committing import Committer
 from eventpush.push.controls import WorkerSettings
-from eventpush.push.cursor import QueueCursor
+from eventpush.push.cursor import UNCOMMITTED_SPANS, QueueCursor
 from eventpush.push.delivery import Outcome, Record, Target
 from eventpush.push.limits import CircuitBreaker, Limiter, Pass
 from eventpush.push.reading import BusSignals, WindowCache
 from eventpush.push.slots import finite
 
 FRESH_PER_RETRY = 4
+ROOM_SHARE = 16  # a blocked feeder wakes once 1/ROOM_SHARE of the runner's records finished
 POLL_INTERVAL_S = 1.0
 IDLE_WAIT_S = 0.5
 MIN_WAIT_S = 0.001
@@ -65,12 +70,18 @@ class Runner:
         self.inflight = 0
         self.limiter = Limiter(target.concurrency)
         self.breaker = CircuitBreaker()
-        self.wake = asyncio.Event()  # lane or limits changed: the dispatcher looks again
+        self.wake = asyncio.Event()  # retries, breaker or limits changed: the dispatcher looks
         self.room = asyncio.Event()  # records finished or committed: feeders may pull again
+        # A blocked feeder is woken once a share of what was in flight has finished, not by
+        # every record that finishes (a wake per delivery was a large part of its cost).
+        self.freed = 0
+        self.room_at = 1
+        self.fresh_streak = 0  # fresh batches sent since the last retry batch
         self.latencies: deque[float] = deque(maxlen=2000)
         self.tasks: list[asyncio.Task] = []  # feeders and dispatcher or ordered senders
         # The runner's senders (unordered targets): long-lived coroutines, one per send in
-        # flight at the busiest moment, each waiting on its own future for the next batch.
+        # flight at the busiest moment. A sender takes its next batch from the lane itself;
+        # an idle one waits on a future of its own until a batch is handed to it.
         self.sends: set[asyncio.Task] = set()
         self.idle_senders: deque[asyncio.Future] = deque()
         self.stopped = False  # taking no more work: senders end after their send
@@ -78,6 +89,7 @@ class Runner:
         self.fenced = False  # moved away: its outcomes are never committed
         self.lane_limit = 10_000
         self.last_outcome: Outcome | None = None
+        self.send_fn = None  # the target's sink's send, looked up at the first attempt
         self.apply(settings)
 
     def apply(self, settings: tuple) -> None:
@@ -216,6 +228,8 @@ class Lanes:
                 runner.inflight >= runner.lane_limit
             ):
                 runner.room.clear()
+                runner.freed = 0
+                runner.room_at = max(1, runner.inflight // ROOM_SHARE)
                 await wait_for_event(runner.room, POLL_INTERVAL_S)
                 continue
             signal_ = self.signals.signal(bus_id)
@@ -227,10 +241,22 @@ class Lanes:
             cursor.at_end = False
             taken = 0
             pulled_at = time.monotonic()  # a record's age (max_age_s) counts from here
+            # cursor.over's bounds, worked out once for this pull (nothing finishes during
+            # it): records still allowed, and the offset where the span bounds stop it.
+            room = s.buffer_records - len(cursor.inflight)
+            stop = cursor.committed_db + UNCOMMITTED_SPANS * s.buffer_span
+            oldest = next(iter(cursor.inflight)) if cursor.inflight else None
+            if oldest is not None:
+                stop = min(stop, oldest + s.buffer_span)
+            max_bytes, rid = s.buffer_bytes, runner.id
             for ev in events:
-                if cursor.over(s.buffer_records, s.buffer_bytes, s.buffer_span):
+                if room <= 0 or cursor.pulled >= stop or cursor.inflight_bytes >= max_bytes:
                     break
-                if runner.id in ev.matches:
+                if rid in ev.matches:
+                    if oldest is None:
+                        oldest = ev.offset
+                        stop = min(stop, oldest + s.buffer_span)
+                    room -= 1
                     cursor.take(ev.offset, ev.size)
                     record = Record(
                         cursor.queue_id, ev.offset, ev.message_id, ev.event, ev.raw, pulled_at
@@ -246,7 +272,10 @@ class Lanes:
                 self.report.read += 1
                 cursor.advance(ev.offset + 1)
             if taken:
-                runner.wake.set()
+                if ordered_line is None:
+                    self.pump(runner)
+                else:
+                    runner.wake.set()
 
     # --- dispatching ----------------------------------------------------------------------
 
@@ -254,51 +283,69 @@ class Lanes:
         while runner.delayed and runner.delayed[0][0] <= now:
             runner.retry.append(heapq.heappop(runner.delayed)[2])
 
+    def _take(self, runner: Runner) -> tuple[list[Record], Pass] | None:
+        """The runner's next batch, with a slot of its limiter and of the shared pool, when
+        the lane, the limits and the breaker allow one now: fresh first, one retry batch
+        every FRESH_PER_RETRY, a half-open breaker's probe the oldest work."""
+        if runner.delayed:
+            self._promote_due(runner, time.monotonic())
+        if not (runner.fresh or runner.retry) or runner.paused or self.paused or runner.stopped:
+            return None
+        limiter, pool = runner.limiter, self.pool
+        if limiter.in_use >= limiter.limit or pool.in_use >= pool.limit:
+            return None
+        granted = runner.breaker.admit()
+        if granted is None:
+            return None
+        fresh = runner.fresh
+        if runner.retry and (not fresh or granted.probe or runner.fresh_streak >= FRESH_PER_RETRY):
+            batch = runner.retry.popleft()
+            runner.fresh_streak = 0
+        else:
+            size = runner.target.batch_size
+            if size == 1:
+                batch = [fresh.popleft()]
+            else:
+                batch = [fresh.popleft() for _ in range(min(size, len(fresh)))]
+            runner.fresh_streak += 1
+        limiter.in_use += 1
+        pool.in_use += 1
+        return batch, granted
+
+    def pump(self, runner: Runner) -> None:
+        """Hand out every batch that may go now: to idle senders first, to new senders when
+        every one is busy (so there is never a task per send). Busy senders take their next
+        batch themselves when their send ends."""
+        while (job := self._take(runner)) is not None:
+            self._launch(runner, job)
+
     async def dispatch(self, runner: Runner) -> None:
-        """Drain the runner's lane: fresh first, one retry batch every FRESH_PER_RETRY."""
-        fresh_streak = 0
+        """The runner's clock: due retries, the breaker's cool-down, records aging out while
+        it is open, and limits that changed. The senders take work from the lane themselves;
+        this only hands out what became possible while every sender was idle."""
         last_sweep = 0.0
-        size = runner.target.batch_size
         breaker = runner.breaker
         while True:
             now = time.monotonic()
             self._promote_due(runner, now)
-            ready = (runner.fresh or runner.retry) and not runner.paused and not self.paused
-            granted = None
-            if ready and runner.limiter.free() and self.pool.free():
-                granted = breaker.admit(now)
-            if granted is not None:
-                # A half-open breaker's probe is the oldest work: a retry batch when there is one.
-                prefer_retry = granted.probe or fresh_streak >= FRESH_PER_RETRY
-                if runner.retry and (not runner.fresh or prefer_retry):
-                    batch = runner.retry.popleft()
-                    fresh_streak = 0
-                else:
-                    batch = [runner.fresh.popleft() for _ in range(min(size, len(runner.fresh)))]
-                    fresh_streak += 1
-                self._launch(runner, batch, granted)
-                continue
+            self.pump(runner)
             if breaker.is_open and now - last_sweep >= 1.0:
                 last_sweep = now
                 self._expire(runner, now)
-            # Wait for a wake (a send ended, records arrived, limits changed), the next due
-            # retry, or the breaker's cool-down; never a fixed short tick: while a probe is
-            # out or a limiter is full only a wake can change anything.
+            # Sleep until a wake (limits, breaker or lane changed, an earlier retry queued),
+            # the next due retry or the breaker's cool-down; never a fixed short tick.
             timeout = IDLE_WAIT_S
             if runner.delayed:
                 timeout = min(timeout, max(runner.delayed[0][0] - now, MIN_WAIT_S))
-            if ready and breaker.is_open and runner.limiter.free() and self.pool.free():
-                wait = breaker.wait_s(now)  # with a limiter full, its release wakes us
-                if wait is not None:
+            if breaker.is_open and (runner.fresh or runner.retry):
+                wait = breaker.wait_s(now)  # None while a probe is out: its outcome wakes us
+                if wait is not None and runner.limiter.free() and self.pool.free():
                     timeout = min(timeout, max(wait, MIN_WAIT_S))
             runner.wake.clear()
             await wait_for_event(runner.wake, timeout)
 
-    def _launch(self, runner: Runner, batch: list[Record], granted: Pass) -> None:
-        """Hand the batch to an idle sender; a new sender only when all are busy."""
-        runner.limiter.try_acquire()
-        self.pool.try_acquire()
-        job = (batch, granted)
+    def _launch(self, runner: Runner, job: tuple[list[Record], Pass]) -> None:
+        """Hand the job to an idle sender; a new sender only when all are busy."""
         while runner.idle_senders:
             waiting = runner.idle_senders.popleft()
             if not waiting.done():  # a cancelled sender leaves its future behind
@@ -309,16 +356,27 @@ class Lanes:
         task.add_done_callback(runner.sends.discard)
 
     async def sender(self, runner: Runner, job: tuple[list[Record], Pass] | None) -> None:
-        """Send the batches the dispatcher hands over, one at a time, until the runner stops
-        taking work."""
+        """Send batches until the runner stops taking work: the next one straight from the
+        lane when there is one, else wait idle until one is handed over."""
         loop = asyncio.get_running_loop()
         while job is not None:
-            await self.send(runner, *job)
+            batch, granted = job
+            pool_was_full = True
+            try:
+                outcome = await self.traced_attempt(runner, batch, granted)
+            finally:
+                pool_was_full = self._release(runner, granted)
+            if not runner.fenced:  # moved away meanwhile: left uncommitted for the next owner
+                self._settle(runner, batch, outcome)
             if runner.stopped:
                 return
-            waiting = loop.create_future()
-            runner.idle_senders.append(waiting)
-            job = await waiting
+            # A slot of a full pool goes to whichever runner's dispatcher comes first (all were
+            # woken), not back to this runner at once: other runners may be waiting for it.
+            job = None if pool_was_full else self._take(runner)
+            if job is None:
+                waiting = loop.create_future()
+                runner.idle_senders.append(waiting)
+                job = await waiting
 
     @staticmethod
     def _unavailable(runner: Runner) -> Outcome:
@@ -357,31 +415,25 @@ class Lanes:
     # --- observed attempts ----------------------------------------------------------------
 
     async def traced_attempt(self, runner: Runner, batch: list[Record], granted: Pass) -> Outcome:
-        """``attempt`` in a span of its own whose ``traceparent`` the request carries
-        (``tracing.OUTGOING``), observed in the worker's metrics."""
+        """One attempt through the target's sink, in a span of its own whose ``traceparent``
+        the request carries (``tracing.OUTGOING``), counted on the records, the breaker and
+        the worker's metrics."""
         retry = batch[0].attempts > 0
+        if retry:
+            self.report.retried += 1
+        send = runner.send_fn
+        if send is None:
+            send = runner.send_fn = self.sinks.sender_for(runner.target.url)
         if not tracing.enabled():  # the usual case, kept free of span machinery
             token = tracing.OUTGOING.set(tracing.unrecorded_traceparent(batch[0].event))
             try:
-                outcome = await self.attempt(runner, batch, granted)
+                outcome = await send(runner.target, batch, runner.transform)
             finally:
                 tracing.OUTGOING.reset(token)
         else:
             outcome = await tracing.in_deliver_span(
-                runner.target, batch, lambda: self.attempt(runner, batch, granted)
+                runner.target, batch, lambda: send(runner.target, batch, runner.transform)
             )
-        if self.metrics is not None:
-            self.metrics.attempted(
-                runner.target.runner, outcome.kind, outcome.latency_ms / 1000, retry
-            )
-        return outcome
-
-    # --- sending --------------------------------------------------------------------------
-
-    async def attempt(self, runner: Runner, batch: list[Record], granted: Pass) -> Outcome:
-        if batch[0].attempts:
-            self.report.retried += 1
-        outcome = await self.sinks.send(runner.target, batch, runner.transform)
         for r in batch:
             r.attempts += 1
         runner.last_outcome = outcome
@@ -390,25 +442,39 @@ class Lanes:
         runner.breaker.record(
             granted, reached=outcome.reached, failed=outcome.kind == delivery.RETRY
         )
+        if self.metrics is not None:
+            self.metrics.attempted(
+                runner.target.runner, outcome.kind, outcome.latency_ms / 1000, retry
+            )
         return outcome
 
-    async def send(self, runner: Runner, batch: list[Record], granted: Pass) -> None:
-        try:
-            outcome = await self.traced_attempt(runner, batch, granted)
-        finally:
-            runner.limiter.release()
-            was_full = self.pool.free() == 0
-            self.pool.release()
-            if was_full:
-                self.wake_all()
+    # --- sending --------------------------------------------------------------------------
+
+    def _release(self, runner: Runner, granted: Pass) -> bool:
+        """A send's slots back; True when the shared pool was full (every runner is woken)."""
+        runner.limiter.release()
+        pool = self.pool
+        was_full = pool.in_use >= pool.limit
+        pool.release()
+        if was_full:  # other runners' senders may be waiting for this slot
+            self.wake_all()
+        # Otherwise the runner's clock is woken only when the breaker has something to say (a
+        # probe's outcome, an open breaker): the sender takes its next batch itself.
+        elif granted.probe or runner.breaker.is_open:
             runner.wake.set()
-        if runner.fenced:
-            return  # moved away meanwhile: left uncommitted, the next owner redelivers
+        return was_full
+
+    def _settle(self, runner: Runner, batch: list[Record], outcome: Outcome) -> None:
+        """A retry goes on the timer heap (unless out of attempts or age); anything else is
+        finished."""
         if outcome.kind == delivery.RETRY:
             now = time.monotonic()
             delay = retry_delay(runner.target, batch[0].attempts, outcome.retry_after_s)
             if not delivery.out_of_attempts(runner.target, batch[0], now, delay):
-                heapq.heappush(runner.delayed, (now + delay, next(self.seq), batch))
+                entry = (now + delay, next(self.seq), batch)
+                heapq.heappush(runner.delayed, entry)
+                if runner.delayed[0] is entry:  # due before what the clock sleeps towards
+                    runner.wake.set()
                 return
         self.finish(runner, batch, outcome)
 
@@ -473,4 +539,6 @@ class Lanes:
             runner.latencies.append(outcome.latency_ms)
         else:
             self.report.failed += len(batch)
-        runner.room.set()
+        runner.freed += len(batch)
+        if runner.freed >= runner.room_at:
+            runner.room.set()

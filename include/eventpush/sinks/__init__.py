@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Awaitable, Callable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Protocol
 
@@ -139,13 +140,22 @@ class Sinks:
             self._by_url[url] = sink
         return sink
 
+    def sender_for(self, url: str) -> Callable[[Target, list[Record], object], Awaitable[Outcome]]:
+        """``send`` of the sink for ``url``, looked up once so a caller may keep it per target;
+        with no sink for the URL's scheme, a send whose every attempt fails finally."""
+        try:
+            return self.sink_for(url).send
+        except InvalidTargetUrlError as exc:  # its plug-in was uninstalled since
+            error = str(exc)
+
+            async def unavailable(target: Target, records: list[Record], transform) -> Outcome:
+                return Outcome(FINAL, None, error, 0.0, reached=False)
+
+            return unavailable
+
     async def send(self, target: Target, records: list[Record], transform) -> Outcome:
         """One attempt through the target's sink."""
-        try:
-            sink = self.sink_for(target.url)
-        except InvalidTargetUrlError as exc:  # its plug-in was uninstalled since
-            return Outcome(FINAL, None, str(exc), 0.0, reached=False)
-        return await sink.send(target, records, transform)
+        return await self.sender_for(target.url)(target, records, transform)
 
     async def deliver(self, target: Target, records: list[Record], transform) -> Outcome:
         """Attempts with retries inline (as replay does), each in its own trace span: the

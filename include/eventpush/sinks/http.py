@@ -4,6 +4,9 @@ classification."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
+from eventpush import tracing
 from eventpush.push import delivery
 from eventpush.push.delivery import Outcome, Record, Target
 from eventpush.push.targets import AddressPolicy, validate_url
@@ -18,12 +21,21 @@ class HttpSink:
     def __init__(self, policy: AddressPolicy) -> None:
         self.session = delivery.new_session(policy=policy)
 
-    async def send(self, target: Target, records: list[Record], transform) -> Outcome:
+    def send(self, target: Target, records: list[Record], transform) -> Awaitable[Outcome]:
+        """The attempt's awaitable: the request coroutine itself, so a send costs no
+        coroutine frame of this adapter on the engine's hot path."""
         try:
             body, headers = delivery.build_request(target, records, transform)
         except Exception as exc:
-            return transform_failed(exc)
-        return await delivery.attempt(self.session, target, body, headers)
+            return _ready(transform_failed(exc))
+        traceparent = tracing.OUTGOING.get()
+        if traceparent is not None:  # headers is ours: a fresh dict for this request
+            headers["traceparent"] = traceparent
+        return delivery.post(self.session, target, body, headers)
 
     async def close(self) -> None:
         await self.session.close()
+
+
+async def _ready(outcome: Outcome) -> Outcome:
+    return outcome
