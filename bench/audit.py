@@ -108,7 +108,8 @@ class Usage:
     ``app_id`` and their descendants (the sampler's own CPU is taken out). ``postgres``: the
     backends of database ``db`` and their parallel workers. A process alive at the start
     counts from its CPU then, a later one from its birth; one that ends loses at most its
-    last ``interval``."""
+    last ``interval``, and one that lives less than the second between two searches for
+    processes may be missed (none at the sizes this is for: JDBC slices last minutes)."""
 
     def __init__(self, db: str, app_id: str | None = None, interval: float = 0.25) -> None:
         self.db, self.app_id, self.interval = db, app_id, interval
