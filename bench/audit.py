@@ -341,6 +341,8 @@ def main() -> None:
         "--reuse", metavar="NAME", help="audit a database a --keep run left (no seeding)"
     )
     args = parser.parse_args()
+    if args.reuse is not None and not args.reuse.startswith(PREFIX + "_"):
+        parser.error(f"--reuse takes a database a --keep run left ({PREFIX}_...)")
 
     from eventpush.sparkjobs.session import get_spark
 
