@@ -1,6 +1,6 @@
 """The JetStream target beside a bare nats-py loop publishing the same messages with acks.
 
-    .venv/bin/python bench/nats_target.py [--events N] [--rounds R]
+    .venv/bin/python bench/nats_target.py [--events N] [--rounds R] [--configs 64x1,8x8,1x64]
 
 One nats-server of the bench's own (``-js``, a temporary store, a free loopback port; never
 the machine's shared server). Each round, in one run:
@@ -14,7 +14,9 @@ the machine's shared server). Each round, in one run:
   committed. Each configuration keeps 64 messages in flight (concurrency x batch size).
 
 Every run publishes to a stream of its own, so de-duplication never makes one side cheaper;
-each target run is bracketed by two bare runs and its ratio taken against their mean.
+each target run is bracketed by two bare runs and its ratio taken against their mean. Beside
+the rates, the CPU time of this process per message (the bare loop's, or the worker's: it runs
+in this process; PostgreSQL's and nats-server's CPU are not counted) bends less with the load.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ async def bare(url: str, subject: str, bodies: list[str]) -> float:
     try:
         js = nc.jetstream(publish_async_max_pending=IN_FLIGHT)
         started = time.perf_counter()
+        cpu = time.process_time()
         futures = []
         for raw in bodies:
             mid = f"msg_{json.loads(raw)['id']}"
@@ -79,10 +82,11 @@ async def bare(url: str, subject: str, bodies: list[str]) -> float:
             futures.append(await js.publish_async(subject, raw.encode(), headers=headers))
         acks = await asyncio.gather(*futures)
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu
     finally:
         await nc.close()
     assert len(acks) == len(bodies) and not any(a.duplicate for a in acks)
-    return elapsed
+    return elapsed, cpu
 
 
 async def add_stream(url: str, name: str, subject: str) -> None:
@@ -101,8 +105,11 @@ async def stream_count(url: str, name: str) -> int:
         await nc.close()
 
 
-def target(server_url: str, stream: str, bodies: list[str], concurrency: int, batch: int) -> float:
-    """Seconds for one worker to push ``bodies`` from a PostgreSQL bus to a JetStream target."""
+def target(
+    server_url: str, stream: str, bodies: list[str], concurrency: int, batch: int
+) -> tuple[float, float]:
+    """Seconds (wall clock, and CPU of this process: the worker's) for one worker to push
+    ``bodies`` from a PostgreSQL bus to a JetStream target."""
     subject = f"{stream.lower()}.orders"
     asyncio.run(add_stream(server_url, stream, subject))
     with scratch_database() as url:
@@ -117,19 +124,36 @@ def target(server_url: str, stream: str, bodies: list[str], concurrency: int, ba
         catalog.assign(conn)
         publish(conn, "orders", bodies)
         conn.close()
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         report = run_worker("w1", until_idle=True, max_seconds=600)
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     assert report.delivered == len(bodies) and report.failed == 0, report
     landed = asyncio.run(stream_count(server_url, stream))
     assert landed == len(bodies), f"{landed} of {len(bodies)} on the stream"
-    return elapsed
+    return elapsed, cpu
+
+
+def parse_configs(text: str) -> list[tuple[int, int]]:
+    """``64x1,8x8``: (concurrency, batch size) pairs."""
+    try:
+        pairs = [tuple(int(n) for n in part.split("x")) for part in text.split(",")]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
+        raise argparse.ArgumentTypeError(f"--configs {text!r}: want e.g. 64x1,8x8,1x64")
+    return pairs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--configs",
+        type=parse_configs,
+        default=CONFIGS,
+        help="concurrency x batch size pairs, e.g. 64x1,8x8,1x64 (the default)",
+    )
     args = parser.parse_args()
     binary = nats_server_binary()
     if binary is None:
@@ -137,44 +161,56 @@ def main() -> None:
     n = args.events
     ratios: dict[str, list[float]] = {}
     rates: dict[str, list[float]] = {}
+    cpus: dict[str, list[float]] = {}  # CPU microseconds of this process per message
+    loads: list[float] = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         server = NatsServer(binary, Path(tmp) / "js")
         server.start()
         streams = iter(range(1_000_000))
 
-        def bare_rate(bodies: list[str]) -> float:
+        def bare_run(bodies: list[str]) -> tuple[float, float]:
             k = next(streams)
             asyncio.run(add_stream(server.url, f"BARE{k}", f"bare{k}.orders"))
-            return n / asyncio.run(bare(server.url, f"bare{k}.orders", bodies))
+            elapsed, cpu = asyncio.run(bare(server.url, f"bare{k}.orders", bodies))
+            cpus.setdefault("bare", []).append(cpu / n * 1e6)
+            return n / elapsed
 
         try:
             for r in range(args.rounds):
-                for concurrency, batch in CONFIGS:
+                for concurrency, batch in args.configs:
                     # The bare loop just before and just after: the machine is shared, so
                     # each ratio compares runs seconds apart.
                     bodies = events(n)
-                    before = bare_rate(bodies)
+                    before = bare_run(bodies)
                     stream = f"T{next(streams)}"
-                    rate = n / target(server.url, stream, bodies, concurrency, batch)
-                    after = bare_rate(events(n))
+                    elapsed, cpu = target(server.url, stream, bodies, concurrency, batch)
+                    rate = n / elapsed
+                    after = bare_run(events(n))
                     key = f"c{concurrency} b{batch}"
                     ceiling = (before + after) / 2
                     ratios.setdefault(key, []).append(rate / ceiling)
                     rates.setdefault(key, []).append(rate)
                     rates.setdefault("bare", []).extend([before, after])
+                    cpus.setdefault(key, []).append(cpu / n * 1e6)
+                    loads.append(os.getloadavg()[0])
                     print(
-                        f"round {r + 1} {key}: target {rate:,.0f}/s, bare {before:,.0f} and "
-                        f"{after:,.0f}/s, ratio {rate / ceiling:.2f}",
+                        f"round {r + 1} {key}: target {rate:,.0f}/s ({cpu / n * 1e6:.0f} us "
+                        f"CPU/msg), bare {before:,.0f} and {after:,.0f}/s, ratio "
+                        f"{rate / ceiling:.2f}, load {loads[-1]:.1f}",
                         flush=True,
                     )
         finally:
             server.stop()
-    print(f"machine: {machine()}, load average {os.getloadavg()[0]:.1f} at the end")
+    print(f"machine: {machine()}, load average {min(loads):.1f}-{max(loads):.1f}")
     print(f"{n:,} messages per run, {args.rounds} rounds, medians:")
-    print(f"  bare nats-py, 64 in flight  {statistics.median(rates['bare']):9,.0f} msg/s")
+    print(
+        f"  bare nats-py, 64 in flight  {statistics.median(rates['bare']):9,.0f} msg/s  "
+        f"{statistics.median(cpus['bare']):4.0f} us CPU/msg"
+    )
     for key, values in ratios.items():
         print(
             f"  target {key:20} {statistics.median(rates[key]):9,.0f} msg/s  "
+            f"{statistics.median(cpus[key]):4.0f} us CPU/msg  "
             f"ratio {statistics.median(values):.2f} (goal 0.70)"
         )
 
