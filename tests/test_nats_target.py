@@ -4,6 +4,7 @@ real ``nats-server -js`` of each test's own (tests/nats_support.py), real worker
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -26,7 +27,9 @@ from nats_support import (
 from eventpush import catalog
 from eventpush.publish import publish
 from eventpush.push import run_worker
-from eventpush.push.targets import InvalidTargetUrlError, validate_url
+from eventpush.push.delivery import DELIVERED, RETRY, Record, Target
+from eventpush.push.targets import InvalidTargetUrlError, address_policy, validate_url
+from eventpush.sinks.nats import NatsSink
 
 EXE = str(Path(sys.executable).with_name("eventpush"))
 
@@ -191,6 +194,72 @@ def test_no_stream_is_final_and_replay_delivers_once_a_stream_exists(conn, nats_
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["delivered"] == 5
     assert len(messages(nats_server.url)) == 5
+
+
+def _target(url: str, timeout_ms: int, batch_size: int = 1) -> Target:
+    return Target(
+        1, "r", "orders", 1, "all", "{}", "js", url, timeout_ms=timeout_ms, batch_size=batch_size
+    )
+
+
+def _record(i: int) -> Record:
+    raw = events(1, i)[0]
+    return Record(0, i, f"ev-{i}", json.loads(raw), raw)
+
+
+def test_an_acknowledgement_that_never_comes_is_retryable_and_each_send_keeps_its_own(
+    nats_server,  # noqa: F811
+):
+    """Sends to a subject whose only responder never answers (a plain subscriber, no stream)
+    time out as retryable, each at its own target's timeout, while sends on the same
+    connection to a stream are acknowledged; a timed-out send leaves nothing pending."""
+    add_stream(nats_server.url)
+    url = nats_server.url
+
+    async def ignore(_msg) -> None:
+        return None
+
+    async def main() -> None:
+        listener = await nats.connect(url)
+        await listener.subscribe("silent.orders", cb=ignore)
+        await listener.flush()
+        sink = NatsSink(address_policy())
+        try:
+            stream = _target(f"{url}/out.orders", 60_000)
+            first = await sink.send(stream, [_record(0)], None)  # connects
+            assert (first.kind, first.error) == (DELIVERED, None)
+            # Sent first, with a long timeout: it must not hold back the shorter ones.
+            patient = asyncio.create_task(
+                sink.send(_target(f"{url}/silent.orders", 60_000), [_record(1)], None)
+            )
+            await asyncio.sleep(0.05)
+            async with asyncio.timeout(30):  # a deadline never kept is a failure, not a hang
+                outcomes = await asyncio.gather(
+                    sink.send(_target(f"{url}/silent.orders", 300), [_record(2)], None),
+                    sink.send(stream, [_record(3)], None),
+                    sink.send(
+                        _target(f"{url}/silent.orders", 300, 2), [_record(4), _record(5)], None
+                    ),
+                    sink.send(stream, [_record(6)], None),
+                )
+            assert [(o.kind, o.error) for o in outcomes] == [
+                (RETRY, "no acknowledgement within 300 ms"),
+                (DELIVERED, None),
+                (RETRY, "no acknowledgement within 300 ms (and 1 more of 2)"),
+                (DELIVERED, None),
+            ]
+            assert not patient.done()
+            patient.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await patient
+            (conn,) = sink._conns.values()
+            assert conn.js.publish_async_pending() == 0
+        finally:
+            await sink.close()
+            await listener.close()
+
+    asyncio.run(main())
+    assert sorted(mid for mid, _ in messages(url)) == ["msg_ev-0", "msg_ev-3", "msg_ev-6"]
 
 
 def test_crashes_of_worker_and_broker_lose_nothing_and_duplicate_nothing(conn, nats_server):  # noqa: F811
