@@ -1,6 +1,7 @@
 """The JetStream target beside a bare nats-py loop publishing the same messages with acks.
 
     .venv/bin/python bench/nats_target.py [--events N] [--rounds R] [--configs 64x1,8x8,1x64]
+        [--old-tree PATH]
 
 One nats-server of the bench's own (``-js``, a temporary store, a free loopback port; never
 the machine's shared server). Each round, in one run:
@@ -17,6 +18,8 @@ Every run publishes to a stream of its own, so de-duplication never makes one si
 each target run is bracketed by two bare runs and its ratio taken against their mean. Beside
 the rates, the CPU time of this process per message (the bare loop's, or the worker's: it runs
 in this process; PostgreSQL's and nats-server's CPU are not counted) bends less with the load.
+With ``--old-tree`` the target runs twice within each bracket, once with the code of that
+checkout and once with this one (each in a child process, the order alternating by round).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -144,6 +148,18 @@ def parse_configs(text: str) -> list[tuple[int, int]]:
     return pairs
 
 
+def target_in(include: Path, server_url: str, stream: str, n: int, concurrency: int, batch: int):
+    """``target`` run by a child process importing eventpush from ``include`` (another tree)."""
+    env = {**os.environ, "PYTHONPATH": str(include)}
+    args = [sys.executable, __file__, "--one-target", server_url, stream]
+    args += [str(n), str(concurrency), str(batch)]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"the target run under {include} failed:\n{done.stderr[-2000:]}")
+    elapsed, cpu = json.loads(done.stdout.strip().splitlines()[-1])
+    return elapsed, cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=20_000)
@@ -154,21 +170,35 @@ def main() -> None:
         default=CONFIGS,
         help="concurrency x batch size pairs, e.g. 64x1,8x8,1x64 (the default)",
     )
+    parser.add_argument(
+        "--old-tree",
+        type=Path,
+        help="a checkout of older code: its target runs beside this tree's, same brackets",
+    )
+    parser.add_argument("--one-target", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one_target:  # a child of --old-tree: one target run, its seconds on stdout
+        url, stream, n, concurrency, batch = args.one_target
+        print(json.dumps(target(url, stream, events(int(n)), int(concurrency), int(batch))))
+        return
     binary = nats_server_binary()
     if binary is None:
         sys.exit("nats-server is not installed")
+    trees: list[tuple[str, Path | None]] = [("", None)]
+    if args.old_tree is not None:
+        here = Path(catalog.__file__).resolve().parents[1]
+        trees = [("old", (args.old_tree / "include").resolve()), ("new", here)]
     n = args.events
     ratios: dict[str, list[float]] = {}
     rates: dict[str, list[float]] = {}
-    cpus: dict[str, list[float]] = {}  # CPU microseconds of this process per message
+    cpus: dict[str, list[float]] = {}  # CPU microseconds per message of the worker's process
     loads: list[float] = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         server = NatsServer(binary, Path(tmp) / "js")
         server.start()
         streams = iter(range(1_000_000))
 
-        def bare_run(bodies: list[str]) -> tuple[float, float]:
+        def bare_run(bodies: list[str]) -> float:
             k = next(streams)
             asyncio.run(add_stream(server.url, f"BARE{k}", f"bare{k}.orders"))
             elapsed, cpu = asyncio.run(bare(server.url, f"bare{k}.orders", bodies))
@@ -179,26 +209,35 @@ def main() -> None:
             for r in range(args.rounds):
                 for concurrency, batch in args.configs:
                     # The bare loop just before and just after: the machine is shared, so
-                    # each ratio compares runs seconds apart.
+                    # each ratio compares runs seconds apart (old and new trees alternate
+                    # which goes first).
                     bodies = events(n)
                     before = bare_run(bodies)
-                    stream = f"T{next(streams)}"
-                    elapsed, cpu = target(server.url, stream, bodies, concurrency, batch)
-                    rate = n / elapsed
+                    runs = []
+                    for label, include in trees if r % 2 == 0 else trees[::-1]:
+                        stream = f"T{next(streams)}"
+                        if include is None:
+                            elapsed, cpu = target(server.url, stream, bodies, concurrency, batch)
+                        else:
+                            elapsed, cpu = target_in(
+                                include, server.url, stream, n, concurrency, batch
+                            )
+                        runs.append((label, n / elapsed, cpu / n * 1e6))
                     after = bare_run(events(n))
-                    key = f"c{concurrency} b{batch}"
                     ceiling = (before + after) / 2
-                    ratios.setdefault(key, []).append(rate / ceiling)
-                    rates.setdefault(key, []).append(rate)
                     rates.setdefault("bare", []).extend([before, after])
-                    cpus.setdefault(key, []).append(cpu / n * 1e6)
                     loads.append(os.getloadavg()[0])
-                    print(
-                        f"round {r + 1} {key}: target {rate:,.0f}/s ({cpu / n * 1e6:.0f} us "
-                        f"CPU/msg), bare {before:,.0f} and {after:,.0f}/s, ratio "
-                        f"{rate / ceiling:.2f}, load {loads[-1]:.1f}",
-                        flush=True,
-                    )
+                    for label, rate, cpu_us in sorted(runs):
+                        key = f"c{concurrency} b{batch} {label}".strip()
+                        ratios.setdefault(key, []).append(rate / ceiling)
+                        rates.setdefault(key, []).append(rate)
+                        cpus.setdefault(key, []).append(cpu_us)
+                        print(
+                            f"round {r + 1} {key}: target {rate:,.0f}/s ({cpu_us:.0f} us "
+                            f"CPU/msg), bare {before:,.0f} and {after:,.0f}/s, ratio "
+                            f"{rate / ceiling:.2f}, load {loads[-1]:.1f}",
+                            flush=True,
+                        )
         finally:
             server.stop()
     print(f"machine: {machine()}, load average {min(loads):.1f}-{max(loads):.1f}")
@@ -207,11 +246,11 @@ def main() -> None:
         f"  bare nats-py, 64 in flight  {statistics.median(rates['bare']):9,.0f} msg/s  "
         f"{statistics.median(cpus['bare']):4.0f} us CPU/msg"
     )
-    for key, values in ratios.items():
+    for key in sorted(ratios, key=lambda k: (-int(k.split()[0][1:]), k)):
         print(
             f"  target {key:20} {statistics.median(rates[key]):9,.0f} msg/s  "
             f"{statistics.median(cpus[key]):4.0f} us CPU/msg  "
-            f"ratio {statistics.median(values):.2f} (goal 0.70)"
+            f"ratio {statistics.median(ratios[key]):.2f} (goal 0.70)"
         )
 
 
