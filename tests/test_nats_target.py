@@ -262,6 +262,46 @@ def test_an_acknowledgement_that_never_comes_is_retryable_and_each_send_keeps_it
     assert sorted(mid for mid, _ in messages(url)) == ["msg_ev-0", "msg_ev-3", "msg_ev-6"]
 
 
+def test_a_stream_forgetting_ids_sooner_than_the_target_retries_is_warned_of_once(
+    nats_server,  # noqa: F811
+    caplog,
+):
+    """A stream whose duplicate window (1 s) is shorter than the default target's retry
+    horizon (5 attempts of 5 s and backoffs of 0.2 to 1.6 s: 28 s) is named in one warning,
+    however many records go there; a stream keeping ids for 15 min is not."""
+    url = nats_server.url
+    add_stream(url)  # OUT, out.>: 15 minutes
+
+    async def main() -> None:
+        nc = await nats.connect(url)
+        try:
+            await nc.jetstream().add_stream(name="SHORT", subjects=["short.>"], duplicate_window=1)
+        finally:
+            await nc.close()
+        sink = NatsSink(address_policy())
+        try:
+            short, long = _target(f"{url}/short.orders", 5000), _target(f"{url}/out.orders", 5000)
+            for i in range(3):
+                assert (await sink.send(short, [_record(i)], None)).kind == DELIVERED
+                assert (await sink.send(long, [_record(i)], None)).kind == DELIVERED
+            outcomes = await asyncio.gather(
+                *(sink.send(t, [_record(i)], None) for i in range(3, 9) for t in (short, long))
+            )
+            assert {o.kind for o in outcomes} == {DELIVERED}
+        finally:
+            await sink.close()
+
+    with caplog.at_level(logging.WARNING, logger="eventpush.sinks.nats"):
+        asyncio.run(main())
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "target r: stream SHORT keeps message ids for 1 s (its duplicate_window), less than "
+        "the 28 s over which the target may send a record again (timeout_ms, backoff_ms and "
+        "max_attempts, within max_age_s): a record sent again after the window lands twice; "
+        "see docs/OPERATIONS.md"
+    ]
+
+
 def test_crashes_of_worker_and_broker_lose_nothing_and_duplicate_nothing(conn, nats_server):  # noqa: F811
     """A worker SIGKILLed twice mid-run and the NATS server SIGKILLed and restarted mid-run:
     every event is on the stream exactly once (by Nats-Msg-Id), none failed."""

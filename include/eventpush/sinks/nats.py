@@ -38,6 +38,7 @@ from eventpush import tracing
 from eventpush.config import ConfigError, redact
 from eventpush.nats_client import NatsUrl, connect_pinned, credentials, parse_url, secrets_of
 from eventpush.push.delivery import (
+    BACKOFF_CAP_S,
     DELIVERED,
     FINAL,
     RETRY,
@@ -155,6 +156,9 @@ class NatsSink:
         self._conns: dict[tuple[str, int], _Connection] = {}
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._secrets: list[str] = []  # credential values, masked out of every error text
+        # (target URL, stream) pairs whose duplicate window was compared with the target's
+        # retry horizon (once per process: see _check_window).
+        self._windows_checked: set[tuple[str, str]] = set()
 
     async def send(self, target: Target, records: list[Record], transform) -> Outcome:
         started = time.perf_counter()
@@ -203,6 +207,8 @@ class NatsSink:
             for future in futures:  # a timed-out or cancelled wait leaves none in the client
                 future.cancel()
         if len(acks) == 1 and not isinstance(acks[0], BaseException):
+            if (target.url, acks[0].stream) not in self._windows_checked:
+                await self._check_window(target, acks[0].stream)
             return Outcome(DELIVERED, None, None, (time.perf_counter() - started) * 1000)
         failures = [
             (RETRY, f"no acknowledgement within {target.timeout_ms} ms")
@@ -212,12 +218,43 @@ class NatsSink:
             if isinstance(a, BaseException)
         ]
         if not failures:
+            if (target.url, acks[0].stream) not in self._windows_checked:
+                await self._check_window(target, acks[0].stream)
             return self._outcome(target, DELIVERED, None, started)
         # One final answer makes the whole batch final: another attempt cannot change it.
         kind, error = min(failures, key=lambda f: f[0] != FINAL)
         if len(failures) > 1:
             error = f"{error} (and {len(failures) - 1} more of {len(records)})"
         return self._outcome(target, kind, error, started)
+
+    async def _check_window(self, target: Target, stream: str) -> None:
+        """Warn, once per target and stream, when the stream forgets message ids sooner than
+        the target may send a record again: a record whose acknowledgement was lost and that
+        is sent again after the window lands twice. Never fails the send it follows."""
+        self._windows_checked.add((target.url, stream))
+        where = _where(target.url)
+        conn = self._conns.get((where.host, where.port))
+        if conn is None:
+            return
+        try:
+            async with asyncio.timeout(target.timeout_ms / 1000):
+                info = await conn.js.stream_info(stream)
+        except Exception as exc:  # no permission for the JetStream API, a broker gone...
+            log.debug("stream %s: duplicate window not read: %s", stream, type(exc).__name__)
+            return
+        window = info.config.duplicate_window or 0.0
+        horizon = retry_horizon_s(target)
+        if window < horizon:
+            log.warning(
+                "target %s: stream %s keeps message ids for %.0f s (its duplicate_window), "
+                "less than the %.0f s over which the target may send a record again "
+                "(timeout_ms, backoff_ms and max_attempts, within max_age_s): a record sent "
+                "again after the window lands twice; see docs/OPERATIONS.md",
+                target.runner,
+                stream,
+                window,
+                horizon,
+            )
 
     def _outcome(self, target: Target, kind: str, error: str | None, started: float) -> Outcome:
         if error is not None:
@@ -298,6 +335,19 @@ class NatsSink:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(CLOSE_TIMEOUT_S):
                     await conn.client.close()
+
+
+def retry_horizon_s(target: Target) -> float:
+    """The longest a target's record may go between a send that may have landed (its
+    acknowledgement lost or late) and its last attempt: every attempt's timeout and the
+    longest backoff before each retry (``delivery.backoff_s``'s ceiling), within the
+    record's ``max_age_s``. A replay or a worker crash can send a record again later still."""
+    waits = sum(
+        min(BACKOFF_CAP_S, target.backoff_ms / 1000 * 2 ** min(k - 1, 64))
+        for k in range(1, target.max_attempts)
+    )
+    timeouts = target.max_attempts * target.timeout_ms / 1000
+    return min(waits + timeouts, target.max_age_s + target.timeout_ms / 1000)
 
 
 async def _settled(futures: list[asyncio.Future]) -> list:
