@@ -20,6 +20,8 @@ the rates, the CPU time of this process per message (the bare loop's, or the wor
 in this process; PostgreSQL's and nats-server's CPU are not counted) bends less with the load.
 With ``--old-tree`` the target runs twice within each bracket, once with the code of that
 checkout and once with this one (each in a child process, the order alternating by round).
+With ``--engine-only`` the target answers at once without publishing (see
+``install_engine_only``): the engine's own cost per message, the floor under any sink.
 """
 
 from __future__ import annotations
@@ -109,6 +111,29 @@ async def stream_count(url: str, name: str) -> int:
         await nc.close()
 
 
+ENGINE_ONLY = False
+
+
+def install_engine_only() -> None:
+    """Replace the JetStream sink with one that builds each message as the real one does and
+    answers "delivered" after one turn of the loop: what is left is the engine's own cost
+    (reading, matching, lanes, committing), the floor under any sink."""
+    global ENGINE_ONLY
+    from eventpush import sinks
+    from eventpush.push.delivery import DELIVERED, Outcome, build_request
+    from eventpush.sinks.nats import NatsSink
+
+    class EngineOnlySink(NatsSink):
+        async def send(self, target, records, transform) -> Outcome:
+            for record in records:
+                build_request(target, [record], transform)
+            await asyncio.sleep(0)
+            return Outcome(DELIVERED, None, None, 0.0)
+
+    sinks.sink_kind = lambda scheme: EngineOnlySink
+    ENGINE_ONLY = True
+
+
 def target(
     server_url: str, stream: str, bodies: list[str], concurrency: int, batch: int
 ) -> tuple[float, float]:
@@ -132,6 +157,8 @@ def target(
         report = run_worker("w1", until_idle=True, max_seconds=600)
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     assert report.delivered == len(bodies) and report.failed == 0, report
+    if ENGINE_ONLY:
+        return elapsed, cpu
     landed = asyncio.run(stream_count(server_url, stream))
     assert landed == len(bodies), f"{landed} of {len(bodies)} on the stream"
     return elapsed, cpu
@@ -152,7 +179,7 @@ def target_in(include: Path, server_url: str, stream: str, n: int, concurrency: 
     """``target`` run by a child process importing eventpush from ``include`` (another tree)."""
     env = {**os.environ, "PYTHONPATH": str(include)}
     args = [sys.executable, __file__, "--one-target", server_url, stream]
-    args += [str(n), str(concurrency), str(batch)]
+    args += [str(n), str(concurrency), str(batch)] + (["--engine-only"] if ENGINE_ONLY else [])
     done = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"the target run under {include} failed:\n{done.stderr[-2000:]}")
@@ -175,8 +202,15 @@ def main() -> None:
         type=Path,
         help="a checkout of older code: its target runs beside this tree's, same brackets",
     )
+    parser.add_argument(
+        "--engine-only",
+        action="store_true",
+        help="targets answer at once without NATS: the engine's own cost per message",
+    )
     parser.add_argument("--one-target", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.engine_only:
+        install_engine_only()
     if args.one_target:  # a child of --old-tree: one target run, its seconds on stdout
         url, stream, n, concurrency, batch = args.one_target
         print(json.dumps(target(url, stream, events(int(n)), int(concurrency), int(batch))))
