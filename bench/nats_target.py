@@ -21,7 +21,9 @@ in this process; PostgreSQL's and nats-server's CPU are not counted) bends less 
 With ``--old-tree`` the target runs twice within each bracket, once with the code of that
 checkout and once with this one (each in a child process, the order alternating by round).
 With ``--engine-only`` the target answers at once without publishing (see
-``install_engine_only``): the engine's own cost per message, the floor under any sink.
+``install_engine_only``): the engine's own cost per message, the floor under any sink. With
+``--sink-only`` the JetStream sink is driven by plain tasks (``sink_alone``), without the
+engine: the sink's own cost beside the bare loop's.
 """
 
 from __future__ import annotations
@@ -134,6 +136,43 @@ def install_engine_only() -> None:
     ENGINE_ONLY = True
 
 
+SINK_ONLY = False
+
+
+async def sink_alone(
+    server_url: str, subject: str, bodies: list[str], concurrency: int, batch: int
+) -> tuple[float, float]:
+    """Seconds (wall clock, CPU) for the JetStream sink alone: ``concurrency`` tasks, as the
+    engine's senders, each sending ``batch`` records at a time until all are sent; no
+    PostgreSQL, no lanes."""
+    from eventpush import tracing
+    from eventpush.push.delivery import DELIVERED, Record, Target
+    from eventpush.push.targets import address_policy
+    from eventpush.sinks.nats import NatsSink
+
+    url = f"{server_url}/{subject}"
+    spec = Target(1, "js", "orders", 1, "all", "{}", "js", url, batch_size=batch)
+    records = [Record(0, i, json.loads(b)["id"], json.loads(b), b) for i, b in enumerate(bodies)]
+    sink = NatsSink(address_policy())
+    starts = iter(range(0, len(records), batch))
+
+    async def sender() -> None:
+        for i in starts:
+            token = tracing.OUTGOING.set(tracing.unrecorded_traceparent(records[i].event))
+            try:
+                outcome = await sink.send(spec, records[i : i + batch], None)
+            finally:
+                tracing.OUTGOING.reset(token)
+            assert outcome.kind == DELIVERED, outcome
+
+    try:
+        started, cpu = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(sender() for _ in range(concurrency)))
+        return time.perf_counter() - started, time.process_time() - cpu
+    finally:
+        await sink.close()
+
+
 def target(
     server_url: str, stream: str, bodies: list[str], concurrency: int, batch: int
 ) -> tuple[float, float]:
@@ -141,6 +180,13 @@ def target(
     ``bodies`` from a PostgreSQL bus to a JetStream target."""
     subject = f"{stream.lower()}.orders"
     asyncio.run(add_stream(server_url, stream, subject))
+    if SINK_ONLY:
+        import uvloop  # as the worker runs
+
+        elapsed, cpu = uvloop.run(sink_alone(server_url, subject, bodies, concurrency, batch))
+        landed = asyncio.run(stream_count(server_url, stream))
+        assert landed == len(bodies), f"{landed} of {len(bodies)} on the stream"
+        return elapsed, cpu
     with scratch_database() as url:
         conn = psycopg2.connect(url)
         catalog.create_bus(conn, "orders", 4)
@@ -179,7 +225,8 @@ def target_in(include: Path, server_url: str, stream: str, n: int, concurrency: 
     """``target`` run by a child process importing eventpush from ``include`` (another tree)."""
     env = {**os.environ, "PYTHONPATH": str(include)}
     args = [sys.executable, __file__, "--one-target", server_url, stream]
-    args += [str(n), str(concurrency), str(batch)] + (["--engine-only"] if ENGINE_ONLY else [])
+    args += [str(n), str(concurrency), str(batch)]
+    args += (["--engine-only"] if ENGINE_ONLY else []) + (["--sink-only"] if SINK_ONLY else [])
     done = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"the target run under {include} failed:\n{done.stderr[-2000:]}")
@@ -207,10 +254,20 @@ def main() -> None:
         action="store_true",
         help="targets answer at once without NATS: the engine's own cost per message",
     )
+    parser.add_argument(
+        "--sink-only",
+        action="store_true",
+        help="the JetStream sink driven by plain tasks: no PostgreSQL, no engine",
+    )
     parser.add_argument("--one-target", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.engine_only and args.sink_only:
+        parser.error("--engine-only and --sink-only exclude each other")
     if args.engine_only:
         install_engine_only()
+    if args.sink_only:
+        global SINK_ONLY
+        SINK_ONLY = True
     if args.one_target:  # a child of --old-tree: one target run, its seconds on stdout
         url, stream, n, concurrency, batch = args.one_target
         print(json.dumps(target(url, stream, events(int(n)), int(concurrency), int(batch))))
