@@ -4,7 +4,6 @@ real ``nats-server -js`` of each test's own (tests/nats_support.py), real worker
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import signal
@@ -212,7 +211,8 @@ def test_an_acknowledgement_that_never_comes_is_retryable_and_each_send_keeps_it
 ):
     """Sends to a subject whose only responder never answers (a plain subscriber, no stream)
     time out as retryable, each at its own target's timeout, while sends on the same
-    connection to a stream are acknowledged; a timed-out send leaves nothing pending."""
+    connection to a stream are acknowledged; a timed-out send leaves nothing pending, and one
+    still waiting when the sink closes is answered then."""
     add_stream(nats_server.url)
     url = nats_server.url
 
@@ -249,11 +249,16 @@ def test_an_acknowledgement_that_never_comes_is_retryable_and_each_send_keeps_it
                 (DELIVERED, None),
             ]
             assert not patient.done()
-            patient.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await patient
             (conn,) = sink._conns.values()
-            assert conn.js.publish_async_pending() == 0
+            assert conn.js.publish_async_pending() == 1  # the patient one alone
+            # Closing the sink answers a send still waiting at once: retryable.
+            await sink.close()
+            async with asyncio.timeout(30):
+                closed = await patient
+            assert (closed.kind, closed.error) == (
+                RETRY,
+                "ConnectionClosedError: nats: connection closed",
+            )
         finally:
             await sink.close()
             await listener.close()

@@ -120,8 +120,14 @@ class _Deadlines:
         del self._queues[timeout_s]
 
     def close(self) -> None:
+        """The connection is closing: nothing still awaited will be answered (nats-py does not
+        fail these futures itself), so each fails now instead of at its deadline."""
         for timer in self._timers.values():
             timer.cancel()
+        for queue in self._queues.values():
+            for _deadline, future in queue:
+                if not future.done():
+                    future.set_exception(nats.errors.ConnectionClosedError())
         self._timers.clear()
         self._queues.clear()
 
