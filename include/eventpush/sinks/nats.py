@@ -77,8 +77,8 @@ class _AckTimeout(TimeoutError):
 class _Deadlines:
     """The deadlines of the acknowledgements awaited on one connection, on one timer.
 
-    ``asyncio.timeout`` around each send costs a timer armed and cancelled per message: about
-    9 of the worker's 77 us of CPU per message when every send carries one
+    ``asyncio.timeout`` around each send costs a timer armed and cancelled per message: 9 to
+    12 of the worker's 74 to 90 us of CPU per message when every send carries one
     (bench/nats_target.py). Here a send's futures join a queue per timeout length; within one
     queue deadlines only grow, so a single timer, armed for the oldest pending one, fails each
     future still waiting at its deadline with ``_AckTimeout`` (nats-py's own done-callback
