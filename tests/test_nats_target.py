@@ -26,7 +26,9 @@ from nats_support import (
 from eventpush import catalog
 from eventpush.publish import publish
 from eventpush.push import run_worker
-from eventpush.push.targets import InvalidTargetUrlError, validate_url
+from eventpush.push.delivery import DELIVERED, RETRY, Record, Target
+from eventpush.push.targets import InvalidTargetUrlError, address_policy, validate_url
+from eventpush.sinks.nats import NatsSink
 
 EXE = str(Path(sys.executable).with_name("eventpush"))
 
@@ -191,6 +193,118 @@ def test_no_stream_is_final_and_replay_delivers_once_a_stream_exists(conn, nats_
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["delivered"] == 5
     assert len(messages(nats_server.url)) == 5
+
+
+def _target(url: str, timeout_ms: int, batch_size: int = 1) -> Target:
+    return Target(
+        1, "r", "orders", 1, "all", "{}", "js", url, timeout_ms=timeout_ms, batch_size=batch_size
+    )
+
+
+def _record(i: int) -> Record:
+    raw = events(1, i)[0]
+    return Record(0, i, f"ev-{i}", json.loads(raw), raw)
+
+
+def test_an_acknowledgement_that_never_comes_is_retryable_and_each_send_keeps_its_own(
+    nats_server,  # noqa: F811
+):
+    """Sends to a subject whose only responder never answers (a plain subscriber, no stream)
+    time out as retryable, each at its own target's timeout, while sends on the same
+    connection to a stream are acknowledged; a timed-out send leaves nothing pending, and one
+    still waiting when the sink closes is answered then."""
+    add_stream(nats_server.url)
+    url = nats_server.url
+
+    async def ignore(_msg) -> None:
+        return None
+
+    async def main() -> None:
+        listener = await nats.connect(url)
+        await listener.subscribe("silent.orders", cb=ignore)
+        await listener.flush()
+        sink = NatsSink(address_policy())
+        try:
+            stream = _target(f"{url}/out.orders", 60_000)
+            first = await sink.send(stream, [_record(0)], None)  # connects
+            assert (first.kind, first.error) == (DELIVERED, None)
+            # Sent first, with a long timeout: it must not hold back the shorter ones.
+            patient = asyncio.create_task(
+                sink.send(_target(f"{url}/silent.orders", 60_000), [_record(1)], None)
+            )
+            await asyncio.sleep(0.05)
+            async with asyncio.timeout(30):  # a deadline never kept is a failure, not a hang
+                outcomes = await asyncio.gather(
+                    sink.send(_target(f"{url}/silent.orders", 300), [_record(2)], None),
+                    sink.send(stream, [_record(3)], None),
+                    sink.send(
+                        _target(f"{url}/silent.orders", 300, 2), [_record(4), _record(5)], None
+                    ),
+                    sink.send(stream, [_record(6)], None),
+                )
+            assert [(o.kind, o.error) for o in outcomes] == [
+                (RETRY, "no acknowledgement within 300 ms"),
+                (DELIVERED, None),
+                (RETRY, "no acknowledgement within 300 ms (and 1 more of 2)"),
+                (DELIVERED, None),
+            ]
+            assert not patient.done()
+            (conn,) = sink._conns.values()
+            assert conn.js.publish_async_pending() == 1  # the patient one alone
+            # Closing the sink answers a send still waiting at once: retryable.
+            await sink.close()
+            async with asyncio.timeout(30):
+                closed = await patient
+            assert (closed.kind, closed.error) == (
+                RETRY,
+                "ConnectionClosedError: nats: connection closed",
+            )
+        finally:
+            await sink.close()
+            await listener.close()
+
+    asyncio.run(main())
+    assert sorted(mid for mid, _ in messages(url)) == ["msg_ev-0", "msg_ev-3", "msg_ev-6"]
+
+
+def test_a_stream_forgetting_ids_sooner_than_the_target_retries_is_warned_of_once(
+    nats_server,  # noqa: F811
+    caplog,
+):
+    """A stream whose duplicate window (1 s) is shorter than the default target's retry
+    horizon (5 attempts of 5 s and backoffs of 0.2 to 1.6 s: 28 s) is named in one warning,
+    however many records go there; a stream keeping ids for 15 min is not."""
+    url = nats_server.url
+    add_stream(url)  # OUT, out.>: 15 minutes
+
+    async def main() -> None:
+        nc = await nats.connect(url)
+        try:
+            await nc.jetstream().add_stream(name="SHORT", subjects=["short.>"], duplicate_window=1)
+        finally:
+            await nc.close()
+        sink = NatsSink(address_policy())
+        try:
+            short, long = _target(f"{url}/short.orders", 5000), _target(f"{url}/out.orders", 5000)
+            for i in range(3):
+                assert (await sink.send(short, [_record(i)], None)).kind == DELIVERED
+                assert (await sink.send(long, [_record(i)], None)).kind == DELIVERED
+            outcomes = await asyncio.gather(
+                *(sink.send(t, [_record(i)], None) for i in range(3, 9) for t in (short, long))
+            )
+            assert {o.kind for o in outcomes} == {DELIVERED}
+        finally:
+            await sink.close()
+
+    with caplog.at_level(logging.WARNING, logger="eventpush.sinks.nats"):
+        asyncio.run(main())
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "target r: stream SHORT keeps message ids for 1 s (its duplicate_window), less than "
+        "the 28 s over which the target may send a record again (timeout_ms, backoff_ms and "
+        "max_attempts, within max_age_s): a record sent again after the window lands twice; "
+        "see docs/OPERATIONS.md"
+    ]
 
 
 def test_crashes_of_worker_and_broker_lose_nothing_and_duplicate_nothing(conn, nats_server):  # noqa: F811

@@ -6,7 +6,8 @@ secret, the Standard Webhooks signature), plus ``Nats-Msg-Id`` equal to ``webhoo
 record sent again after a crash, a lost acknowledgement or a replay is dropped by the server
 as a duplicate within its stream's duplicate window. A record counts as delivered on the
 JetStream acknowledgement (a duplicate's included). A batch is published at once and its
-acknowledgements awaited together; it is delivered when every record is.
+acknowledgements awaited together; it is delivered when every record is. A stream whose
+duplicate window is shorter than the target's retry horizon is warned of once.
 
 Classification: no stream listening on the subject (no responders) is final, as is any
 JetStream refusal other than 503 and a message over the server's payload limit or refused
@@ -27,6 +28,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections import deque
 from dataclasses import replace
 
 import nats
@@ -37,6 +39,7 @@ from eventpush import tracing
 from eventpush.config import ConfigError, redact
 from eventpush.nats_client import NatsUrl, connect_pinned, credentials, parse_url, secrets_of
 from eventpush.push.delivery import (
+    BACKOFF_CAP_S,
     DELIVERED,
     FINAL,
     RETRY,
@@ -56,6 +59,9 @@ RECONNECT_WAIT_S = 0.25
 MAX_RECONNECTS = 20
 CLOSE_TIMEOUT_S = 2.0
 MSG_ID = "Nats-Msg-Id"
+# nats-py's own defaults, named because the hot path of ``send`` depends on them.
+MAX_PENDING_ACKS = 4000
+PENDING_BYTES = 2 * 1024 * 1024
 
 
 @functools.lru_cache(maxsize=1024)
@@ -64,12 +70,88 @@ def _where(url: str) -> NatsUrl:
     return parse_url(url, "target URL")
 
 
+class _AckTimeout(TimeoutError):
+    """An acknowledgement not in by its send's deadline."""
+
+
+class _Deadlines:
+    """The deadlines of the acknowledgements awaited on one connection, on one timer.
+
+    ``asyncio.timeout`` around each send costs a timer armed and cancelled per message: 9 to
+    12 of the worker's 74 to 90 us of CPU per message when every send carries one
+    (bench/nats_target.py). Here a send's futures join a queue per timeout length; within one
+    queue deadlines only grow, so a single timer, armed for the oldest pending one, fails each
+    future still waiting at its deadline with ``_AckTimeout`` (nats-py's own done-callback
+    then forgets it and frees its slot, as a cancel would). Futures already answered leave the
+    queue's head as new ones join, so the queue holds about what is in flight (more while an
+    old one waits at its head: at most what is sent within one timeout).
+    """
+
+    def __init__(self) -> None:
+        self._queues: dict[float, deque[tuple[float, asyncio.Future]]] = {}
+        self._timers: dict[float, asyncio.TimerHandle] = {}
+
+    def watch(self, futures: list[asyncio.Future], timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        queue = self._queues.get(timeout_s)
+        if queue is None:
+            queue = self._queues[timeout_s] = deque()
+        while queue and queue[0][1].done():
+            queue.popleft()
+        deadline = loop.time() + timeout_s
+        for future in futures:
+            queue.append((deadline, future))
+        if timeout_s not in self._timers:
+            self._timers[timeout_s] = loop.call_at(deadline, self._expire, timeout_s)
+
+    def _expire(self, timeout_s: float) -> None:
+        del self._timers[timeout_s]
+        queue = self._queues[timeout_s]
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while queue:
+            deadline, future = queue[0]
+            if not future.done():
+                if deadline > now:
+                    self._timers[timeout_s] = loop.call_at(deadline, self._expire, timeout_s)
+                    return
+                future.set_exception(_AckTimeout())
+            queue.popleft()
+        del self._queues[timeout_s]
+
+    def close(self) -> None:
+        """The connection is closing: nothing still awaited will be answered (nats-py does not
+        fail these futures itself), so each fails now instead of at its deadline."""
+        for timer in self._timers.values():
+            timer.cancel()
+        for queue in self._queues.values():
+            for _deadline, future in queue:
+                if not future.done():
+                    future.set_exception(nats.errors.ConnectionClosedError())
+        self._timers.clear()
+        self._queues.clear()
+
+
 class _Connection:
     """One client, pinned to one checked address."""
 
     def __init__(self, client: nats.NATS) -> None:
         self.client = client
-        self.js = client.jetstream()
+        self.js = client.jetstream(publish_async_max_pending=MAX_PENDING_ACKS)
+        self.deadlines = _Deadlines()
+
+    def publishes_at_once(self, messages: list[tuple[bytes, dict]]) -> bool:
+        """Whether publishing ``messages`` cannot wait: the client is not closed (while it
+        reconnects it buffers them or refuses them at once), nats-py has a free slot for each
+        (else its publish waits for one) and its outgoing buffer takes them with room to spare
+        (else a publish waits for a flush, as long as a slow broker makes it)."""
+        client = self.client
+        if client.is_closed or self.js.publish_async_pending() + len(messages) > MAX_PENDING_ACKS:
+            return False
+        size = client.pending_data_size
+        for body, _headers in messages:
+            size += len(body) + 512  # the headers, the subject, the reply inbox
+        return size < PENDING_BYTES // 2
 
 
 class NatsSink:
@@ -82,11 +164,14 @@ class NatsSink:
         self._conns: dict[tuple[str, int], _Connection] = {}
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._secrets: list[str] = []  # credential values, masked out of every error text
+        # (target URL, stream) pairs whose duplicate window was compared with the target's
+        # retry horizon (once per process: see _check_window).
+        self._windows_checked: set[tuple[str, str]] = set()
 
     async def send(self, target: Target, records: list[Record], transform) -> Outcome:
         started = time.perf_counter()
         where = _where(target.url)
-        host, port, subject = where.host, where.port, where.path
+        subject = where.path
         # One message per record: its own body and its own idempotency key.
         single = target if target.batch_size == 1 else replace(target, batch_size=1)
         try:
@@ -94,17 +179,30 @@ class NatsSink:
         except Exception as exc:
             return transform_failed(exc)
         traceparent = tracing.OUTGOING.get()
+        for _body, headers in messages:
+            del headers["user-agent"]  # HTTP's; a stream consumer has no use for it
+            headers[MSG_ID] = headers["webhook-id"]
+            if traceparent is not None:
+                headers["traceparent"] = traceparent
+        timeout_s = target.timeout_ms / 1000
         futures: list[asyncio.Future] = []
         try:
-            async with asyncio.timeout(target.timeout_ms / 1000):
-                js = (await self._connection(host, port)).js
+            conn = self._conns.get((where.host, where.port))
+            if conn is not None and conn.publishes_at_once(messages):
+                # The hot path: nothing here can wait (the connection is up or buffering a
+                # reconnection, the client has room for every message), so only the
+                # acknowledgements need the deadline, and they share one timer.
+                js = conn.js
                 for body, headers in messages:
-                    del headers["user-agent"]  # HTTP's; a stream consumer has no use for it
-                    headers[MSG_ID] = headers["webhook-id"]
-                    if traceparent is not None:
-                        headers["traceparent"] = traceparent
                     futures.append(await js.publish_async(subject, body, headers=headers))
+                conn.deadlines.watch(futures, timeout_s)
                 acks = await _settled(futures)
+            else:
+                async with asyncio.timeout(timeout_s):
+                    js = (await self._connection(where.host, where.port)).js
+                    for body, headers in messages:
+                        futures.append(await js.publish_async(subject, body, headers=headers))
+                    acks = await _settled(futures)
         except TimeoutError:
             what = "acknowledgement" if futures else "connection"
             return self._outcome(target, RETRY, f"no {what} within {target.timeout_ms} ms", started)
@@ -114,16 +212,57 @@ class NatsSink:
             outcome.reached = not isinstance(exc, RefusedAddressError | ConfigError)
             return outcome
         finally:
-            for future in futures:  # a timed-out wait leaves none pending in the client
+            for future in futures:  # a timed-out or cancelled wait leaves none in the client
                 future.cancel()
-        failures = [self._classify(a, subject) for a in acks if isinstance(a, BaseException)]
+        if len(acks) == 1 and not isinstance(acks[0], BaseException):
+            if (target.url, acks[0].stream) not in self._windows_checked:
+                await self._check_window(target, acks[0].stream)
+            return Outcome(DELIVERED, None, None, (time.perf_counter() - started) * 1000)
+        failures = [
+            (RETRY, f"no acknowledgement within {target.timeout_ms} ms")
+            if isinstance(a, _AckTimeout)
+            else self._classify(a, subject)
+            for a in acks
+            if isinstance(a, BaseException)
+        ]
         if not failures:
+            if (target.url, acks[0].stream) not in self._windows_checked:
+                await self._check_window(target, acks[0].stream)
             return self._outcome(target, DELIVERED, None, started)
         # One final answer makes the whole batch final: another attempt cannot change it.
         kind, error = min(failures, key=lambda f: f[0] != FINAL)
         if len(failures) > 1:
             error = f"{error} (and {len(failures) - 1} more of {len(records)})"
         return self._outcome(target, kind, error, started)
+
+    async def _check_window(self, target: Target, stream: str) -> None:
+        """Warn, once per target and stream, when the stream forgets message ids sooner than
+        the target may send a record again: a record whose acknowledgement was lost and that
+        is sent again after the window lands twice. Never fails the send it follows."""
+        self._windows_checked.add((target.url, stream))
+        where = _where(target.url)
+        conn = self._conns.get((where.host, where.port))
+        if conn is None:
+            return
+        try:
+            async with asyncio.timeout(target.timeout_ms / 1000):
+                info = await conn.js.stream_info(stream)
+        except Exception as exc:  # no permission for the JetStream API, a broker gone...
+            log.debug("stream %s: duplicate window not read: %s", stream, type(exc).__name__)
+            return
+        window = info.config.duplicate_window or 0.0
+        horizon = retry_horizon_s(target)
+        if window < horizon:
+            log.warning(
+                "target %s: stream %s keeps message ids for %.0f s (its duplicate_window), "
+                "less than the %.0f s over which the target may send a record again "
+                "(timeout_ms, backoff_ms and max_attempts, within max_age_s): a record sent "
+                "again after the window lands twice; see docs/OPERATIONS.md",
+                target.runner,
+                stream,
+                window,
+                horizon,
+            )
 
     def _outcome(self, target: Target, kind: str, error: str | None, started: float) -> Outcome:
         if error is not None:
@@ -191,6 +330,7 @@ class NatsSink:
             max_reconnect_attempts=MAX_RECONNECTS,
             reconnect_time_wait=RECONNECT_WAIT_S,
             error_cb=on_error,
+            pending_size=PENDING_BYTES,
             **options,
         )
         connecting = False
@@ -199,9 +339,23 @@ class NatsSink:
     async def close(self) -> None:
         conns, self._conns = list(self._conns.values()), {}
         for conn in conns:
+            conn.deadlines.close()
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(CLOSE_TIMEOUT_S):
                     await conn.client.close()
+
+
+def retry_horizon_s(target: Target) -> float:
+    """The longest a target's record may go between a send that may have landed (its
+    acknowledgement lost or late) and its last attempt: every attempt's timeout and the
+    longest backoff before each retry (``delivery.backoff_s``'s ceiling), within the
+    record's ``max_age_s``. A replay or a worker crash can send a record again later still."""
+    waits = sum(
+        min(BACKOFF_CAP_S, target.backoff_ms / 1000 * 2 ** min(k - 1, 64))
+        for k in range(1, target.max_attempts)
+    )
+    timeouts = target.max_attempts * target.timeout_ms / 1000
+    return min(waits + timeouts, target.max_age_s + target.timeout_ms / 1000)
 
 
 async def _settled(futures: list[asyncio.Future]) -> list:
