@@ -266,15 +266,8 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
             ids = sorted({r["runner_id"] for r in rows})
             targets = {t.runner_id: t for t in load_targets(cur, "r.id = ANY(%s)", (ids,))}
             keys = [(r["runner_id"], r["bus_id"], r["queue_id"], r["offset"]) for r in rows]
-            cur.execute(
-                'SELECT k.runner_id, e.queue_id, e."offset", e.body::text '
-                "FROM unnest(%s::int[], %s::int[], %s::int[], %s::bigint[]) "
-                "AS k(runner_id, bus_id, queue_id, off) "
-                "JOIN bus_event e ON e.bus_id = k.bus_id AND e.queue_id = k.queue_id "
-                'AND e."offset" = k.off',
-                [list(col) for col in zip(*keys, strict=True)],
-            )
-            bodies = {(rid, q, o): body for rid, q, o, body in cur.fetchall()}
+            events = event_bodies(cur, [k[1:] for k in keys])
+            bodies = {(rid, q, o): events[b, q, o] for rid, b, q, o in keys if (b, q, o) in events}
             already = set()
             if what != "all":
                 cur.execute(
@@ -282,7 +275,7 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
                     "FROM unnest(%s::int[], %s::int[], %s::bigint[]) AS k(runner_id, q, off) "
                     "JOIN event_push_delivery d ON d.runner_id = k.runner_id "
                     'AND d.queue_id = k.q AND d."offset" = k.off',
-                    ([k[0] for k in keys], [k[2] for k in keys], [k[3] for k in keys]),
+                    [int_array(k[i] for k in keys) for i in (0, 2, 3)],
                 )
                 already = {tuple(row) for row in cur.fetchall()}
         bodies.update(source_bodies(conn, keys))  # events of buses kept outside PostgreSQL
@@ -373,6 +366,49 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
     return [("delivered", counts["delivered"]), ("failed", counts["failed"]), ("skipped", skipped)]
 
 
+def int_array(values) -> str:
+    """Integers as the text of a PostgreSQL array, for a ``%s::int[]`` parameter: psycopg2
+    adapts a list element by element, several times slower, and these lists are a
+    partition's every record, built while its pushes run."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+def event_bodies(cur, keys: list[tuple[int, int, int]]) -> dict[tuple[int, int, int], str]:
+    """Bodies of the events at ``keys`` (bus_id, queue_id, offset), each read once: a queue
+    whose wanted offsets lie close together is read as one range of its index (a replay of a
+    run of failures, or of a window), the others offset by offset."""
+    wanted: dict[tuple[int, int], set[int]] = {}
+    for bus_id, queue_id, offset in keys:
+        wanted.setdefault((bus_id, queue_id), set()).add(offset)
+    ranges, scattered = [], []
+    for (bus_id, queue_id), offsets in wanted.items():
+        lo, hi = min(offsets), max(offsets)
+        if hi - lo + 1 <= 2 * len(offsets):
+            ranges.append((bus_id, queue_id, lo, hi + 1))
+        else:
+            scattered.extend((bus_id, queue_id, offset) for offset in offsets)
+    rows = []
+    if ranges:
+        cur.execute(
+            'SELECT e.bus_id, e.queue_id, e."offset", e.body::text '
+            "FROM unnest(%s::int[], %s::int[], %s::bigint[], %s::bigint[]) "
+            "AS w(bus_id, queue_id, lo, hi) JOIN bus_event e ON e.bus_id = w.bus_id "
+            'AND e.queue_id = w.queue_id AND e."offset" >= w.lo AND e."offset" < w.hi',
+            [int_array(r[i] for r in ranges) for i in range(4)],
+        )
+        rows += cur.fetchall()
+    if scattered:
+        cur.execute(
+            'SELECT e.bus_id, e.queue_id, e."offset", e.body::text '
+            "FROM unnest(%s::int[], %s::int[], %s::bigint[]) AS k(bus_id, queue_id, off) "
+            "JOIN bus_event e ON e.bus_id = k.bus_id AND e.queue_id = k.queue_id "
+            'AND e."offset" = k.off',
+            [int_array(k[i] for k in scattered) for i in range(3)],
+        )
+        rows += cur.fetchall()
+    return {(b, q, o): body for b, q, o, body in rows}
+
+
 def _write_outcomes(cur, outcomes: list, replay_id: int, counts: dict) -> None:
     """Delivery rows (origin ``replay``), and failure rows marked ``replayed`` or ``dead``, for
     finished requests, built by the engine's own row builder and written by its COPY writer,
@@ -401,9 +437,9 @@ def _write_outcomes(cur, outcomes: list, replay_id: int, counts: dict) -> None:
             'AND f.queue_id = k.q AND f."offset" = k.off',
             (
                 replay_id,
-                [d.runner_id for d in delivered],
-                [d.queue_id for d in delivered],
-                [d.offset for d in delivered],
+                int_array(d.runner_id for d in delivered),
+                int_array(d.queue_id for d in delivered),
+                int_array(d.offset for d in delivered),
             ),
         )
     if failed:
