@@ -370,7 +370,7 @@ def int_array(values) -> str:
     """Integers as the text of a PostgreSQL array, for a ``%s::int[]`` parameter: psycopg2
     adapts a list element by element, several times slower, and these lists are a
     partition's every record, built while its pushes run."""
-    return "{" + ",".join(map(str, values)) + "}"
+    return "{" + ",".join(map(str, map(int, values))) + "}"
 
 
 def event_bodies(cur, keys: list[tuple[int, int, int]]) -> dict[tuple[int, int, int], str]:
