@@ -17,6 +17,10 @@ target policy (``/ok``, ``--batch-size``, the default concurrency of 16):
   record in the same round measures. ``--split`` adds a replay pushing from one partition per
   core whatever its size (the job uses one per 50,000 records).
 
+CPU: of the bench's own processes (this one with the live engine and Spark's driver, Spark's
+JVM and Python workers, the receiver), over each side's timed part; PostgreSQL's is not
+counted.
+
 ``--push-only`` leaves Spark out: the replay's push code (``_push``, what each partition runs)
 in this process on all the failure rows, beside the live engine, and, with ``--other-tree``,
 beside the same function of another checkout (``DIR/include/eventpush/sparkjobs/replay.py``),
@@ -33,12 +37,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import psutil  # noqa: E402
 import psycopg2  # noqa: E402
 from common import machine, scratch_database  # noqa: E402
 
 from eventpush import catalog  # noqa: E402
 from eventpush.catalog import TargetSpec  # noqa: E402
 from eventpush.demo.receiver import ReceiverProcess  # noqa: E402
+
+
+def tree_cpu() -> float:
+    """CPU seconds of this process and every process under it (Spark's JVM and Python
+    workers, the receiver); PostgreSQL's backends are not counted."""
+    total = 0.0
+    me = psutil.Process()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def seed(url: str, target_url: str, records: int, failures: bool, **spec) -> None:
@@ -82,10 +101,10 @@ def live(rx: ReceiverProcess, records: int, **spec) -> dict:
 
     with scratch_database("eventpush_bench_replay") as url:
         seed(url, rx.url + "/ok", records, failures=False, **spec)
-        started = time.perf_counter()
+        cpu, started = tree_cpu(), time.perf_counter()
         report = run_worker("w1", until_idle=True, max_seconds=600, url=url)
-        elapsed = time.perf_counter() - started
-    return {"delivered": report.delivered, "seconds": elapsed}
+        elapsed, cpu = time.perf_counter() - started, tree_cpu() - cpu
+    return {"delivered": report.delivered, "seconds": elapsed, "cpu_seconds": cpu}
 
 
 def replay(
@@ -99,13 +118,13 @@ def replay(
 
     with scratch_database("eventpush_bench_replay") as url:
         seed(url, rx.url + "/ok", records, failures=True, **spec)
-        started = time.perf_counter()
+        cpu, started = tree_cpu(), time.perf_counter()
         try:
             result = run_replay(spark, url, ReplayRequest(what="failed", rate_limit=rate_limit))
         finally:
             job.RECORDS_PER_PUSH_PARTITION = default
-        elapsed = time.perf_counter() - started
-    return {"delivered": result.delivered, "seconds": elapsed}
+        elapsed, cpu = time.perf_counter() - started, tree_cpu() - cpu
+    return {"delivered": result.delivered, "seconds": elapsed, "cpu_seconds": cpu}
 
 
 def push_only(rx: ReceiverProcess, push, records: int, **spec) -> dict:
@@ -187,7 +206,7 @@ def main() -> None:
                 )
                 rate = got["delivered"] / got["seconds"]
                 line = f"round {r + 1} {side}: {got['delivered']:,} in {got['seconds']:.1f} s"
-                line += f" = {rate:,.0f}/s"
+                line += f" = {rate:,.0f}/s, CPU {got['cpu_seconds']:.1f} s"
                 if side != "live" and got["seconds"] > fixed:
                     past = got["delivered"] / (got["seconds"] - fixed)
                     line += f"; past the fixed cost {past:,.0f}/s"

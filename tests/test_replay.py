@@ -289,3 +289,50 @@ def test_a_small_replay_pushes_from_one_partition_a_large_one_from_every_core():
     assert push_partitions(RECORDS_PER_PUSH_PARTITION, 8) == 1
     assert push_partitions(RECORDS_PER_PUSH_PARTITION + 1, 8) == 2
     assert push_partitions(100 * RECORDS_PER_PUSH_PARTITION, 4) == 4
+
+
+def test_spread_keeps_an_ordered_queue_whole_and_deals_the_rest_round():
+    from eventpush.sparkjobs.replay import spread
+
+    rows = [{"runner_id": 1, "queue_id": q, "offset": o} for q in (0, 1) for o in range(6)]
+    rows += [{"runner_id": 2, "queue_id": 0, "offset": o} for o in range(7)]
+    assert spread(rows, 1, {1}) == [rows]
+    groups = spread(rows, 3, {1})
+    assert len(groups) == 3
+    for queue in (0, 1):  # each ordered queue in exactly one group, in offset order
+        holding = [
+            g for g in groups if any(r["runner_id"] == 1 and r["queue_id"] == queue for r in g)
+        ]
+        assert len(holding) == 1
+        offsets = [
+            r["offset"] for r in holding[0] if r["runner_id"] == 1 and r["queue_id"] == queue
+        ]
+        assert offsets == list(range(6))
+    unordered = [sum(r["runner_id"] == 2 for r in g) for g in groups]
+    assert sorted(unordered) == [2, 2, 3]
+    assert sorted(map(id, (r for g in groups for r in g))) == sorted(map(id, rows))
+
+
+def test_failed_selection_binds_operator_values(db_url, conn):
+    """The ``failed`` selection's SQL text has its values bound by psycopg2: a quote in a
+    message id is a quote, not SQL."""
+    from eventpush.sparkjobs.replay import open_failures_sql
+
+    runner = make_runner(conn, "orders", "all", "crm", {"source": ["app.orders"]})
+    publish_lines(conn, "orders", events(3))
+    simulate_push(conn, runner, fail={0, 1, 2})
+    with conn.cursor() as cur:
+        cur.execute("SELECT message_id, runner_id FROM event_push_failure ORDER BY 1 LIMIT 1")
+        first, runner_id = cur.fetchone()
+    conn.rollback()
+    since = datetime.now(UTC) - timedelta(hours=1)
+    cases = [
+        (ReplayRequest(message_ids=(first, "x' OR true --")), 1),
+        (ReplayRequest(since=since, max_count=2), 2),
+        (ReplayRequest(until=since), 0),
+    ]
+    for req, count in cases:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT count(*) FROM ({open_failures_sql(db_url, req, [runner_id])}) q")
+            assert cur.fetchone()[0] == count, req
+        conn.rollback()

@@ -296,24 +296,7 @@ def commit(conn: Connection, wid: int, batch: CommitBatch) -> None:
             if fenced:
                 raise FencedError(fenced)
         if deliveries:
-            buf = io.StringIO()
-            prefixes: dict[int, str] = {}  # a runner's first four columns, escaped once
-            for d in deliveries:
-                prefix = prefixes.get(d.runner_id)
-                if prefix is None:
-                    broker = copy_text(brokers.get(d.runner_id, DEFAULT_BROKER))
-                    prefix = f"{d.runner_id}\t{copy_text(d.runner)}\t{copy_text(d.bus)}\t{broker}\t"
-                    prefixes[d.runner_id] = prefix
-                buf.write(
-                    f"{prefix}{d.queue_id}\t{d.offset}\t{copy_text(d.message_id)}\t"
-                    f"{d.attempts}\t{copy_text(d.http_status)}\t{d.latency_ms:.3f}\n"
-                )
-            buf.seek(0)
-            cur.copy_expert(
-                "COPY event_push_delivery (runner_id, consumer_group, topic_name, broker_name, "
-                'queue_id, "offset", message_id, attempts, http_status, latency_ms) FROM STDIN',
-                buf,
-            )
+            copy_deliveries(cur, deliveries, brokers)
         if failures:
             psycopg2.extras.execute_values(
                 cur,
@@ -364,6 +347,36 @@ def commit(conn: Connection, wid: int, batch: CommitBatch) -> None:
                 "WHERE r.id = v.id",
                 [(rid, d, f) for rid, (d, f) in counts.items()],
             )
+
+
+DELIVERY_COLUMNS = (
+    'runner_id, consumer_group, topic_name, broker_name, queue_id, "offset", message_id, '
+    "attempts, http_status, latency_ms"
+)
+
+
+def copy_deliveries(
+    cur, deliveries: list[DeliveryRow], brokers: dict[int, str], replay_id: int | None = None
+) -> None:
+    """Delivery rows through COPY, for the engine's commit and for replay's partitions (with
+    ``replay_id``: rows of origin ``replay`` carrying it). ``brokers``: runner -> its rows'
+    broker_name (the default when absent)."""
+    buf = io.StringIO()
+    prefixes: dict[int, str] = {}  # a runner's first four columns, escaped once
+    end = "\n" if replay_id is None else f"\treplay\t{int(replay_id)}\n"
+    for d in deliveries:
+        prefix = prefixes.get(d.runner_id)
+        if prefix is None:
+            broker = copy_text(brokers.get(d.runner_id, DEFAULT_BROKER))
+            prefix = f"{d.runner_id}\t{copy_text(d.runner)}\t{copy_text(d.bus)}\t{broker}\t"
+            prefixes[d.runner_id] = prefix
+        buf.write(
+            f"{prefix}{d.queue_id}\t{d.offset}\t{copy_text(d.message_id)}\t"
+            f"{d.attempts}\t{copy_text(d.http_status)}\t{d.latency_ms:.3f}{end}"
+        )
+    buf.seek(0)
+    columns = DELIVERY_COLUMNS if replay_id is None else f"{DELIVERY_COLUMNS}, origin, replay_id"
+    cur.copy_expert(f"COPY event_push_delivery ({columns}) FROM STDIN", buf)
 
 
 def heartbeat(conn: Connection, wid: int, metrics: dict, runner_stats: list[tuple]) -> None:

@@ -176,6 +176,14 @@ def check_request(req: ReplayRequest, cur) -> list[int]:
 
 
 SELECTION_COLUMNS = ["runner_id", "bus_id", "queue_id", "offset", "message_id", "ctime"]
+PUSH_COLUMNS = ["runner_id", "bus_id", "queue_id", "offset", "message_id"]
+
+OPEN_FAILURES_SQL = (
+    'SELECT f.runner_id, ru.bus_id, f.queue_id, f."offset", f.message_id, f.ctime '
+    "FROM event_push_failure f JOIN event_target_runner r ON r.id = f.runner_id "
+    "JOIN event_target t ON t.id = r.target_id JOIN event_rule ru ON ru.id = t.rule_id "
+    "WHERE f.status = 'failed' AND f.runner_id = ANY(%(runners)s)"
+)
 
 
 def select(spark, db_url: str, req: ReplayRequest, runner_ids: list[int]):
@@ -185,36 +193,39 @@ def select(spark, db_url: str, req: ReplayRequest, runner_ids: list[int]):
     from eventpush.sparkjobs import jdbc
     from eventpush.sparkjobs.audit import classify, load_scope
 
+    if req.what == "failed":
+        # The open failure rows are one indexed query: PostgreSQL filters, orders and limits
+        # them in one read (one JDBC partition), where slicing them by runner, joining their
+        # buses in Spark and sorting there cost a second or more of a replay's fixed cost.
+        db = jdbc.jdbc_database(db_url)
+        return jdbc.read_query(spark, db, open_failures_sql(db_url, req, runner_ids))
     with connection(db_url) as conn:
         sync_heads(conn)  # a broker's bus: read up to its heads as they are now
     with connection(db_url) as conn, transaction(conn) as cur:
         scope = load_scope(cur, runner_ids=runner_ids)
-    if req.what == "failed":
-        db = jdbc.jdbc_database(db_url)
-        rows = jdbc.read_by_runner(
-            spark,
-            db,
-            "event_push_failure",
-            'runner_id, queue_id, "offset", message_id, ctime, status',
-            runner_ids,
-        ).where(F.col("status") == "failed")
-        if req.since:
-            rows = rows.where(F.col("ctime") >= F.lit(req.since))
-        if req.until:
-            rows = rows.where(F.col("ctime") < F.lit(req.until))
-        buses = spark.createDataFrame(
-            [(r.runner_id, r.bus_id) for r in scope.runners] or [],
-            "runner_id INT, bus_id INT",
-        )
-        rows = rows.join(F.broadcast(buses), "runner_id")
-    else:
-        rows = classify(spark, db_url, scope, req.since, req.until, from_start=req.what == "all")
-        if req.what == "missing":
-            rows = rows.where(F.col("state") == "missing")
+    rows = classify(spark, db_url, scope, req.since, req.until, from_start=req.what == "all")
+    if req.what == "missing":
+        rows = rows.where(F.col("state") == "missing")
     if req.message_ids:
         rows = rows.where(F.col("message_id").isin(list(req.message_ids)))
     rows = rows.select(*SELECTION_COLUMNS).orderBy("ctime", "runner_id", "queue_id", "offset")
     return rows.limit(effective_max_count(req))
+
+
+def open_failures_sql(db_url: str, req: ReplayRequest, runner_ids: list[int]) -> str:
+    """The query of a ``failed`` selection as SQL text for Spark's JDBC reader, its values
+    bound by psycopg2 (which binds on the client anyway), so no value is pasted in by hand."""
+    sql, params = OPEN_FAILURES_SQL, {"runners": list(runner_ids)}
+    if req.since:
+        sql, params["since"] = sql + " AND f.ctime >= %(since)s", req.since
+    if req.until:
+        sql, params["until"] = sql + " AND f.ctime < %(until)s", req.until
+    if req.message_ids:
+        sql, params["ids"] = sql + " AND f.message_id = ANY(%(ids)s)", list(req.message_ids)
+    sql += ' ORDER BY f.ctime, f.runner_id, f.queue_id, f."offset" LIMIT %(limit)s'
+    params["limit"] = effective_max_count(req)
+    with connection(db_url) as conn, conn.cursor() as cur:
+        return cur.mogrify(sql, params).decode()
 
 
 def effective_max_count(req: ReplayRequest) -> int:
@@ -228,8 +239,8 @@ def push_partition(
     """The function each executor partition runs: push, then record, in one transaction.
     ``policy`` is the driver's address policy: executors enforce it, not their own env."""
 
-    def run(rows):
-        rows = list(rows)
+    def run(groups):
+        rows = [row for group in groups for row in group]  # one group per partition
         if not rows:
             return iter([])
         import uvloop  # as the engine: it roughly halves the loop's own cost per request
@@ -255,15 +266,8 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
             ids = sorted({r["runner_id"] for r in rows})
             targets = {t.runner_id: t for t in load_targets(cur, "r.id = ANY(%s)", (ids,))}
             keys = [(r["runner_id"], r["bus_id"], r["queue_id"], r["offset"]) for r in rows]
-            cur.execute(
-                'SELECT k.runner_id, e.queue_id, e."offset", e.body::text '
-                "FROM unnest(%s::int[], %s::int[], %s::int[], %s::bigint[]) "
-                "AS k(runner_id, bus_id, queue_id, off) "
-                "JOIN bus_event e ON e.bus_id = k.bus_id AND e.queue_id = k.queue_id "
-                'AND e."offset" = k.off',
-                [list(col) for col in zip(*keys, strict=True)],
-            )
-            bodies = {(rid, q, o): body for rid, q, o, body in cur.fetchall()}
+            events = event_bodies(cur, [k[1:] for k in keys])
+            bodies = {(rid, q, o): events[b, q, o] for rid, b, q, o in keys if (b, q, o) in events}
             already = set()
             if what != "all":
                 cur.execute(
@@ -271,7 +275,7 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
                     "FROM unnest(%s::int[], %s::int[], %s::bigint[]) AS k(runner_id, q, off) "
                     "JOIN event_push_delivery d ON d.runner_id = k.runner_id "
                     'AND d.queue_id = k.q AND d."offset" = k.off',
-                    ([k[0] for k in keys], [k[2] for k in keys], [k[3] for k in keys]),
+                    [int_array(k[i] for k in keys) for i in (0, 2, 3)],
                 )
                 already = {tuple(row) for row in cur.fetchall()}
         bodies.update(source_bodies(conn, keys))  # events of buses kept outside PostgreSQL
@@ -362,30 +366,70 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
     return [("delivered", counts["delivered"]), ("failed", counts["failed"]), ("skipped", skipped)]
 
 
+def int_array(values) -> str:
+    """Integers as the text of a PostgreSQL array, for a ``%s::int[]`` parameter: psycopg2
+    adapts a list element by element, several times slower, and these lists are a
+    partition's every record, built while its pushes run."""
+    return "{" + ",".join(map(str, map(int, values))) + "}"
+
+
+def event_bodies(cur, keys: list[tuple[int, int, int]]) -> dict[tuple[int, int, int], str]:
+    """Bodies of the events at ``keys`` (bus_id, queue_id, offset), each read once: a queue
+    whose wanted offsets lie close together is read as one range of its index (a replay of a
+    run of failures, or of a window), the others offset by offset."""
+    wanted: dict[tuple[int, int], set[int]] = {}
+    for bus_id, queue_id, offset in keys:
+        wanted.setdefault((bus_id, queue_id), set()).add(offset)
+    ranges, scattered = [], []
+    for (bus_id, queue_id), offsets in wanted.items():
+        lo, hi = min(offsets), max(offsets)
+        if hi - lo + 1 <= 2 * len(offsets):
+            ranges.append((bus_id, queue_id, lo, hi + 1))
+        else:
+            scattered.extend((bus_id, queue_id, offset) for offset in offsets)
+    rows = []
+    if ranges:
+        cur.execute(
+            'SELECT e.bus_id, e.queue_id, e."offset", e.body::text '
+            "FROM unnest(%s::int[], %s::int[], %s::bigint[], %s::bigint[]) "
+            "AS w(bus_id, queue_id, lo, hi) JOIN bus_event e ON e.bus_id = w.bus_id "
+            'AND e.queue_id = w.queue_id AND e."offset" >= w.lo AND e."offset" < w.hi',
+            [int_array(r[i] for r in ranges) for i in range(4)],
+        )
+        rows += cur.fetchall()
+    if scattered:
+        cur.execute(
+            'SELECT e.bus_id, e.queue_id, e."offset", e.body::text '
+            "FROM unnest(%s::int[], %s::int[], %s::bigint[]) AS k(bus_id, queue_id, off) "
+            "JOIN bus_event e ON e.bus_id = k.bus_id AND e.queue_id = k.queue_id "
+            'AND e."offset" = k.off',
+            [int_array(k[i] for k in scattered) for i in range(3)],
+        )
+        rows += cur.fetchall()
+    return {(b, q, o): body for b, q, o, body in rows}
+
+
 def _write_outcomes(cur, outcomes: list, replay_id: int, counts: dict) -> None:
     """Delivery rows (origin ``replay``), and failure rows marked ``replayed`` or ``dead``, for
-    finished requests, built by the engine's own row builder so live and replay rows cannot
-    drift apart."""
+    finished requests, built by the engine's own row builder and written by its COPY writer,
+    so live and replay rows cannot drift apart."""
     import psycopg2.extras
 
     from eventpush.push.committing import outcome_rows
     from eventpush.push.delivery import DELIVERED
+    from eventpush.push.store import copy_deliveries
 
-    delivered, failed = [], []  # (row, the runner's broker_name)
+    delivered, failed = [], []  # delivery rows; (failure row, the runner's broker_name)
+    brokers = {}  # runner -> its delivery rows' broker_name
     for target, records, outcome in outcomes:
         rows = outcome_rows(target, records, outcome)
-        (delivered if outcome.kind == DELIVERED else failed).extend(
-            (row, target.broker) for row in rows
-        )
+        if outcome.kind == DELIVERED:
+            delivered.extend(rows)
+            brokers[target.runner_id] = target.broker
+        else:
+            failed.extend((row, target.broker) for row in rows)
     if delivered:
-        psycopg2.extras.execute_values(
-            cur,
-            "INSERT INTO event_push_delivery (runner_id, consumer_group, topic_name, "
-            'queue_id, "offset", message_id, attempts, http_status, latency_ms, broker_name, '
-            "origin, replay_id) VALUES %s",
-            [(*d, broker, "replay", replay_id) for d, broker in delivered],
-            page_size=1000,
-        )
+        copy_deliveries(cur, delivered, brokers, replay_id)
         cur.execute(
             "UPDATE event_push_failure f SET status = 'replayed', replay_id = %s, "
             "mtime = now() FROM unnest(%s::int[], %s::int[], %s::bigint[]) "
@@ -393,9 +437,9 @@ def _write_outcomes(cur, outcomes: list, replay_id: int, counts: dict) -> None:
             'AND f.queue_id = k.q AND f."offset" = k.off',
             (
                 replay_id,
-                [d.runner_id for d, _ in delivered],
-                [d.queue_id for d, _ in delivered],
-                [d.offset for d, _ in delivered],
+                int_array(d.runner_id for d in delivered),
+                int_array(d.queue_id for d in delivered),
+                int_array(d.offset for d in delivered),
             ),
         )
     if failed:
@@ -452,8 +496,10 @@ def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -
     replay_id = start_run(db_url, req)
     result = ReplayResult(replay_id=replay_id, selected=0, dry_run=req.dry_run)
     try:
-        selection = select(spark, db_url, req, runner_ids).cache()
-        keys = selection.select("runner_id", "queue_id", "offset", "message_id").toPandas()
+        # One read of the selection to the driver (its keys are few columns, and the check
+        # and the counts need them all), then one Spark job that pushes it: no cache, no
+        # shuffle to spread it, no reduce stage for three counts.
+        keys = select(spark, db_url, req, runner_ids).select(*PUSH_COLUMNS).toPandas()
         result.selected = len(keys)
         names = _runner_names(db_url, runner_ids)
         counts = keys["runner_id"].value_counts().to_dict() if len(keys) else {}
@@ -461,21 +507,22 @@ def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -
         label = f"{run_label} replay {replay_id}"
         quality.check_replay_selection(keys, runner_ids, effective_max_count(req), label, db_url)
         if not req.dry_run and result.selected:
-            parts = push_partitions(result.selected, spark.sparkContext.defaultParallelism)
+            sc = spark.sparkContext
+            parts = push_partitions(result.selected, sc.defaultParallelism)
             rate = req.rate_limit / parts if req.rate_limit else None
-            totals = (
-                selection.repartition(parts, *spread_keys(db_url, runner_ids))
-                .rdd.mapPartitions(push_partition(db_url, replay_id, req.what, rate, policy))
-                .reduceByKey(lambda a, b: a + b)
-                .collectAsMap()
+            groups = spread(keys.to_dict("records"), parts, ordered_runners(db_url, runner_ids))
+            totals: dict[str, int] = {}
+            pushed = sc.parallelize(groups, len(groups)).mapPartitions(
+                push_partition(db_url, replay_id, req.what, rate, policy)
             )
+            for name, n in pushed.collect():
+                totals[name] = totals.get(name, 0) + n
             result.delivered = int(totals.get("delivered", 0))
             result.failed = int(totals.get("failed", 0))
             result.skipped = int(totals.get("skipped", 0))
             quality.check_replay_result(
                 result.selected, result.delivered, result.failed, result.skipped, label, db_url
             )
-        selection.unpersist()
     except Exception as exc:
         error = redact(str(exc).strip(), db_url).splitlines()[0][:500] if str(exc).strip() else ""
         finish_run(db_url, result, error=error or type(exc).__name__)
@@ -513,21 +560,36 @@ def push_partitions(selected: int, parallelism: int) -> int:
     return max(1, min(wanted, parallelism))
 
 
-def spread_keys(db_url: str, runner_ids: list[int]) -> list:
-    """How records spread over the pushing partitions: an ordered target's queue stays in one
-    partition (one sender per queue, in offset order); an unordered target's records spread
-    by offset, so a runner with few queues still keeps every partition busy."""
-    from pyspark.sql import functions as F
-
+def ordered_runners(db_url: str, runner_ids: list[int]) -> set[int]:
+    """The runners among ``runner_ids`` whose target is ordered."""
     with connection(db_url) as conn, transaction(conn) as cur:
         cur.execute(
             "SELECT r.id FROM event_target_runner r JOIN event_target t ON t.id = r.target_id "
             "WHERE r.id = ANY(%s) AND t.ordered",
             (runner_ids,),
         )
-        ordered = [row[0] for row in cur.fetchall()]
-    lane = F.when(F.col("runner_id").isin(ordered), F.lit(-1)).otherwise(F.col("offset"))
-    return [F.col("runner_id"), F.col("queue_id"), lane]
+        return {row[0] for row in cur.fetchall()}
+
+
+def spread(rows: list[dict], parts: int, ordered: set[int]) -> list[list[dict]]:
+    """The selected rows in ``parts`` groups, one per pushing partition: an ordered target's
+    queue stays in one group (one sender per queue, in offset order), whole queues going to
+    the smallest group; an unordered target's records are dealt round, so a runner with few
+    queues still keeps every partition busy."""
+    if parts <= 1:
+        return [rows]
+    groups: list[list[dict]] = [[] for _ in range(parts)]
+    queues: dict[tuple[int, int], list[dict]] = {}
+    dealt = 0
+    for row in rows:
+        if row["runner_id"] in ordered:
+            queues.setdefault((row["runner_id"], row["queue_id"]), []).append(row)
+        else:
+            groups[dealt % parts].append(row)
+            dealt += 1
+    for queue in sorted(queues.values(), key=len, reverse=True):
+        min(groups, key=len).extend(queue)
+    return groups
 
 
 def _runner_names(db_url: str, runner_ids: list[int]) -> dict[int, str]:
