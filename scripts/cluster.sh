@@ -116,6 +116,7 @@ with conn.cursor() as cur:
     exists = cur.fetchone() is not None
     if sys.argv[1] == "create" and not exists:
         cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        print("created")
     elif sys.argv[1] == "drop" and exists:
         cur.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 conn.close()
@@ -233,9 +234,18 @@ build_pyenv() {
 }
 
 migrate_metadata() {
+  # Skipped when this directory's stamp says the same database was migrated by the same
+  # Airflow (by `prepare`, or an earlier `up`): even with nothing to do it costs half a minute.
+  local stamp="$dir/airflow/.migrated" want created
+  want="$airflow_db $("$venv/bin/python" -c 'from importlib.metadata import version; print(version("apache-airflow"))')"
+  created="$(metadata_db create)"
+  if [[ -z $created && -s $stamp && $(cat "$stamp") == "$want" ]]; then
+    say "Airflow metadata: database $airflow_db, already migrated"
+    return
+  fi
   say "Airflow metadata: database $airflow_db; migrating (a minute or two the first time)"
-  metadata_db create
   airflow db migrate >>"$dir/logs/db-migrate.log" 2>&1 || die "airflow db migrate failed: see $dir/logs/db-migrate.log"
+  echo "$want" >"$stamp"
 }
 
 prepare() {
