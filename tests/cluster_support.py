@@ -92,8 +92,10 @@ def begin(admin_url: str, run_id: str, *, background: bool = True) -> Setup:
     (directory / "passwords.json").write_text(json.dumps({"admin": PASSWORD}))
     db_name = f"eventpush_test_{run_id}_cluster"
     db_url = f"{admin_url.rsplit('/', 1)[0]}/{db_name}"
+    # Nothing of the session's in-process Airflow setup (tests/airflow_fixtures.py: its home,
+    # executor, log level...) leaks into the cluster: the script and the settings below decide.
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")},
         "EVENTPUSH_VENV": str(VENV),
         # made later from the dataset (test_cluster's dbs fixture); Airflow only keeps the URL
         # until a task uses it, and with no schedules (below) no task runs before the tests
@@ -117,8 +119,6 @@ def begin(admin_url: str, run_id: str, *, background: bool = True) -> Setup:
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
     }
-    env.pop("AIRFLOW_HOME", None)
-    env = {k: v for k, v in env.items() if not k.startswith("AIRFLOW_CONN_")}
     _setup = Setup(directory, env, db_name, db_url)
     if background:
         _setup.start_prepare()
