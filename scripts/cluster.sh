@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The deployment docker-compose.yaml describes, as processes on this machine:
 #
-#   scripts/cluster.sh up [spark] | down [--purge] | status        (or ./dev cluster ...)
+#   scripts/cluster.sh up [spark] | down [--purge] | status | prepare    (or ./dev cluster ...)
 #
-# (`up spark` starts the Spark part alone.)
+# (`up spark` starts the Spark part alone. `prepare` does the slow parts of a first `up` that
+# need no port and start no service: the executors' packed Python environment and Airflow's
+# migrated metadata database; `up` does them too, quickly once done.)
 #
 # - a Spark standalone master and two workers, from the installed pyspark's own spark-class,
 #   bound to 127.0.0.1. The workers run with a PATH whose python3 is the machine's, not this
@@ -19,6 +21,9 @@
 # 1 the triggerer's log server, 2 and 3 the Celery workers' log servers, 7 the Spark master
 # (so 7077 by default), 8 its web UI, 9 and 10 the Spark workers' web UIs. None of them is
 # `./dev airflow`'s 8080.
+# Each Spark application takes every free core by default; EVENTPUSH_CLUSTER_APP_CORES=N caps
+# an application that does not say otherwise at N (spark.deploy.defaultCores), so that as many
+# jobs run at once (the tests run two DAGs' jobs side by side).
 # State lives in EVENTPUSH_CLUSTER_DIR (default var/cluster): logs/, pids/, airflow/
 # (AIRFLOW_HOME), spark/ (the workers' directories). `down` stops every process (the whole
 # process group of each) and removes pids/ and spark/; logs stay for reading. `down --purge`
@@ -111,6 +116,7 @@ with conn.cursor() as cur:
     exists = cur.fetchone() is not None
     if sys.argv[1] == "create" and not exists:
         cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        print("created")
     elif sys.argv[1] == "drop" and exists:
         cur.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 conn.close()
@@ -180,13 +186,13 @@ up() {
   esac
 
   # Build the executors' environment now, not inside the first task (which has a timeout).
-  say "packing the executors' Python environment (once per lock file)"
-  PYTHONPATH="$repo/include" "$venv/bin/python" -m eventpush.sparkjobs.pyenv build >/dev/null
+  build_pyenv
 
   say "starting Spark: master $master_url, two workers (python3: $python3_seen)"
   local spark_env=(env -u VIRTUAL_ENV -u PYTHONPATH -u PYSPARK_PYTHON -u PYSPARK_DRIVER_PYTHON
     PATH="$bare" SPARK_HOME="$spark_home_dir" SPARK_LOCAL_IP=127.0.0.1
     SPARK_LOG_DIR="$dir/logs" SPARK_NO_DAEMONIZE=1
+    SPARK_MASTER_OPTS="${EVENTPUSH_CLUSTER_APP_CORES:+-Dspark.deploy.defaultCores=$EVENTPUSH_CLUSTER_APP_CORES}"
     SPARK_WORKER_OPTS="-Dspark.worker.cleanup.enabled=true -Dspark.worker.cleanup.interval=300 -Dspark.worker.cleanup.appDataTtl=900")
   start spark-master "${spark_env[@]}" "$spark_home_dir/bin/spark-class" \
     org.apache.spark.deploy.master.Master --host 127.0.0.1 --port "$spark_port" \
@@ -207,9 +213,7 @@ up() {
     return
   fi
   airflow_env
-  say "Airflow metadata: database $airflow_db; migrating (a minute or two the first time)"
-  metadata_db create
-  airflow db migrate >"$dir/logs/db-migrate.log" 2>&1 || die "airflow db migrate failed: see $dir/logs/db-migrate.log"
+  migrate_metadata
   start api-server airflow api-server --host 127.0.0.1 --port "$api_port"
   start scheduler airflow scheduler
   start dag-processor airflow dag-processor
@@ -222,6 +226,33 @@ up() {
   wait_http "$api_url/api/v2/monitor/health" "the Airflow API server" 300 api-server
   wait_workers 2 120
   status
+}
+
+build_pyenv() {
+  say "packing the executors' Python environment (once per lock file)"
+  PYTHONPATH="$repo/include" "$venv/bin/python" -m eventpush.sparkjobs.pyenv build >/dev/null
+}
+
+migrate_metadata() {
+  # Skipped when this directory's stamp says the same database was migrated by the same
+  # Airflow (by `prepare`, or an earlier `up`): even with nothing to do it costs half a minute.
+  local stamp="$dir/airflow/.migrated" want created
+  want="$airflow_db $("$venv/bin/python" -c 'from importlib.metadata import version; print(version("apache-airflow"))')"
+  created="$(metadata_db create)"
+  if [[ -z $created && -s $stamp && $(cat "$stamp") == "$want" ]]; then
+    say "Airflow metadata: database $airflow_db, already migrated"
+    return
+  fi
+  say "Airflow metadata: database $airflow_db; migrating (a minute or two the first time)"
+  airflow db migrate >>"$dir/logs/db-migrate.log" 2>&1 || die "airflow db migrate failed: see $dir/logs/db-migrate.log"
+  echo "$want" >"$stamp"
+}
+
+prepare() {
+  mkdir -p "$dir/logs"
+  build_pyenv
+  airflow_env
+  migrate_metadata
 }
 
 wait_workers() {
@@ -311,5 +342,6 @@ case "${1:-}" in
   up) shift; up "$@" ;;
   down) shift; down "$@" ;;
   status) status ;;
-  *) echo "usage: scripts/cluster.sh up [spark] | down [--purge] | status" >&2; exit 2 ;;
+  prepare) prepare ;;
+  *) echo "usage: scripts/cluster.sh up [spark] | down [--purge] | status | prepare" >&2; exit 2 ;;
 esac

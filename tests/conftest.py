@@ -30,6 +30,25 @@ os.environ["EVENTPUSH_ALLOW_CIDRS"] = TEST_ALLOW_CIDRS
 os.environ.pop("EVENTPUSH_DENY_CIDRS", None)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """With cluster tests selected, the cluster's slow one-time setup (the executors' packed
+    Python, Airflow's metadata database) starts now, in the background, while the modules
+    before test_cluster.py run (tests/cluster_support.py)."""
+    import cluster_support
+
+    if session.config.option.collectonly:
+        return
+    wanted = any(item.get_closest_marker("cluster") for item in session.items)
+    if wanted and cluster_support.redis_up():  # without Redis the cluster tests skip
+        cluster_support.begin(ADMIN_URL, RUN_ID)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    import cluster_support
+
+    cluster_support.end()
+
+
 def _server(url: str) -> str:
     return url.rsplit("/", 1)[0]
 

@@ -36,10 +36,12 @@ import psycopg2
 import pytest
 from batch_support import events, make_runner, publish_lines, simulate_push
 from conftest import ADMIN_URL, _admin
+from receiver_support import receiver
 
 from eventpush import catalog
-from eventpush.demo.receiver import Receiver
 from tests.airflow_fixtures import REPO
+
+__all__ = ["receiver"]  # the fixture, one for the module (receiver_support)
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = REPO / "artifacts" / "airflow-ui"
@@ -123,12 +125,6 @@ def _seed(url: str, receiver_url: str) -> None:
         simulate_push(conn, billing, fail={2, 3, 4})
     finally:
         conn.close()
-
-
-@pytest.fixture(scope="module")
-def receiver():
-    with Receiver() as r:
-        yield r
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,11 @@ the checkout's venv; the executors report the interpreter they run, which must b
 environment shipped with the job. Last, a Celery worker is killed with SIGKILL in the middle
 of a push slice: the slice is retried on the other worker and nothing is lost.
 
-Select with ``-m cluster``; a few minutes.
+The cluster's slow one-time setup (packed executor environment, metadata database) starts in
+the background when collection ends (tests/cluster_support.py). It runs no schedules: only the
+runs the tests trigger, the audit's and the rebalance's side by side (one Spark core each).
+Part of ``./dev test``; ``-m cluster`` selects these alone, ``-m 'not cluster'`` leaves them
+out (a few minutes).
 """
 
 from __future__ import annotations
@@ -30,24 +34,30 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import cluster_support
 import httpx
 import psycopg2
 import pytest
 from batch_support import events, make_runner, publish_lines, simulate_push
+from cluster_support import PASSWORD, REPO, VENV
 from conftest import ADMIN_URL, RUN_ID, _admin, _drop, _server
+from receiver_support import receiver
 
 from eventpush import catalog
 from eventpush.catalog import TargetSpec
-from eventpush.demo.receiver import Receiver
 from eventpush.sparkjobs.session import EXECUTOR_PYTHON_MARK
+
+__all__ = ["receiver"]  # the fixture, one for the module (receiver_support)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1500)]
 
-REPO = Path(__file__).resolve().parents[1]
-VENV = Path(sys.executable).parent.parent
 SINCE = datetime.now(UTC) - timedelta(hours=1)
 UNTIL = datetime.now(UTC) + timedelta(hours=1)
-PASSWORD = "cluster-test-pw"
+AUDIT_CONF = {"since": SINCE.isoformat(), "until": UNTIL.isoformat()}
+# The rebalance's load window, given to both sides: the default (15 minutes) is shorter than a
+# loaded run of this module, and deliveries older than the window weigh nothing, which changes
+# the result (by count instead of by load). A day holds every delivery made here.
+LOAD_WINDOW_MINUTES = 24 * 60
 
 
 def _free_port_base(span: int = 11) -> int:
@@ -69,14 +79,6 @@ def _free_port_base(span: int = 11) -> int:
             for s in socks:
                 s.close()
     raise RuntimeError("no free port range on 127.0.0.1")
-
-
-def _redis_up() -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", 6379), timeout=2).close()
-        return True
-    except OSError:
-        return False
 
 
 def _make_dataset(url: str, receiver_url: str) -> None:
@@ -207,7 +209,7 @@ class Cluster:
                 state = h.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
             if state in ("success", "failed"):
                 return state
-            time.sleep(3)
+            time.sleep(1)
         raise AssertionError(
             f"{dag_id} {run_id} not done in {timeout}s: "
             f"{self.task_states(dag_id, run_id)}; logs in {self.dir}/logs"
@@ -239,21 +241,17 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def receiver():
-    with Receiver() as r:
-        yield r
-
-
-@pytest.fixture(scope="module")
 def dbs(template_db, receiver):
-    """(cluster database URL, local-mode database URL): two copies of one dataset."""
-    names = [f"eventpush_test_{RUN_ID}_{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    """(cluster database URL, local-mode database URL): two copies of one dataset. The
+    cluster's has the name its Airflow was given at start (cluster_support)."""
+    setup = cluster_support.begin(ADMIN_URL, RUN_ID, background=False)
+    seed = f"eventpush_test_{RUN_ID}_{uuid.uuid4().hex[:8]}"
+    local = f"eventpush_test_{RUN_ID}_{uuid.uuid4().hex[:8]}"
     try:
-        seed = _clone(template_db, names[0])
-        _make_dataset(seed, receiver.url)
-        yield _clone(names[0], names[1]), _clone(names[0], names[2])
+        _make_dataset(_clone(template_db, seed), receiver.url)
+        yield _clone(seed, setup.db_name), _clone(seed, local)
     finally:
-        for name in names:
+        for name in (seed, setup.db_name, local):
             _drop(name)
 
 
@@ -265,56 +263,44 @@ def local_results(dbs):
     return {
         "audit": _cli(local, "audit", *window),
         "replay": _cli(local, "replay", "--what", "failed", "--bus", "orders"),
-        "rebalance": _cli(local, "rebalance"),
+        "rebalance": _cli(local, "rebalance", "--window-minutes", str(LOAD_WINDOW_MINUTES)),
     }
 
 
 @pytest.fixture(scope="module")
-def cluster(dbs, tmp_path_factory, request):
-    if not _redis_up():
+def cluster(tmp_path_factory, request):
+    if not cluster_support.redis_up():
         pytest.skip("no Redis on 127.0.0.1:6379: the CeleryExecutor needs one")
-    url, _ = dbs
-    directory = tmp_path_factory.mktemp("cluster")
+    # Begun when collection ended (conftest): its `prepare` has usually finished by now.
+    setup = cluster_support.begin(ADMIN_URL, RUN_ID)
+    directory = setup.directory
     kept = tmp_path_factory.mktemp("cluster-logs")
     base = _free_port_base()
-    (directory / "passwords.json").write_text(json.dumps({"admin": PASSWORD}))
-    env = {
-        **os.environ,
-        "EVENTPUSH_VENV": str(VENV),
-        "EVENTPUSH_DATABASE_URL": url,
-        "EVENTPUSH_ADMIN_URL": ADMIN_URL,
-        "EVENTPUSH_CLUSTER_DIR": str(directory),
-        "EVENTPUSH_CLUSTER_PORT_BASE": str(base),
-        "EVENTPUSH_CLUSTER_AIRFLOW_DB": f"eventpush_test_{RUN_ID}_airflow",
-        "EVENTPUSH_CLUSTER_QUEUE": f"eventpush-test-{RUN_ID}",
-        "EVENTPUSH_JDBC_JAR": os.environ.get(
-            "EVENTPUSH_JDBC_JAR", "/usr/share/java/postgresql.jar"
-        ),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(directory / "passwords.json"),
-        # a dead Celery worker's task is failed (and retried) after this long without heartbeat
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "45",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
-    }
-    env.pop("AIRFLOW_HOME", None)
-    env = {k: v for k, v in env.items() if not k.startswith("AIRFLOW_CONN_")}
+    env = {**setup.env, "EVENTPUSH_CLUSTER_PORT_BASE": str(base)}
     c = Cluster(env, directory, base)
-    # The local-mode results are computed while the cluster starts: the two overlap.
-    up = c.start("up")
+    up = None
     try:
+        setup.prepared()
+        up = c.start("up")
+        # The dataset and the local-mode results are made while the cluster starts: Airflow
+        # needs the eventpush database only when the first task runs.
+        request.getfixturevalue("dbs")
         request.getfixturevalue("local_results")
         out, err = up.communicate(timeout=600)
         assert up.returncode == 0, out + err
         _wait_for_dags(c)
         yield c
     finally:
-        if up.poll() is None:  # local mode failed first: stop the start, then tear down
+        if up is not None and up.poll() is None:  # local mode failed first: stop the start
             up.terminate()
             up.wait(60)
         for logs in (directory / "logs", directory / "airflow" / "logs"):
             if logs.is_dir():  # kept for reading after a failure; the rest is purged
                 shutil.copytree(logs, kept / logs.relative_to(directory), dirs_exist_ok=True)
+        if setup.log.is_file():
+            shutil.copy(setup.log, kept / setup.log.name)
         down = c.script("down", "--purge")
+        setup.down = down.returncode == 0
         leftovers = subprocess.run(
             ["pgrep", "-f", str(directory)], capture_output=True, text=True
         ).stdout.split()
@@ -325,6 +311,20 @@ def cluster(dbs, tmp_path_factory, request):
         redis.Redis("127.0.0.1", 6379).delete(env["EVENTPUSH_CLUSTER_QUEUE"])
 
 
+@pytest.fixture(scope="module")
+def first_runs(cluster, dbs) -> dict[str, str]:
+    """The audit and the rebalance, triggered together (each job on a core of its own): the
+    rebalance reads the runners, the workers and the live deliveries, which the audit does not
+    change. The replay, which adds deliveries the audit would count, waits for the audit, as
+    in local mode. Returns {dag_id: run id}."""
+    return {
+        "eventpush_audit": cluster.trigger("eventpush_audit", AUDIT_CONF),
+        "eventpush_rebalance": cluster.trigger(
+            "eventpush_rebalance", {"window_minutes": LOAD_WINDOW_MINUTES}
+        ),
+    }
+
+
 def _wait_for_dags(c: Cluster, timeout: float = 240) -> None:
     wanted = {"eventpush_audit", "eventpush_replay", "eventpush_rebalance", "eventpush_push"}
     deadline = time.monotonic() + timeout
@@ -333,7 +333,7 @@ def _wait_for_dags(c: Cluster, timeout: float = 240) -> None:
             got = {d["dag_id"] for d in h.get("/dags").json().get("dags", [])}
         if wanted <= got:
             return
-        time.sleep(3)
+        time.sleep(1)
     raise AssertionError(f"DAGs not parsed in {timeout}s: {got}")
 
 
@@ -351,10 +351,9 @@ def _by_runner(rows: list[dict]) -> dict[str, dict]:
     return {r["runner"]: {k: r[k] for k in keys} for r in rows}
 
 
-def test_audit_dag_on_the_cluster_equals_local_mode(cluster, dbs, local_results):
+def test_audit_dag_on_the_cluster_equals_local_mode(cluster, dbs, local_results, first_runs):
     url, _ = dbs
-    conf = {"since": SINCE.isoformat(), "until": UNTIL.isoformat()}
-    run_id = cluster.trigger("eventpush_audit", conf)
+    run_id = first_runs["eventpush_audit"]
     state = cluster.wait_run("eventpush_audit", run_id)
     states = cluster.task_states("eventpush_audit", run_id)
     # the two deleted deliveries are missing: the job succeeds, the check fails the run
@@ -383,8 +382,9 @@ def test_audit_dag_on_the_cluster_equals_local_mode(cluster, dbs, local_results)
         assert p["version"] == driver_version, p
 
 
-def test_replay_dag_on_the_cluster_equals_local_mode(cluster, dbs, local_results):
+def test_replay_dag_on_the_cluster_equals_local_mode(cluster, dbs, local_results, first_runs):
     url, local = dbs
+    cluster.wait_run("eventpush_audit", first_runs["eventpush_audit"])  # local mode's order
     run_id = cluster.trigger("eventpush_replay", {"what": "failed", "bus": "orders"})
     state = cluster.wait_run("eventpush_replay", run_id)
     assert state == "success", cluster.failures("eventpush_replay", run_id)
@@ -410,28 +410,39 @@ def test_replay_dag_on_the_cluster_equals_local_mode(cluster, dbs, local_results
     assert want["selected"] > 0 and {f[3] for f in cluster_failures} == {"replayed"}
 
 
-def test_rebalance_dag_on_the_cluster_equals_local_mode(cluster, dbs, local_results):
-    url, _ = dbs
-    run_id = cluster.trigger("eventpush_rebalance", {})
+def test_rebalance_dag_on_the_cluster_equals_local_mode(cluster, dbs, local_results, first_runs):
+    url, local = dbs
+    run_id = first_runs["eventpush_rebalance"]
     state = cluster.wait_run("eventpush_rebalance", run_id)
     assert state == "success", cluster.failures("eventpush_rebalance", run_id)
-    with psycopg2.connect(url) as conn, conn.cursor() as cur:
-        cur.execute(
-            "SELECT r.name, w.name FROM event_target_runner r "
-            "LEFT JOIN event_push_worker w ON w.id = r.worker_id WHERE r.name LIKE 'orders/%'"
-        )
-        assignment = dict(cur.fetchall())
+
+    def outcome(db: str) -> tuple:
+        with psycopg2.connect(db) as conn, conn.cursor() as cur:
+            cur.execute(
+                "SELECT r.name, w.name FROM event_target_runner r "
+                "LEFT JOIN event_push_worker w ON w.id = r.worker_id WHERE r.name LIKE 'orders/%'"
+            )
+            assignment = dict(cur.fetchall())
+            # the weights it balanced (spread, load ratio, each worker's load), as recorded
+            cur.execute("SELECT moves, details FROM event_assignment ORDER BY generation")
+            return assignment, cur.fetchall()
+
+    assignment, generations = outcome(url)
+    local_assignment, local_generations = outcome(local)
     expected = local_results["rebalance"]["assignment"]
-    assert assignment == expected
+    assert local_assignment == expected
+    assert assignment == expected and generations == local_generations
     assert set(expected.values()) == {"w1", "w2"}  # it had work to do: w2 started empty
-
-
-def _push_run(cluster: Cluster) -> dict | None:
-    with cluster.http() as h:
-        runs = h.get(
-            "/dags/eventpush_push/dagRuns", params={"state": "running", "order_by": "-start_date"}
-        ).json()["dag_runs"]
-    return runs[0] if runs else None
+    # Balanced by load, which the window held: w1 shed its heaviest runner (most live
+    # deliveries), where equal weights (no load read) would have moved the lowest id.
+    with psycopg2.connect(local) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT r.name FROM event_push_delivery d JOIN event_target_runner r "
+            "ON r.id = d.runner_id WHERE d.origin = 'live' AND r.name LIKE 'orders/%' "
+            "GROUP BY r.name ORDER BY count(*) DESC, r.name LIMIT 1"
+        )
+        (heaviest,) = cur.fetchone()
+    assert [m["runner"] for m in local_results["rebalance"]["moved"]] == [heaviest]
 
 
 def _push_task_of(cluster: Cluster, run_id: str, worker: str) -> dict | None:
@@ -503,9 +514,12 @@ def _received(receiver, path: str) -> list[int]:
     return [json.loads(body)["detail"]["n"] for body in bodies]
 
 
-def test_a_celery_worker_killed_mid_slice_loses_nothing(cluster, dbs, receiver):
+def test_a_celery_worker_killed_mid_slice_loses_nothing(cluster, dbs, receiver, first_runs):
     url, _ = dbs
+    for dag_id, first in first_runs.items():  # a new worker and bus would change their inputs
+        cluster.wait_run(dag_id, first)
     conn = psycopg2.connect(url)
+    run_id = None
     try:
         catalog.create_worker(conn, "wk")
         catalog.create_bus(conn, "kill", 2)
@@ -528,29 +542,20 @@ def test_a_celery_worker_killed_mid_slice_loses_nothing(cluster, dbs, receiver):
             assert cur.fetchone() == ("wk",)
         conn.commit()
 
-        # The running push round listed its workers when it began: end it, so that the next
-        # (continuous) round maps a push task over wk too.
-        current = _push_run(cluster)
-        if current:
-            with cluster.http() as h:
-                r = h.patch(
-                    f"/dags/eventpush_push/dagRuns/{current['dag_run_id']}",
-                    json={"state": "success"},
-                )
-                assert r.status_code == 200, r.text
+        # A push round (the test cluster runs no schedules: the continuous one is started by
+        # hand), with a window long enough for the killed slice's retry to finish within it.
         # wk has nothing to push yet: its task defers to the trigger, waiting for work.
+        run_id = cluster.trigger("eventpush_push", {"slice_seconds": 900})
         deadline = time.monotonic() + 180
-        run = ti = None
+        ti = None
         while time.monotonic() < deadline:
-            run = _push_run(cluster)
-            if run and (not current or run["dag_run_id"] != current["dag_run_id"]):
-                ti = _push_task_of(cluster, run["dag_run_id"], "wk")
-                if ti and ti["state"] in ("deferred", "running"):
-                    break
-            time.sleep(2)
+            ti = _push_task_of(cluster, run_id, "wk")
+            if ti and ti["state"] in ("deferred", "running"):
+                break
+            time.sleep(1)
         else:
-            raise AssertionError(f"no push round waiting for wk's work: {run} {ti}")
-        run_id, index = run["dag_run_id"], ti["map_index"]
+            raise AssertionError(f"no push round waiting for wk's work: {run_id} {ti}")
+        index = ti["map_index"]
 
         def wk_push() -> dict:
             with cluster.http() as h:
@@ -628,3 +633,6 @@ def test_a_celery_worker_killed_mid_slice_loses_nothing(cluster, dbs, receiver):
         assert duplicates <= in_flight, (duplicates, in_flight)
     finally:
         conn.close()
+        if run_id:  # end the round: its tasks stop now, not at the window's end during `down`
+            with cluster.http() as h:
+                h.patch(f"/dags/eventpush_push/dagRuns/{run_id}", json={"state": "success"})

@@ -9,12 +9,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from batch_support import events, make_runner, publish_lines, simulate_push
+from receiver_support import receiver
 
 from eventpush import catalog
-from eventpush.demo.receiver import Receiver
 from tests.airflow_fixtures import REPO, airflow_conn_env, airflow_db
 
-__all__ = ["airflow_conn_env", "airflow_db"]
+__all__ = ["airflow_conn_env", "airflow_db", "receiver"]
 
 DAG_IDS = ("eventpush_audit", "eventpush_replay", "eventpush_rebalance", "eventpush_replay_gaps")
 
@@ -34,12 +34,6 @@ def spark_conn(monkeypatch, airflow_conn_env):
         "AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"})
     )
     return airflow_conn_env
-
-
-@pytest.fixture(scope="module")
-def receiver():
-    with Receiver() as r:
-        yield r
 
 
 def states(run) -> dict[str, str]:
