@@ -355,15 +355,24 @@ DELIVERY_COLUMNS = (
 )
 
 
+NULL = "\\N"  # NULL in COPY's text format
+
+
 def copy_deliveries(
-    cur, deliveries: list[DeliveryRow], brokers: dict[int, str], replay_id: int | None = None
+    cur,
+    deliveries: list[DeliveryRow],
+    brokers: dict[int, str],
+    replay: bool = False,
+    replay_id: int | None = None,
 ) -> None:
-    """Delivery rows through COPY, for the engine's commit and for replay's partitions (with
-    ``replay_id``: rows of origin ``replay`` carrying it). ``brokers``: runner -> its rows'
-    broker_name (the default when absent)."""
+    """Delivery rows through COPY, for the engine's commit and for replay's partitions
+    (``replay``: rows of origin ``replay``, carrying ``replay_id`` when there is one).
+    ``brokers``: runner -> its rows' broker_name (the default when absent)."""
     buf = io.StringIO()
     prefixes: dict[int, str] = {}  # a runner's first four columns, escaped once
-    end = "\n" if replay_id is None else f"\treplay\t{int(replay_id)}\n"
+    end = "\n"
+    if replay:  # COPY's text format: \N is NULL
+        end = f"\treplay\t{NULL if replay_id is None else int(replay_id)}\n"
     for d in deliveries:
         prefix = prefixes.get(d.runner_id)
         if prefix is None:
@@ -375,7 +384,7 @@ def copy_deliveries(
             f"{d.attempts}\t{copy_text(d.http_status)}\t{d.latency_ms:.3f}{end}"
         )
     buf.seek(0)
-    columns = DELIVERY_COLUMNS if replay_id is None else f"{DELIVERY_COLUMNS}, origin, replay_id"
+    columns = f"{DELIVERY_COLUMNS}, origin, replay_id" if replay else DELIVERY_COLUMNS
     cur.copy_expert(f"COPY event_push_delivery ({columns}) FROM STDIN", buf)
 
 

@@ -429,7 +429,7 @@ def _write_outcomes(cur, outcomes: list, replay_id: int, counts: dict) -> None:
         else:
             failed.extend((row, target.broker) for row in rows)
     if delivered:
-        copy_deliveries(cur, delivered, brokers, replay_id)
+        copy_deliveries(cur, delivered, brokers, replay=True, replay_id=replay_id)
         cur.execute(
             "UPDATE event_push_failure f SET status = 'replayed', replay_id = %s, "
             "mtime = now() FROM unnest(%s::int[], %s::int[], %s::bigint[]) "
