@@ -24,6 +24,7 @@ import random
 import re
 import socket
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
@@ -289,10 +290,11 @@ class Session:
         """The client pinned to ``url``'s checked address; raises RefusedAddressError for a
         denied one, InvalidTargetUrlError for a URL that cannot be sent to, OSError when the
         name does not resolve."""
+        client = self.pinned(url)
+        if client is not None:
+            return client
         route = self._routes.get(url)
         now = time.monotonic()
-        if route is not None and route.expires > now:
-            return route.client
         origin = _origin(url)
         addresses = await self._checked_addresses(origin[1], origin[2])
         if route is not None and route.address in addresses:  # the pin still holds
@@ -378,16 +380,16 @@ def new_session(limit: int = 0, policy: AddressPolicy | None = None) -> Session:
     return Session(limit, policy)
 
 
-async def attempt(
+def attempt(
     session: Session, target: Target, body: bytes, headers: dict[str, str]
-) -> Outcome:
+) -> Awaitable[Outcome]:
     """One POST with the target's timeout (the client's own: no timer of ours), carrying the
     ``traceparent`` of the attempt under way (``tracing.OUTGOING``). Never raises for network
-    trouble."""
+    trouble. Returns the request coroutine itself: no frame of its own on the hot path."""
     traceparent = tracing.OUTGOING.get()
     if traceparent is not None:  # the span of this attempt, so the receiver can join it
         headers = {**headers, "traceparent": traceparent}
-    return await post(session, target, body, headers)
+    return post(session, target, body, headers)
 
 
 async def post(session: Session, target: Target, body: bytes, headers: dict[str, str]) -> Outcome:

@@ -292,7 +292,7 @@ class Lanes:
         if not (runner.fresh or runner.retry) or runner.paused or self.paused or runner.stopped:
             return None
         limiter, pool = runner.limiter, self.pool
-        if limiter.in_use >= limiter.limit or pool.in_use >= pool.limit:
+        if not (limiter.free() and pool.free()):
             return None
         granted = runner.breaker.admit()
         if granted is None:
@@ -308,8 +308,8 @@ class Lanes:
             else:
                 batch = [fresh.popleft() for _ in range(min(size, len(fresh)))]
             runner.fresh_streak += 1
-        limiter.in_use += 1
-        pool.in_use += 1
+        limiter.try_acquire()
+        pool.try_acquire()
         return batch, granted
 
     def pump(self, runner: Runner) -> None:
@@ -454,7 +454,7 @@ class Lanes:
         """A send's slots back; True when the shared pool was full (every runner is woken)."""
         runner.limiter.release()
         pool = self.pool
-        was_full = pool.in_use >= pool.limit
+        was_full = not pool.free()
         pool.release()
         if was_full:  # other runners' senders may be waiting for this slot
             self.wake_all()

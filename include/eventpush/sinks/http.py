@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 
-from eventpush import tracing
 from eventpush.push import delivery
 from eventpush.push.delivery import Outcome, Record, Target
 from eventpush.push.targets import AddressPolicy, validate_url
@@ -28,10 +27,7 @@ class HttpSink:
             body, headers = delivery.build_request(target, records, transform)
         except Exception as exc:
             return _ready(transform_failed(exc))
-        traceparent = tracing.OUTGOING.get()
-        if traceparent is not None:  # headers is ours: a fresh dict for this request
-            headers["traceparent"] = traceparent
-        return delivery.post(self.session, target, body, headers)
+        return delivery.attempt(self.session, target, body, headers)
 
     async def close(self) -> None:
         await self.session.close()

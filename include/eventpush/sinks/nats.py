@@ -214,10 +214,6 @@ class NatsSink:
         finally:
             for future in futures:  # a timed-out or cancelled wait leaves none in the client
                 future.cancel()
-        if len(acks) == 1 and not isinstance(acks[0], BaseException):
-            if (target.url, acks[0].stream) not in self._windows_checked:
-                await self._check_window(target, acks[0].stream)
-            return Outcome(DELIVERED, None, None, (time.perf_counter() - started) * 1000)
         failures = [
             (RETRY, f"no acknowledgement within {target.timeout_ms} ms")
             if isinstance(a, _AckTimeout)
