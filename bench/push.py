@@ -5,7 +5,9 @@
     .venv/bin/python bench/push.py clients   # bare client loops, aiohttp vs the engine's
 
 The receiver (``python -m eventpush.demo.receiver``) runs in a process of its own on loopback;
-wrk hits the same receiver in the same run, so the ratio compares like with like.
+wrk hits the same receiver in the same run with the request the engine sends (the stored
+event as body, the engine's headers and the client's ``accept``), so the ratio compares like
+with like; wrk's figure for a minimal request (the ceiling of earlier reports) is printed too.
 """
 
 from __future__ import annotations
@@ -59,16 +61,22 @@ def topology(conn, url: str, paths: list[str], queues: int = 4, **spec) -> None:
     catalog.assign(conn)
 
 
-def wrk_rate(url: str, seconds: int = 5, connections: int = 64) -> float:
+def wrk_rate(
+    url: str, seconds: int = 5, connections: int = 64, request: tuple[bytes, dict] | None = None
+) -> float:
+    """wrk's requests/s against ``url``: POSTs of ``request`` (body, headers), by default a
+    small JSON event with only a content type."""
     if shutil.which("wrk") is None:
         raise SystemExit("bench/push.py: wrk is not installed (Debian: apt-get install wrk)")
+    body, headers = request or (
+        b'{"source":"shop.orders","detail":{"order":1}}',
+        {"content-type": "application/json"},
+    )
+    lua = 'wrk.method = "POST"\n' + f"wrk.body = {_lua(body.decode())}\n"
+    lua += "".join(f"wrk.headers[{_lua(k)}] = {_lua(v)}\n" for k, v in headers.items())
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp, "post.lua")
-        script.write_text(
-            'wrk.method = "POST"\n'
-            'wrk.body = \'{"source":"shop.orders","detail":{"order":1}}\'\n'
-            'wrk.headers["Content-Type"] = "application/json"\n'
-        )
+        script.write_text(lua)
         out = subprocess.run(
             ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "-s", str(script), url],
             capture_output=True,
@@ -76,6 +84,29 @@ def wrk_rate(url: str, seconds: int = 5, connections: int = 64) -> float:
             check=True,
         ).stdout
     return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+
+
+def _lua(text: str) -> str:
+    return json.dumps(text)  # a JSON string is a valid Lua string literal for these texts
+
+
+def engine_request(conn) -> tuple[bytes, dict[str, str]]:
+    """The request the engine sends for the bus's first events to its first target (one
+    event, or a batch of the target's size), with the header the client adds (``accept``)
+    and a traceparent: what wrk sends too, so wrk's receiver parses what the engine's does."""
+    from eventpush.push import delivery
+    from eventpush.tracing import unrecorded_traceparent
+
+    with conn.cursor() as cur:
+        target = delivery.load_targets(cur)[0]
+        cur.execute(
+            'SELECT queue_id, "offset", message_id, body::text FROM bus_event '
+            'ORDER BY queue_id, "offset" LIMIT %s',
+            (target.batch_size,),
+        )
+        records = [delivery.Record(q, o, m, json.loads(raw), raw) for q, o, m, raw in cur]
+    body, headers = delivery.build_request(target, records, None)
+    return body, {**headers, "accept": "*/*", "traceparent": unrecorded_traceparent({})}
 
 
 class CpuWatch:
@@ -161,8 +192,9 @@ class CpuWatch:
 
 def _drain(n: int, **spec) -> tuple[float, float, int, tuple[float, float]]:
     """Publish n events for four targets and push them all with one worker; returns the
-    receiver's wrk ceiling (the mean of a wrk run just before and one just after, so a load
-    change on a shared machine hits both sides of the ratio alike), seconds, deliveries, and
+    receiver's wrk ceiling (wrk sending the engine's own request, the mean of a run just
+    before and one just after, so a load change on a shared machine hits both sides of the
+    ratio alike), seconds, deliveries, and
     CPU microseconds per delivery of the event loop thread and of the whole worker process
     (HTTP client and database threads included): figures a loaded machine bends far less."""
     with ReceiverProcess() as rx, scratch_database() as url:
@@ -170,13 +202,19 @@ def _drain(n: int, **spec) -> tuple[float, float, int, tuple[float, float]]:
         topology(conn, rx.url, ["/ok/a", "/ok/b", "/ok/c", "/ok/d"], **spec)
         for i in range(0, n, 50_000):
             publish(conn, "orders", events(min(50_000, n - i), i))
-        before = wrk_rate(rx.url + "/ok/wrk")
+        request = engine_request(conn)
+        before = wrk_rate(rx.url + "/ok/wrk", request=request)
         started, loop_cpu, cpu = time.perf_counter(), time.thread_time(), time.process_time()
         with CpuWatch(rx.proc.pid, url) as watch:
             report = run_worker("w1", until_idle=True, max_seconds=600)
         elapsed = time.perf_counter() - started
         loop_cpu, cpu = time.thread_time() - loop_cpu, time.process_time() - cpu - watch.own
-        after = wrk_rate(rx.url + "/ok/wrk")
+        after = wrk_rate(rx.url + "/ok/wrk", request=request)
+        small = wrk_rate(rx.url + "/ok/wrk")
+    print(
+        f"  wrk with the engine's request ({len(request[0])} B body, {len(request[1])} headers): "
+        f"{before:,.0f} and {after:,.0f} req/s; with a minimal one (46 B, 1 header) {small:,.0f}"
+    )
     parts = watch.per(report.delivered)
     print(
         "  CPU us per delivery by part: "
