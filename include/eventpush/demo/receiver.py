@@ -169,7 +169,8 @@ class Receiver:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        runner = web.AppRunner(make_app(self.state), access_log=None)
+        # Handlers still running at the stop (/hang, /slow) get a second, then are cancelled.
+        runner = web.AppRunner(make_app(self.state), access_log=None, shutdown_timeout=1.0)
         self._loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, self._host, self._port)
         self._loop.run_until_complete(site.start())
@@ -185,13 +186,22 @@ class Receiver:
         return self
 
     def __exit__(self, *exc) -> None:
-        # Clean up on the receiver's own loop (cancelling handlers such as /hang), then stop it.
-        done = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        done = asyncio.run_coroutine_threadsafe(self._stop(), self._loop)
         with contextlib.suppress(Exception):
             done.result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
+
+    async def _stop(self) -> None:
+        """Clean up on the receiver's own loop, then end every task still on it, so nothing
+        is left to run on a closed loop (a handler's last callback would raise there)."""
+        await self._runner.cleanup()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        await asyncio.sleep(0)  # callbacks the cancellations scheduled run before the stop
 
 
 class ReceiverProcess:
