@@ -109,6 +109,20 @@ def engine_request(conn) -> tuple[bytes, dict[str, str]]:
     return body, {**headers, "accept": "*/*", "traceparent": unrecorded_traceparent({})}
 
 
+def _tids(pid: int) -> list[int]:
+    try:
+        return [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        return []
+
+
+def _runqueue_wait_s(pid: int, tid: int) -> float | None:
+    try:
+        return int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class CpuWatch:
     """CPU seconds spent meanwhile by this process's threads (grouped: the event loop, the
     HTTP client's tokio threads, the rest), the receiver and the database's backends, sampled
@@ -124,6 +138,7 @@ class CpuWatch:
         self.loop_tid = threading.get_native_id()
         self.threads: dict[int, tuple[str, float]] = {}
         self.backends: dict[int, float] = {}
+        self.waits: dict[tuple[int, int], float] = {}  # (pid, tid) -> s runnable, not running
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.admin = psycopg2.connect(ADMIN_URL)
@@ -154,6 +169,11 @@ class CpuWatch:
             self.backends[pid] = times.user + times.system
         times = self.rx.cpu_times()
         self.rx_cpu = times.user + times.system
+        for pid in (self.me.pid, self.rx.pid):
+            for tid in _tids(pid):
+                waited = _runqueue_wait_s(pid, tid)
+                if waited is not None:
+                    self.waits[pid, tid] = waited
 
     def _run(self) -> None:
         import threading
@@ -168,6 +188,8 @@ class CpuWatch:
         self.start_threads = {tid: cpu for tid, (_, cpu) in self.threads.items()}
         self.start_backends = dict(self.backends)
         self.start_rx = self.rx_cpu
+        self.start_waits = dict(self.waits)
+        self.started = time.perf_counter()
         self.thread.start()
         return self
 
@@ -176,6 +198,17 @@ class CpuWatch:
         self.thread.join()
         self._sample()
         self.admin.close()
+        self.seconds = time.perf_counter() - self.started
+
+    def waited(self) -> dict[str, float]:
+        """Seconds the worker's and the receiver's threads were ready to run but had no core
+        (the kernel's run-queue wait): contention, where idle cores mean hand-over gaps."""
+        parts = {"worker": 0.0, "receiver": 0.0}
+        for (pid, tid), waited in self.waits.items():
+            if tid != getattr(self, "watcher_tid", None):
+                part = "worker" if pid == self.me.pid else "receiver"
+                parts[part] += waited - self.start_waits.get((pid, tid), 0.0)
+        return parts
 
     def per(self, n: int) -> dict[str, float]:
         """CPU microseconds per unit (n units) by part."""
@@ -219,6 +252,13 @@ def _drain(n: int, **spec) -> tuple[float, float, int, tuple[float, float]]:
     print(
         "  CPU us per delivery by part: "
         + ", ".join(f"{k} {v:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
+    )
+    busy = sum(parts.values()) * report.delivered / 1e6 / watch.seconds
+    waited = watch.waited()
+    print(
+        f"  cores busy {busy:.2f} of {psutil.cpu_count()}; ready but waiting for a core: "
+        f"worker threads {waited['worker']:.2f} s, receiver {waited['receiver']:.2f} s "
+        f"(of {watch.seconds:.2f} s)"
     )
     per = 1e6 / report.delivered
     return (before + after) / 2, elapsed, report.delivered, (loop_cpu * per, cpu * per)
