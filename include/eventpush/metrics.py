@@ -29,8 +29,10 @@ and several calls per observation, a large share of the engine's own work per re
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import logging
+import operator
 import os
 import time
 from collections.abc import Iterable
@@ -151,6 +153,7 @@ class AttemptStats:
         return [histogram, retries]
 
 
+_runner_of = operator.attrgetter("runner")
 HISTOGRAM_HELP = "Duration of one HTTP attempt to a target"
 RETRIES_HELP = "Requests that retried an earlier attempt"
 
@@ -218,10 +221,8 @@ class WorkerMetrics:
     def committed(self, deliveries: Iterable, failures: Iterable) -> None:
         """Rows that a commit wrote: the counters follow the tables exactly."""
         for outcome, rows in (("delivered", deliveries), ("failed", failures)):
-            counts: dict[str, int] = {}
-            for row in rows:
-                counts[row.runner] = counts.get(row.runner, 0) + 1
-            for runner, n in counts.items():
+            # Counted in C (a row per record committed, on the event loop).
+            for runner, n in collections.Counter(map(_runner_of, rows)).items():
                 self.deliveries.labels(runner, outcome).inc(n)
 
     def attempted(self, runner: str, outcome: str, seconds: float, retry: bool) -> None:
