@@ -255,3 +255,48 @@ def test_worker_run_refuses_a_bad_metrics_port_in_one_line(conn, cli):
     assert "Traceback" not in bad_env.stderr
     bad_flag = cli("worker", "run", "w1", "--until-idle", "--metrics-port", "70000")
     assert bad_flag.returncode == 2 and "--metrics-port" in bad_flag.stderr
+
+
+def test_attempt_figures_expose_what_a_prometheus_histogram_would():
+    """The attempt counters are plain lists on the event loop (``AttemptStats``), read at
+    scrape time: for the same observations the exposition is prometheus_client's own."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    from eventpush.metrics import ATTEMPT_BUCKETS, WorkerMetrics
+
+    worker = WorkerMetrics("w")
+    registry = CollectorRegistry()
+    histogram = Histogram(
+        "eventpush_attempt_duration_seconds",
+        "Duration of one HTTP attempt to a target",
+        ["runner", "outcome"],
+        buckets=ATTEMPT_BUCKETS,
+        registry=registry,
+    )
+    retries = Counter(
+        "eventpush_retries",
+        "Requests that retried an earlier attempt",
+        ["runner"],
+        registry=registry,
+    )
+    # Bounds themselves (le is inclusive), just past them, past the last, and zero.
+    seconds = [*ATTEMPT_BUCKETS, *(b * 1.0001 for b in ATTEMPT_BUCKETS), 0.0, 31.0, 1e9]
+    for i, s in enumerate(seconds * 3):
+        runner, outcome = f"b/r/t{i % 2}", ("delivered", "retry", "final")[i % 3]
+        worker.attempted(runner, outcome, s, retry=i % 4 == 0)
+        histogram.labels(runner, outcome).observe(s)
+        if i % 4 == 0:
+            retries.labels(runner).inc()
+
+    def exposition(reg) -> list[str]:
+        lines = generate_latest(reg).decode().splitlines()
+        # Families' order and the creation times differ; everything else is the same.
+        return sorted(
+            line.rsplit(" ", 1)[0] if "_created{" in line else line
+            for line in lines
+            if "eventpush_attempt" in line or "eventpush_retries" in line
+        )
+
+    ours = exposition(worker.registry)
+    assert len(ours) > 2 * 3 * (len(ATTEMPT_BUCKETS) + 4)
+    assert ours == exposition(registry)

@@ -122,3 +122,15 @@ def test_tracing_off_still_sends_a_traceparent_and_keeps_an_events_trace(conn, r
         else:  # nothing stamped with tracing off; an invalid traceparent starts a new trace
             assert match[1] != OWN_TRACE
             assert body.get("traceparent") in (None, "xyz")
+
+
+def test_unrecorded_traceparent_ids_are_random_and_never_zero(monkeypatch):
+    own = {"traceparent": OWN_PARENT}
+    drawn = {valid(tracing.unrecorded_traceparent({}))[2] for _ in range(100)}
+    assert len(drawn) == 100  # a new span id every attempt
+    kept = valid(tracing.unrecorded_traceparent(own))
+    assert kept[1] == OWN_TRACE and kept[2] != OWN_PARENT.split("-")[2] and kept[3] == "00"
+    # W3C forbids all-zero ids: a draw of zeros (one in 2**64 or 2**128) still gives valid ones.
+    monkeypatch.setattr(tracing, "_randbytes", bytes)
+    for event in ({}, own, {"traceparent": "xyz"}, "not a dict"):
+        valid(tracing.unrecorded_traceparent(event))

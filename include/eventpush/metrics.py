@@ -20,18 +20,27 @@ Prometheus conventions: counters end in ``_total``, durations are ``_seconds``.
 
 The runner gauges are those of the runners the worker holds now; a runner that moves away
 leaves them. Lag, waiting and the loop lag are refreshed every heartbeat / sample; the
-counters and histograms as things happen.
+counters and histograms as things happen. The attempt figures (``eventpush_retries_total``,
+``eventpush_attempt_duration_seconds``) are counted per request in plain lists on the event
+loop and read at scrape time (:class:`AttemptStats`): a prometheus_client child takes a lock
+and several calls per observation, a large share of the engine's own work per request.
 """
 
 from __future__ import annotations
 
+import bisect
+import collections
 import contextlib
 import logging
+import operator
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.samples import Sample
 
 log = logging.getLogger("eventpush.metrics")
 
@@ -84,6 +93,71 @@ def metrics_host() -> str:
     return os.environ.get("EVENTPUSH_METRICS_HOST", "").strip() or DEFAULT_HOST
 
 
+class AttemptStats:
+    """The attempt counters and histogram of one worker, kept as plain numbers: per runner
+    and outcome one list of bucket counts (the last, past every bound, is +Inf) with the sum
+    of the seconds appended; per runner the retries. The event loop only adds; the scrape
+    (another thread) copies each list in one C call under the GIL and builds the cumulative
+    buckets from the copy: the buckets and the count agree, nothing shown ever goes down,
+    and at worst the sum misses the one observation being added at that instant."""
+
+    HISTOGRAM = "eventpush_attempt_duration_seconds"
+    RETRIES = "eventpush_retries"
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], list] = {}
+        self.retries: dict[str, int] = {}
+        self.created: dict[object, float] = {}  # series -> when first seen (the _created)
+        self._bounds = [*(repr(float(b)) for b in ATTEMPT_BUCKETS), "+Inf"]
+
+    def add(self, runner: str, outcome: str, seconds: float, retry: bool) -> None:
+        counts = self.counts.get((runner, outcome))
+        if counts is None:
+            self.created[runner, outcome] = time.time()
+            counts = self.counts[runner, outcome] = [0] * (len(ATTEMPT_BUCKETS) + 1) + [0.0]
+        # bisect_left: the first bound >= seconds, Prometheus's "le"; past all: +Inf.
+        counts[bisect.bisect_left(ATTEMPT_BUCKETS, seconds)] += 1
+        counts[-1] += seconds
+        if retry:
+            n = self.retries.get(runner)
+            if n is None:
+                self.created[runner] = time.time()
+                n = 0
+            self.retries[runner] = n + 1
+
+    def describe(self) -> list:
+        return [
+            HistogramMetricFamily(self.HISTOGRAM, HISTOGRAM_HELP, labels=["runner", "outcome"]),
+            CounterMetricFamily(self.RETRIES, RETRIES_HELP, labels=["runner"]),
+        ]
+
+    def collect(self) -> list:
+        histogram, retries = self.describe()
+        created = self.created
+        for (runner, outcome), live in list(self.counts.items()):
+            counts = list(live)
+            cumulative, total = [], 0
+            for bound, n in zip(self._bounds, counts[:-1], strict=True):
+                total += n
+                cumulative.append((bound, total))
+            histogram.add_metric([runner, outcome], cumulative, counts[-1])
+            histogram.samples.append(
+                Sample(
+                    f"{self.HISTOGRAM}_created",
+                    {"runner": runner, "outcome": outcome},
+                    created[runner, outcome],
+                )
+            )
+        for runner, n in list(self.retries.items()):
+            retries.add_metric([runner], n, created=created[runner])
+        return [histogram, retries]
+
+
+_runner_of = operator.attrgetter("runner")
+HISTOGRAM_HELP = "Duration of one HTTP attempt to a target"
+RETRIES_HELP = "Requests that retried an earlier attempt"
+
+
 class WorkerMetrics:
     """One worker's metrics, in a registry of its own."""
 
@@ -96,16 +170,8 @@ class WorkerMetrics:
             ["runner", "outcome"],
             registry=r,
         )
-        self.retries = Counter(
-            "eventpush_retries", "Requests that retried an earlier attempt", ["runner"], registry=r
-        )
-        self.attempt_seconds = Histogram(
-            "eventpush_attempt_duration_seconds",
-            "Duration of one HTTP attempt to a target",
-            ["runner", "outcome"],
-            buckets=ATTEMPT_BUCKETS,
-            registry=r,
-        )
+        self.attempts = AttemptStats()  # eventpush_retries, eventpush_attempt_duration_seconds
+        r.register(self.attempts)
         self.commit_seconds = Histogram(
             "eventpush_commit_duration_seconds",
             "Duration of one fenced commit of outcomes and offsets",
@@ -147,7 +213,6 @@ class WorkerMetrics:
         )
         self.loop_lag.labels(worker)
         self.held: set[str] = set()  # runners whose gauges are set now
-        self._attempt_children: dict[tuple[str, str], object] = {}
         self.server = None
         self.thread = None
 
@@ -156,21 +221,13 @@ class WorkerMetrics:
     def committed(self, deliveries: Iterable, failures: Iterable) -> None:
         """Rows that a commit wrote: the counters follow the tables exactly."""
         for outcome, rows in (("delivered", deliveries), ("failed", failures)):
-            counts: dict[str, int] = {}
-            for row in rows:
-                counts[row.runner] = counts.get(row.runner, 0) + 1
-            for runner, n in counts.items():
+            # Counted in C (a row per record committed, on the event loop).
+            for runner, n in collections.Counter(map(_runner_of, rows)).items():
                 self.deliveries.labels(runner, outcome).inc(n)
 
     def attempted(self, runner: str, outcome: str, seconds: float, retry: bool) -> None:
-        # One labelled child per runner and outcome, looked up once: this runs per request.
-        child = self._attempt_children.get((runner, outcome))
-        if child is None:
-            child = self.attempt_seconds.labels(runner, outcome)
-            self._attempt_children[runner, outcome] = child
-        child.observe(seconds)
-        if retry:
-            self.retries.labels(runner).inc()
+        """One request's outcome (this runs per request: see :class:`AttemptStats`)."""
+        self.attempts.add(runner, outcome, seconds, retry)
 
     def runner_state(self, runners: dict[str, tuple[int, bool]]) -> None:
         """runner name -> (in-flight records, breaker open), for the runners held now."""

@@ -145,16 +145,25 @@ def webhook_id(target: Target, records: list[Record]) -> str:
 
 
 def build_request(
-    target: Target, records: list[Record], transform, now: datetime | None = None
+    target: Target,
+    records: list[Record],
+    transform,
+    now: datetime | None = None,
+    traceparent: str | None = None,
 ) -> tuple[bytes, dict[str, str]]:
-    """The body and headers of one request: one event, or a JSON array for batch targets."""
+    """The body and headers of one request: one event, or a JSON array for batch targets;
+    with ``traceparent``, the header of that name too (built here, not copied in later)."""
     if target.batch_size > 1:
         body = b"[" + b",".join(_body(target, r, transform) for r in records) + b"]"
-    else:
-        body = _body(target, records[0], transform)
-    headers = {"content-type": "application/json", "user-agent": USER_AGENT}
-    msg_id = webhook_id(target, records)
-    headers["webhook-id"] = msg_id
+        msg_id = webhook_id(target, records)
+    else:  # one event: webhook_id's and _body's single-record cases, inline (per request)
+        record = records[0]
+        if target.transform_kind == "ORIGINAL":
+            body = record.raw.encode()
+        else:
+            body = _body(target, record, transform)
+        msg_id = f"msg_{record.message_id}"
+    headers = {"content-type": "application/json", "user-agent": USER_AGENT, "webhook-id": msg_id}
     if target.secret:
         from standardwebhooks import Webhook
 
@@ -163,6 +172,8 @@ def build_request(
         headers["webhook-signature"] = Webhook(target.secret).sign(
             msg_id, now, body.decode("utf-8")
         )
+    if traceparent is not None:
+        headers["traceparent"] = traceparent
     return body, headers
 
 

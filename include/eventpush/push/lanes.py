@@ -30,7 +30,8 @@ import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
+from contextvars import Token
 
 from eventpush import tracing
 from eventpush.push import delivery
@@ -169,6 +170,8 @@ class Lanes:
         self.seq = itertools.count()
         self.runners: dict[int, Runner] = {}
         self.metrics = metrics  # eventpush.metrics.WorkerMetrics, or None
+        # Its per-request counters, called straight from the hot path.
+        self.attempts = metrics.attempts if metrics is not None else None
 
     # --- life of a runner -----------------------------------------------------------------
 
@@ -248,29 +251,34 @@ class Lanes:
             oldest = next(iter(cursor.inflight)) if cursor.inflight else None
             if oldest is not None:
                 stop = min(stop, oldest + s.buffer_span)
-            max_bytes, rid = s.buffer_bytes, runner.id
-            for ev in events:
-                if room <= 0 or cursor.pulled >= stop or cursor.inflight_bytes >= max_bytes:
-                    break
-                if rid in ev.matches:
-                    if oldest is None:
-                        oldest = ev.offset
-                        stop = min(stop, oldest + s.buffer_span)
-                    room -= 1
-                    cursor.take(ev.offset, ev.size)
-                    record = Record(
-                        cursor.queue_id, ev.offset, ev.message_id, ev.event, ev.raw, pulled_at
-                    )
-                    if ordered_line is None:
-                        runner.fresh.append(record)
-                    else:
-                        ordered_line.append(record)
-                    runner.inflight += 1
-                    taken += 1
-                else:
-                    self.report.filtered += 1
-                self.report.read += 1
-                cursor.advance(ev.offset + 1)
+            max_bytes, rid, qid = s.buffer_bytes, runner.id, cursor.queue_id
+            lane = runner.fresh if ordered_line is None else ordered_line
+            # The cursor's take and advance, inline on locals written back once (per record
+            # pulled, these calls were a good part of a feeder's cost; nothing awaits here).
+            inflight, held, pulled = cursor.inflight, cursor.inflight_bytes, cursor.pulled
+            read = 0
+            try:
+                for ev in events:
+                    if room <= 0 or pulled >= stop or held >= max_bytes:
+                        break
+                    read += 1
+                    offset = ev.offset
+                    if rid in ev.matches:
+                        if oldest is None:
+                            oldest = offset
+                            stop = min(stop, oldest + s.buffer_span)
+                        room -= 1
+                        inflight[offset] = ev.size
+                        held += ev.size
+                        lane.append(Record(qid, offset, ev.message_id, ev.event, ev.raw, pulled_at))
+                        taken += 1
+                    if offset >= pulled:
+                        pulled = offset + 1
+            finally:
+                cursor.inflight_bytes, cursor.pulled = held, pulled
+                runner.inflight += taken
+                self.report.read += read
+                self.report.filtered += read - taken
             if taken:
                 if ordered_line is None:
                     self.pump(runner)
@@ -292,7 +300,7 @@ class Lanes:
         if not (runner.fresh or runner.retry) or runner.paused or self.paused or runner.stopped:
             return None
         limiter, pool = runner.limiter, self.pool
-        if not (limiter.free() and pool.free()):
+        if limiter.in_use >= limiter.limit or pool.in_use >= pool.limit:  # Limiter.free, inline
             return None
         granted = runner.breaker.admit()
         if granted is None:
@@ -363,7 +371,14 @@ class Lanes:
             batch, granted = job
             pool_was_full = True
             try:
-                outcome = await self.traced_attempt(runner, batch, granted)
+                # traced_attempt, inline: no coroutine of its own per send.
+                pending, token = self._begin(runner, batch)
+                try:
+                    outcome = await pending
+                finally:
+                    if token is not None:
+                        tracing.OUTGOING.reset(token)
+                self._observe(runner, batch, granted, outcome)
             finally:
                 pool_was_full = self._release(runner, granted)
             if not runner.fenced:  # moved away meanwhile: left uncommitted for the next owner
@@ -417,36 +432,49 @@ class Lanes:
     async def traced_attempt(self, runner: Runner, batch: list[Record], granted: Pass) -> Outcome:
         """One attempt through the target's sink, in a span of its own whose ``traceparent``
         the request carries (``tracing.OUTGOING``), counted on the records, the breaker and
-        the worker's metrics."""
-        retry = batch[0].attempts > 0
-        if retry:
+        the worker's metrics. (``sender`` runs the same steps inline.)"""
+        pending, token = self._begin(runner, batch)
+        try:
+            outcome = await pending
+        finally:
+            if token is not None:
+                tracing.OUTGOING.reset(token)
+        self._observe(runner, batch, granted, outcome)
+        return outcome
+
+    def _begin(self, runner: Runner, batch: list[Record]) -> tuple[Awaitable[Outcome], Token]:
+        """The attempt's awaitable, and the ``tracing.OUTGOING`` token to reset once it is
+        done (None when the span's own wrapper sets and resets it)."""
+        if batch[0].attempts > 0:
             self.report.retried += 1
         send = runner.send_fn
         if send is None:
             send = runner.send_fn = self.sinks.sender_for(runner.target.url)
-        if not tracing.enabled():  # the usual case, kept free of span machinery
-            token = tracing.OUTGOING.set(tracing.unrecorded_traceparent(batch[0].event))
-            try:
-                outcome = await send(runner.target, batch, runner.transform)
-            finally:
-                tracing.OUTGOING.reset(token)
-        else:
-            outcome = await tracing.in_deliver_span(
+        if tracing.enabled():
+            return tracing.in_deliver_span(
                 runner.target, batch, lambda: send(runner.target, batch, runner.transform)
-            )
+            ), None
+        # The usual case, kept free of span machinery.
+        token = tracing.OUTGOING.set(tracing.unrecorded_traceparent(batch[0].event))
+        try:
+            return send(runner.target, batch, runner.transform), token
+        except BaseException:
+            tracing.OUTGOING.reset(token)
+            raise
+
+    def _observe(self, runner: Runner, batch: list[Record], granted: Pass, outcome: Outcome):
+        """An attempt's outcome, counted on the records, the breaker and the metrics."""
         for r in batch:
             r.attempts += 1
         runner.last_outcome = outcome
         # A request that never left (transform failed, address refused) says nothing about the
         # target's health.
-        runner.breaker.record(
-            granted, reached=outcome.reached, failed=outcome.kind == delivery.RETRY
-        )
-        if self.metrics is not None:
-            self.metrics.attempted(
-                runner.target.runner, outcome.kind, outcome.latency_ms / 1000, retry
+        kind = outcome.kind
+        runner.breaker.record(granted, reached=outcome.reached, failed=kind == delivery.RETRY)
+        if self.attempts is not None:
+            self.attempts.add(
+                runner.target.runner, kind, outcome.latency_ms / 1000, batch[0].attempts > 1
             )
-        return outcome
 
     # --- sending --------------------------------------------------------------------------
 
@@ -454,7 +482,7 @@ class Lanes:
         """A send's slots back; True when the shared pool was full (every runner is woken)."""
         runner.limiter.release()
         pool = self.pool
-        was_full = not pool.free()
+        was_full = pool.in_use >= pool.limit  # not Limiter.free(): one call less per send
         pool.release()
         if was_full:  # other runners' senders may be waiting for this slot
             self.wake_all()
@@ -530,15 +558,23 @@ class Lanes:
     # --- outcomes -------------------------------------------------------------------------
 
     def finish(self, runner: Runner, batch: list[Record], outcome: Outcome) -> None:
-        for r in batch:
+        """The records are done with: off their cursors, their rows to the committer, the
+        counts moved, a blocked feeder woken once enough finished. One pass per send."""
+        n = len(batch)
+        if n == 1:  # the usual send: no loop, no list of rows
+            r = batch[0]
             runner.cursors[r.queue_id].finish(r.offset, r.message_id)
+        else:
+            cursors = runner.cursors
+            for r in batch:
+                cursors[r.queue_id].finish(r.offset, r.message_id)
         self.committer.add(runner.target, batch, outcome)
-        runner.inflight -= len(batch)
+        runner.inflight -= n
         if outcome.kind == delivery.DELIVERED:
-            self.report.delivered += len(batch)
+            self.report.delivered += n
             runner.latencies.append(outcome.latency_ms)
         else:
-            self.report.failed += len(batch)
-        runner.freed += len(batch)
+            self.report.failed += n
+        runner.freed += n
         if runner.freed >= runner.room_at:
             runner.room.set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 
+from eventpush import tracing
 from eventpush.push import delivery
 from eventpush.push.delivery import Outcome, Record, Target
 from eventpush.push.targets import AddressPolicy, validate_url
@@ -22,12 +23,16 @@ class HttpSink:
 
     def send(self, target: Target, records: list[Record], transform) -> Awaitable[Outcome]:
         """The attempt's awaitable: the request coroutine itself, so a send costs no
-        coroutine frame of this adapter on the engine's hot path."""
+        coroutine frame of this adapter on the engine's hot path. The headers carry the
+        attempt's ``traceparent`` (``tracing.OUTGOING``, as ``delivery.attempt`` adds it),
+        put in as they are built rather than copied in after."""
         try:
-            body, headers = delivery.build_request(target, records, transform)
+            body, headers = delivery.build_request(
+                target, records, transform, traceparent=tracing.OUTGOING.get()
+            )
         except Exception as exc:
             return _ready(transform_failed(exc))
-        return delivery.attempt(self.session, target, body, headers)
+        return delivery.post(self.session, target, body, headers)
 
     async def close(self) -> None:
         await self.session.close()
