@@ -416,18 +416,22 @@ def bench_metrics(n: int = 20_000, rounds: int = 2) -> None:
             sys.stdout.flush()
 
 
-def _thread_times() -> dict[str, tuple[float, float]]:
-    """Per thread of this process: (name, CPU s, s spent runnable but waiting for a CPU)."""
+def _thread_times() -> dict[str, tuple[str, float, float, int]]:
+    """Per thread of this process: name, CPU s, s spent runnable but waiting for a CPU (a
+    wake-up's latency included), and how often it went to sleep (voluntary switches)."""
     import os
 
     out = {}
     for tid in os.listdir("/proc/self/task"):
         try:
-            name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
-            run, wait, _ = map(int, Path(f"/proc/self/task/{tid}/schedstat").read_text().split())
+            task = Path(f"/proc/self/task/{tid}")
+            name = (task / "comm").read_text().strip()
+            run, wait, _ = map(int, (task / "schedstat").read_text().split())
+            status = (task / "status").read_text()
         except (OSError, ValueError):
             continue
-        out[tid] = (name, run / 1e9, wait / 1e9)
+        sleeps = int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))
+        out[tid] = (name, run / 1e9, wait / 1e9, sleeps)
     return out
 
 
@@ -505,8 +509,8 @@ def bench_stalls(n: int = 20_000) -> None:
         )
     )
     waited: dict[str, list[float]] = {}
-    for tid, (name, cpu, wait) in threads_end.items():
-        _, cpu0, wait0 = threads.get(tid, (name, 0.0, 0.0))
+    for tid, (name, cpu, wait, sleeps) in threads_end.items():
+        _, cpu0, wait0, sleeps0 = threads.get(tid, (name, 0.0, 0.0, 0))
         group = (
             "loop"
             if tid == loop_tid
@@ -514,13 +518,17 @@ def bench_stalls(n: int = 20_000) -> None:
             if name.startswith(("pyreqwest", "tokio"))
             else "other"
         )
-        total = waited.setdefault(group, [0.0, 0.0])
+        total = waited.setdefault(group, [0.0, 0.0, 0])
         total[0] += cpu - cpu0
         total[1] += wait - wait0
+        total[2] += sleeps - sleeps0
     idle_share = (idle_end[0] - idle[0]) / max(idle_end[1] - idle[1], 1)
     print(
-        "  threads (CPU s / s runnable waiting for a CPU): "
-        + ", ".join(f"{g} {c:.2f}/{w:.2f}" for g, (c, w) in sorted(waited.items()))
+        "  threads (CPU s / s runnable waiting for a CPU / sleeps per delivery): "
+        + ", ".join(
+            f"{g} {c:.2f}/{w:.2f}/{z / report.delivered:.2f}"
+            for g, (c, w, z) in sorted(waited.items())
+        )
         + f"; machine idle {idle_share:.0%}"
     )
 
