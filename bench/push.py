@@ -3,6 +3,7 @@
     .venv/bin/python bench/push.py [all|throughput|batch|latency|isolation|memory]
     .venv/bin/python bench/push.py [drain|metrics]   # no wrk; metrics: /metrics scraped or not
     .venv/bin/python bench/push.py clients   # bare client loops, aiohttp vs the engine's
+    .venv/bin/python bench/push.py stalls    # the throughput drain with a loop-lag probe
 
 The receiver (``python -m eventpush.demo.receiver``) runs in a process of its own on loopback;
 wrk hits the same receiver in the same run with the request the engine sends (the stored
@@ -493,6 +494,123 @@ def bench_metrics(n: int = 20_000, rounds: int = 2) -> None:
             sys.stdout.flush()
 
 
+def _thread_times() -> dict[str, tuple[str, float, float, int]]:
+    """Per thread of this process: name, CPU s, s spent runnable but waiting for a CPU (a
+    wake-up's latency included), and how often it went to sleep (voluntary switches)."""
+    import os
+
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            task = Path(f"/proc/self/task/{tid}")
+            name = (task / "comm").read_text().strip()
+            run, wait, _ = map(int, (task / "schedstat").read_text().split())
+            status = (task / "status").read_text()
+        except (OSError, ValueError):
+            continue
+        sleeps = int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))
+        out[tid] = (name, run / 1e9, wait / 1e9, sleeps)
+    return out
+
+
+def _machine_idle() -> tuple[int, int]:
+    ticks = list(map(int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]))
+    return ticks[3] + ticks[4], sum(ticks)  # idle + iowait, all
+
+
+def bench_stalls(n: int = 20_000) -> None:
+    """The throughput drain with a probe on the engine's event loop: a task that sleeps 1 ms
+    and records how late it wakes (a stall of the loop delays every answered request, and
+    the receiver idles meanwhile), the cyclic collector's pauses, and how long the loop and
+    the HTTP client's threads waited for a CPU."""
+    import asyncio
+    import gc
+    import threading
+
+    from eventpush.push import engine
+
+    lags: list[float] = []
+    supervise = engine.Engine._supervise
+
+    async def probed(self, started: float) -> None:
+        async def probe() -> None:
+            while True:
+                t = time.perf_counter()
+                await asyncio.sleep(0.001)
+                lags.append(time.perf_counter() - t - 0.001)
+
+        task = asyncio.get_running_loop().create_task(probe())
+        try:
+            await supervise(self, started)
+        finally:
+            task.cancel()
+
+    pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    began: dict[int, float] = {}
+
+    def collector(phase: str, info: dict) -> None:
+        if phase == "start":
+            began[info["generation"]] = time.perf_counter()
+        elif info["generation"] in began:
+            pauses[info["generation"]].append(time.perf_counter() - began[info["generation"]])
+
+    with ReceiverProcess() as rx, scratch_database() as url:
+        conn = psycopg2.connect(url)
+        topology(conn, rx.url, ["/ok/a", "/ok/b", "/ok/c", "/ok/d"])
+        publish(conn, "orders", events(n))
+        engine.Engine._supervise = probed
+        gc.callbacks.append(collector)
+        loop_tid = str(threading.get_native_id())
+        threads, idle = _thread_times(), _machine_idle()
+        started = time.perf_counter()
+        try:
+            report = run_worker("w1", until_idle=True, max_seconds=600)
+        finally:
+            engine.Engine._supervise = supervise
+            gc.callbacks.remove(collector)
+        elapsed = time.perf_counter() - started
+        idle_end, threads_end = _machine_idle(), _thread_times()
+    lags.sort()
+    q = {p: lags[min(int(len(lags) * p / 100), len(lags) - 1)] * 1e3 for p in (50, 90, 99)}
+    over = [lag for lag in lags if lag > 0.002]
+    print(
+        f"stalls: {report.delivered:,} deliveries in {elapsed:.2f} s = "
+        f"{report.delivered / elapsed:,.0f}/s; loop lag p50 {q[50]:.2f} ms, p90 {q[90]:.2f}, "
+        f"p99 {q[99]:.2f}, max {lags[-1] * 1e3:.1f}; {len(over)} over 2 ms, "
+        f"{sum(over):.2f} s in all"
+    )
+    print(
+        "  collector: "
+        + ", ".join(
+            f"gen{g} {len(p)}x {sum(p) * 1e3:.0f} ms (max {max(p, default=0) * 1e3:.1f})"
+            for g, p in pauses.items()
+        )
+    )
+    waited: dict[str, list[float]] = {}
+    for tid, (name, cpu, wait, sleeps) in threads_end.items():
+        _, cpu0, wait0, sleeps0 = threads.get(tid, (name, 0.0, 0.0, 0))
+        group = (
+            "loop"
+            if tid == loop_tid
+            else "http client"
+            if name.startswith(("pyreqwest", "tokio"))
+            else "other"
+        )
+        total = waited.setdefault(group, [0.0, 0.0, 0])
+        total[0] += cpu - cpu0
+        total[1] += wait - wait0
+        total[2] += sleeps - sleeps0
+    idle_share = (idle_end[0] - idle[0]) / max(idle_end[1] - idle[1], 1)
+    print(
+        "  threads (CPU s / s runnable waiting for a CPU / sleeps per delivery): "
+        + ", ".join(
+            f"{g} {c:.2f}/{w:.2f}/{z / report.delivered:.2f}"
+            for g, (c, w, z) in sorted(waited.items())
+        )
+        + f"; machine idle {idle_share:.0%}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
@@ -509,11 +627,12 @@ def main() -> None:
             "drain",
             "metrics",
             "clients",
+            "stalls",
         ],
     )
     args = parser.parse_args()
     print(f"machine: {machine()}")
-    extra = ("drain", "metrics", "clients")
+    extra = ("drain", "metrics", "clients", "stalls")
     for name in ("throughput", "batch", "latency", "isolation", "memory", *extra):
         if args.which == name or (args.which == "all" and name not in extra):
             globals()[f"bench_{name}"]()
