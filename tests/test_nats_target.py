@@ -250,7 +250,7 @@ def test_an_acknowledgement_that_never_comes_is_retryable_and_each_send_keeps_it
             ]
             assert not patient.done()
             (conn,) = sink._conns.values()
-            assert conn.js.publish_async_pending() == 1  # the patient one alone
+            assert len(conn.awaited) == 1  # the patient one alone
             # Closing the sink answers a send still waiting at once: retryable.
             await sink.close()
             async with asyncio.timeout(30):
