@@ -233,9 +233,8 @@ class _Connection:
             parts += (head, body, b"\r\n")
             size += len(body)
         blob = b"".join(parts)
-        if not client.is_connected and (
-            PENDING_BYTES <= 0 or len(blob) + client.pending_data_size > PENDING_BYTES
-        ):
+        # While it reconnects the client buffers what fits in its pending_size (PENDING_BYTES).
+        if not client.is_connected and len(blob) + client.pending_data_size > PENDING_BYTES:
             raise nats.errors.OutboundBufferLimitError
         awaited = self.awaited
         for i in range(len(messages)):
