@@ -18,7 +18,7 @@ from eventpush.push.cursor import UNCOMMITTED_SPANS, QueueCursor
 from eventpush.push.delivery import Outcome, Record, Target
 from eventpush.push.lanes import MAX_RETRY_DELAY_S, retry_delay, wait_for_event
 from eventpush.push.limits import CircuitBreaker, Limiter
-from eventpush.push.policy import DEFAULTS, LIMITS
+from eventpush.push.policy import DEFAULTS, LIMITS, SCHEME_DEFAULTS
 from eventpush.push.reading import WINDOW, WindowCache
 from eventpush.push.slots import finite
 from eventpush.sources import Chunk
@@ -129,7 +129,7 @@ def test_policy_defaults_are_the_ones_everywhere(conn):
     """Defined once in push/policy.py; the migration's column defaults and CHECK bounds are
     held to the same values here."""
     fields = ("max_attempts", "backoff_ms", "max_age_s", "timeout_ms", "batch_size", "concurrency")
-    spec = catalog.TargetSpec(name="t", url="http://127.0.0.1/")
+    spec = catalog.TargetSpec(name="t", url="http://127.0.0.1/").resolved()
     for name in fields:
         assert getattr(spec, name) == getattr(DEFAULTS, name)
         assert Target.__dataclass_fields__[name].default == getattr(DEFAULTS, name)
@@ -152,8 +152,14 @@ def test_policy_defaults_are_the_ones_everywhere(conn):
     from eventpush.cli.catalog import target_create
 
     options = {p.name: p.default for p in target_create.params}
+    assert options["batch_size"] is None  # left to the URL's kind (TargetSpec.resolved)
     for name in fields:
-        assert options[name] == getattr(DEFAULTS, name), f"--{name}"
+        if name != "batch_size":
+            assert options[name] == getattr(DEFAULTS, name), f"--{name}"
+    # A kind with defaults of its own: a JetStream target's batch.
+    nats_spec = catalog.TargetSpec(name="t", url="nats://127.0.0.1:4222/out.orders").resolved()
+    assert nats_spec.batch_size == SCHEME_DEFAULTS["nats"].batch_size != DEFAULTS.batch_size
+    assert catalog.TargetSpec(name="t", url="http://x/", batch_size=3).resolved().batch_size == 3
     assert catalog.LIMITS is LIMITS
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psycopg2
 import psycopg2.errors
@@ -18,7 +18,7 @@ from psycopg2 import sql
 
 from eventpush import sources
 from eventpush.db import Connection, transaction
-from eventpush.push.policy import DEFAULTS, LIMITS
+from eventpush.push.policy import DEFAULTS, LIMITS, defaults_for
 from eventpush.push.targets import InvalidTargetUrlError, validate_url
 
 # fullmatch, never match with "$": "$" also matches before a trailing newline ("bus\n").
@@ -171,12 +171,19 @@ class TargetSpec:
     backoff_ms: int = DEFAULTS.backoff_ms
     max_age_s: int = DEFAULTS.max_age_s
     timeout_ms: int = DEFAULTS.timeout_ms
-    batch_size: int = DEFAULTS.batch_size
+    batch_size: int | None = None  # None: the default of the URL's kind (policy.defaults_for)
     concurrency: int = DEFAULTS.concurrency
     ordered: bool = False
 
+    def resolved(self) -> TargetSpec:
+        """This spec with the fields left to its kind's defaults filled in."""
+        if self.batch_size is not None:
+            return self
+        return replace(self, batch_size=defaults_for(self.url).batch_size)
+
 
 def check_target(spec: TargetSpec) -> None:
+    spec = spec.resolved()
     check_name("target", spec.name)
     try:
         validate_url(spec.url)
@@ -220,6 +227,7 @@ def create_target(conn: Connection, bus: str, rule: str, spec: TargetSpec) -> st
     Returns the runner's name. New runners see the events published after their creation,
     as a new EventBridge rule does; an archive replay covers what came before.
     """
+    spec = spec.resolved()
     check_target(spec)
     name = runner_name(bus, rule, spec.name)
     _record_source_heads(conn, bus)

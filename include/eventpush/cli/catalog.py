@@ -11,7 +11,7 @@ from eventpush import catalog
 from eventpush.cli.common import fail, handles_errors, out
 from eventpush.config import redact_url
 from eventpush.db import connection
-from eventpush.push.policy import DEFAULTS
+from eventpush.push.policy import DEFAULTS, SCHEME_DEFAULTS
 
 
 @click.group()
@@ -150,7 +150,13 @@ def read_secret(secret: str | None, secret_file: str | None) -> str | None:
 @click.option("--backoff-ms", type=int, default=DEFAULTS.backoff_ms, show_default=True)
 @click.option("--max-age-s", type=int, default=DEFAULTS.max_age_s, show_default=True)
 @click.option("--timeout-ms", type=int, default=DEFAULTS.timeout_ms, show_default=True)
-@click.option("--batch-size", type=int, default=DEFAULTS.batch_size, show_default=True)
+@click.option(
+    "--batch-size",
+    type=int,
+    default=None,
+    help=f"Records per send [default: {DEFAULTS.batch_size}; "
+    f"{SCHEME_DEFAULTS['nats'].batch_size} for nats:// targets, each record still a message]",
+)
 @click.option("--concurrency", type=int, default=DEFAULTS.concurrency, show_default=True)
 @click.option("--ordered", is_flag=True, help="Deliver in order per queue.")
 @click.option(
@@ -172,7 +178,7 @@ def target_create(
     backoff_ms: int,
     max_age_s: int,
     timeout_ms: int,
-    batch_size: int,
+    batch_size: int | None,
     concurrency: int,
     ordered: bool,
     transform: str,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import time
 from collections import deque
@@ -79,12 +80,13 @@ class _Deadlines:
 
     ``asyncio.timeout`` around each send costs a timer armed and cancelled per message: 9 to
     12 of the worker's 74 to 90 us of CPU per message when every send carries one
-    (bench/nats_target.py). Here a send's futures join a queue per timeout length; within one
-    queue deadlines only grow, so a single timer, armed for the oldest pending one, fails each
-    future still waiting at its deadline with ``_AckTimeout`` (nats-py's own done-callback
-    then forgets it and frees its slot, as a cancel would). Futures already answered leave the
-    queue's head as new ones join, so the queue holds about what is in flight (more while an
-    old one waits at its head: at most what is sent within one timeout).
+    (bench/nats_target.py). Here each send's future (one per send, resolved by its last
+    acknowledgement) joins a queue per timeout length; within one queue deadlines only grow,
+    so a single timer, armed for the oldest pending one, fails each future still waiting at
+    its deadline with ``_AckTimeout`` (the send then forgets its unanswered messages). Futures
+    already resolved leave the queue's head as new ones join, so the queue holds about what
+    is in flight (more while an old one waits at its head: at most what is sent within one
+    timeout).
     """
 
     def __init__(self) -> None:
@@ -132,26 +134,165 @@ class _Deadlines:
         self._queues.clear()
 
 
+class _Acks:
+    """The acknowledgements one send waits for: message ``i`` of the send is answered by the
+    server on the reply subject ``inbox + str(first + i)``; ``answers[i]`` becomes the stream
+    name (stored, a duplicate included) or the exception that says why not. ``done`` is
+    resolved when the last one is in (one future and one deadline per send, not per message),
+    or failed by the deadline or the connection closing."""
+
+    __slots__ = ("first", "answers", "left", "done")
+
+    def __init__(self, first: int, n: int) -> None:
+        self.first = first
+        self.answers: list = [None] * n
+        self.left = n
+        self.done: asyncio.Future = asyncio.get_running_loop().create_future()
+
+
 class _Connection:
-    """One client, pinned to one checked address."""
+    """One client, pinned to one checked address, and the JetStream acknowledgements awaited
+    on it.
+
+    Messages are published the way nats-py's ``publish_async`` does it (a message with a
+    reply subject; the stream answers there), without its per-message costs: a random token
+    (an ``os.urandom`` call), a semaphore, a future and a done callback per message, and the
+    header checks of ``NATS.publish``. A send's messages go out as one protocol write and one
+    flush; their replies come in on one subscription of this connection's own.
+    """
 
     def __init__(self, client: nats.NATS) -> None:
         self.client = client
-        self.js = client.jetstream(publish_async_max_pending=MAX_PENDING_ACKS)
+        self.js = client.jetstream()  # the JetStream API (stream_info), not for publishing
         self.deadlines = _Deadlines()
+        self.inbox = client.new_inbox() + "."  # unique to this connection
+        self._inbox_bytes = self.inbox.encode()
+        self.awaited: dict[str, tuple[_Acks, int]] = {}  # reply token -> (send, index)
+        self._sent = 0  # reply tokens are this counter's values: never reused on a connection
+        self.room = asyncio.Event()  # set when acknowledgements leave ``awaited``
+        _check_client(client)
+
+    async def open(self) -> _Connection:
+        await self.client.subscribe(self.inbox + "*", cb=self._answered)
+        return self
 
     def publishes_at_once(self, messages: list[tuple[bytes, dict]]) -> bool:
         """Whether publishing ``messages`` cannot wait: the client is not closed (while it
-        reconnects it buffers them or refuses them at once), nats-py has a free slot for each
-        (else its publish waits for one) and its outgoing buffer takes them with room to spare
-        (else a publish waits for a flush, as long as a slow broker makes it)."""
+        reconnects it buffers them or refuses them at once), fewer than MAX_PENDING_ACKS
+        acknowledgements would be awaited and its outgoing buffer takes them with room to
+        spare (else a publish waits for a flush, as long as a slow broker makes it)."""
         client = self.client
-        if client.is_closed or self.js.publish_async_pending() + len(messages) > MAX_PENDING_ACKS:
+        if client.is_closed or len(self.awaited) + len(messages) > MAX_PENDING_ACKS:
             return False
         size = client.pending_data_size
         for body, _headers in messages:
             size += len(body) + 512  # the headers, the subject, the reply inbox
         return size < PENDING_BYTES // 2
+
+    async def room_for(self, n: int) -> None:
+        """Wait until ``n`` more acknowledgements may be awaited (the memory they hold is
+        bounded per connection)."""
+        while len(self.awaited) + n > MAX_PENDING_ACKS:
+            self.room.clear()
+            await self.room.wait()
+
+    def expect(self, n: int) -> _Acks:
+        acks = _Acks(self._sent, n)
+        self._sent += n
+        return acks
+
+    async def publish(
+        self, subject: str, messages: list[tuple[bytes, dict]], traceparent: str | None, acks
+    ) -> None:
+        """Publish ``messages`` to ``subject``, their replies awaited in ``acks``. Raises what
+        ``NATS.publish`` would: the connection closed or draining, a body over the server's
+        max_payload, the reconnection buffer full."""
+        client = self.client
+        if client.is_closed:
+            raise nats.errors.ConnectionClosedError
+        if client.is_draining_pubs:
+            raise nats.errors.ConnectionDrainingError
+        max_payload = client.max_payload
+        trailer = f"traceparent: {traceparent}\r\n\r\n" if traceparent else "\r\n"
+        head_of = b"HPUB " + subject.encode() + b" " + self._inbox_bytes
+        parts: list[bytes] = []
+        size = 0
+        for i, (body, headers) in enumerate(messages, acks.first):
+            if len(body) > max_payload:
+                raise nats.errors.MaxPayloadError
+            # As NATS.publish writes headers (values on one line), the message id being
+            # webhook-id's value; HTTP's user-agent left out (a consumer has no use for it).
+            lines = "".join(
+                f"{key}: {value.strip().translate(_NEWLINES)}\r\n"
+                for key, value in headers.items()
+                if key != "user-agent"
+            )
+            msg_id = headers["webhook-id"].strip().translate(_NEWLINES)
+            head = f"NATS/1.0\r\n{lines}{MSG_ID}: {msg_id}\r\n{trailer}".encode()
+            parts.append(b"%s%d %d %d\r\n" % (head_of, i, len(head), len(head) + len(body)))
+            parts += (head, body, b"\r\n")
+            size += len(body)
+        blob = b"".join(parts)
+        # While it reconnects the client buffers what fits in its pending_size (PENDING_BYTES).
+        if not client.is_connected and len(blob) + client.pending_data_size > PENDING_BYTES:
+            raise nats.errors.OutboundBufferLimitError
+        awaited = self.awaited
+        for i in range(len(messages)):
+            awaited[str(acks.first + i)] = (acks, i)
+        client.stats["out_msgs"] += len(messages)
+        client.stats["out_bytes"] += size
+        # NATS.publish's own last steps, once for the whole send: into the outgoing buffer
+        # (flushed at once, waiting, when it is over its size), and the flusher woken.
+        await client._send_command(blob)
+        if client._flush_queue is not None and client._flush_queue.empty():
+            await client._flush_pending()
+
+    async def _answered(self, msg) -> None:
+        """A stream's answer to one message (on the subscription's own task)."""
+        entry = self.awaited.pop(msg.subject[len(self.inbox) :], None)
+        if not self.room.is_set():
+            self.room.set()
+        if entry is None:
+            return  # its send gave up (deadline, cancelled) and forgot it
+        acks, i = entry
+        if acks.done.done():
+            return
+        answer: object
+        if msg.headers and msg.headers.get("Status") == "503":  # no responders
+            answer = nats.js.errors.NoStreamResponseError()
+        else:
+            try:
+                reply = json.loads(msg.data)
+                error = reply.get("error")
+                answer = (
+                    reply["stream"] if error is None else nats.js.errors.APIError.from_error(error)
+                )
+            except Exception as exc:  # not a JetStream acknowledgement
+                answer = ValueError(f"unreadable JetStream acknowledgement: {exc}")
+        acks.answers[i] = answer
+        acks.left -= 1
+        if not acks.left:
+            acks.done.set_result(None)
+
+    def forget(self, acks: _Acks) -> None:
+        """A send is over with answers still missing: nothing waits for them any more."""
+        awaited = self.awaited
+        for i in range(acks.first, acks.first + len(acks.answers)):
+            awaited.pop(str(i), None)
+        if not self.room.is_set():
+            self.room.set()
+
+
+_NEWLINES = str.maketrans({"\r": " ", "\n": " "})
+
+
+def _check_client(client: nats.NATS) -> None:
+    """The sink writes a send's messages through nats-py's outgoing buffer itself (``publish``
+    above): what it relies on must still be there (nats-py is pinned; an upgrade that moves it
+    fails here, loudly, rather than publishing wrongly)."""
+    for name in ("_send_command", "_flush_pending", "_flush_queue", "stats"):
+        if not hasattr(client, name):
+            raise RuntimeError(f"nats-py has no NATS.{name}: the JetStream sink needs review")
 
 
 class NatsSink:
@@ -179,51 +320,52 @@ class NatsSink:
         except Exception as exc:
             return transform_failed(exc)
         traceparent = tracing.OUTGOING.get()
-        for _body, headers in messages:
-            del headers["user-agent"]  # HTTP's; a stream consumer has no use for it
-            headers[MSG_ID] = headers["webhook-id"]
-            if traceparent is not None:
-                headers["traceparent"] = traceparent
         timeout_s = target.timeout_ms / 1000
-        futures: list[asyncio.Future] = []
+        conn = acks = None
         try:
             conn = self._conns.get((where.host, where.port))
             if conn is not None and conn.publishes_at_once(messages):
                 # The hot path: nothing here can wait (the connection is up or buffering a
                 # reconnection, the client has room for every message), so only the
-                # acknowledgements need the deadline, and they share one timer.
-                js = conn.js
-                for body, headers in messages:
-                    futures.append(await js.publish_async(subject, body, headers=headers))
-                conn.deadlines.watch(futures, timeout_s)
-                acks = await _settled(futures)
+                # acknowledgements need the deadline: one per send, on a timer shared by the
+                # connection's sends.
+                acks = conn.expect(len(messages))
+                await conn.publish(subject, messages, traceparent, acks)
+                conn.deadlines.watch([acks.done], timeout_s)
+                await acks.done
             else:
                 async with asyncio.timeout(timeout_s):
-                    js = (await self._connection(where.host, where.port)).js
-                    for body, headers in messages:
-                        futures.append(await js.publish_async(subject, body, headers=headers))
-                    acks = await _settled(futures)
+                    conn = await self._connection(where.host, where.port)
+                    await conn.room_for(len(messages))
+                    acks = conn.expect(len(messages))
+                    await conn.publish(subject, messages, traceparent, acks)
+                    await acks.done
         except TimeoutError:
-            what = "acknowledgement" if futures else "connection"
-            return self._outcome(target, RETRY, f"no {what} within {target.timeout_ms} ms", started)
+            if acks is None:
+                error = f"no connection within {target.timeout_ms} ms"
+                return self._outcome(target, RETRY, error, started)
+            # Past the deadline: each message not answered by now is retryable.
         except Exception as exc:
             kind, error = self._classify(exc, subject)
             outcome = self._outcome(target, kind, error, started)
             outcome.reached = not isinstance(exc, RefusedAddressError | ConfigError)
             return outcome
         finally:
-            for future in futures:  # a timed-out or cancelled wait leaves none in the client
-                future.cancel()
+            if acks is not None:
+                if acks.left:  # a deadline passed, the send was cancelled or failed
+                    conn.forget(acks)
+                acks.done.cancel()  # out of the deadlines' queue (a no-op once resolved)
+        answers = acks.answers
         failures = [
             (RETRY, f"no acknowledgement within {target.timeout_ms} ms")
-            if isinstance(a, _AckTimeout)
+            if a is None
             else self._classify(a, subject)
-            for a in acks
-            if isinstance(a, BaseException)
+            for a in answers
+            if not isinstance(a, str)
         ]
         if not failures:
-            if (target.url, acks[0].stream) not in self._windows_checked:
-                await self._check_window(target, acks[0].stream)
+            if (target.url, answers[0]) not in self._windows_checked:
+                await self._check_window(target, answers[0])
             return self._outcome(target, DELIVERED, None, started)
         # One final answer makes the whole batch final: another attempt cannot change it.
         kind, error = min(failures, key=lambda f: f[0] != FINAL)
@@ -330,7 +472,12 @@ class NatsSink:
             **options,
         )
         connecting = False
-        return _Connection(client)
+        try:
+            return await _Connection(client).open()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await client.close()
+            raise
 
     async def close(self) -> None:
         conns, self._conns = list(self._conns.values()), {}
@@ -352,17 +499,6 @@ def retry_horizon_s(target: Target) -> float:
     )
     timeouts = target.max_attempts * target.timeout_ms / 1000
     return min(waits + timeouts, target.max_age_s + target.timeout_ms / 1000)
-
-
-async def _settled(futures: list[asyncio.Future]) -> list:
-    """Each acknowledgement or its exception; one alone is awaited without a gather (a
-    single-record send is the hot path of unbatched targets)."""
-    if len(futures) == 1:
-        try:
-            return [await futures[0]]
-        except Exception as exc:
-            return [exc]
-    return await asyncio.gather(*futures, return_exceptions=True)
 
 
 def _auth_refused(exc: BaseException) -> bool:
