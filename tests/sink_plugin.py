@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from eventpush.push.delivery import DELIVERED, FINAL, Outcome
+from eventpush.push.delivery import DELIVERED, FINAL, RETRY, Outcome
 from eventpush.push.targets import InvalidTargetUrlError
 
 SENT: list[tuple[str, list[str], list[bytes]]] = []  # (runner, message ids, bodies)
@@ -32,3 +32,38 @@ class MemorySink:
 
     async def close(self) -> None:
         self.closed = True
+
+
+class AnsweringSink:
+    """``answering://BOX``: answers each record of a batch on its own (as JetStream does): an
+    event whose detail says ``"refuse": true`` is refused for good, one that says
+    ``"busy": n`` is answered "retry" on its first n attempts; the rest are kept."""
+
+    def __init__(self, policy) -> None:
+        self.policy = policy
+
+    @staticmethod
+    def validate_url(url: str, policy=None) -> str:
+        if not url.startswith("answering://"):
+            raise InvalidTargetUrlError(f"target URL {url!r} must be answering://BOX")
+        return url
+
+    async def send(self, target, records, transform) -> Outcome:
+        answers = []
+        for r in records:
+            detail = r.event.get("detail", {})
+            if detail.get("refuse"):
+                answers.append((FINAL, "refused by the box"))
+            elif r.attempts < detail.get("busy", 0):
+                answers.append((RETRY, "box busy"))
+            else:
+                SENT.append((target.runner, [r.message_id], [r.raw.encode()]))
+                answers.append((DELIVERED, None))
+        worst = min(answers, key=lambda a: (a[0] != FINAL, a[0] != RETRY))
+        outcome = Outcome(worst[0], None, worst[1], 0.1)
+        if len(set(answers)) > 1:
+            outcome.per_record = answers
+        return outcome
+
+    async def close(self) -> None:
+        pass

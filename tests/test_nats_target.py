@@ -44,18 +44,21 @@ def events(n: int, start: int = 0) -> list[str]:
     ]
 
 
-async def _add_stream(url: str, name: str, subjects: list[str], **auth) -> None:
+async def _add_stream(url: str, name: str, subjects: list[str], **config) -> None:
+    auth = {k: config.pop(k) for k in ("user", "password") if k in config}
     nc = await nats.connect(url, **auth)
     try:
         # De-duplication holds within the stream's window (2 min by default); a Spark replay
         # on a loaded machine can take longer than that, so the tests' streams keep 15 min.
-        await nc.jetstream().add_stream(name=name, subjects=subjects, duplicate_window=900)
+        await nc.jetstream().add_stream(
+            name=name, subjects=subjects, duplicate_window=900, **config
+        )
     finally:
         await nc.close()
 
 
-def add_stream(url: str, name: str = "OUT", subjects: tuple[str, ...] = ("out.>",), **auth):
-    asyncio.run(_add_stream(url, name, list(subjects), **auth))
+def add_stream(url: str, name: str = "OUT", subjects: tuple[str, ...] = ("out.>",), **config):
+    asyncio.run(_add_stream(url, name, list(subjects), **config))
 
 
 async def _messages(url: str, stream: str, **auth) -> list[tuple[str, dict]]:
@@ -165,6 +168,34 @@ def test_batches_publish_one_message_per_record(conn, nats_server):  # noqa: F81
     assert (report.delivered, report.failed) == (95, 0)
     found = messages(nats_server.url)
     assert sorted(mid for mid, _ in found) == sorted(f"msg_ev-{i}" for i in range(95))
+
+
+def test_a_message_the_stream_refuses_fails_alone_in_its_batch(conn, nats_server):  # noqa: F811
+    # Each record of a batch is its own message with its own answer: a stream refusing one
+    # (too big for its max_msg_size) fails that record only; the rest of its batch is
+    # delivered, not failed with it nor sent again.
+    add_stream(nats_server.url, max_msg_size=400)
+    topology(conn, f"{nats_server.url}/out.orders", batch_size=10, concurrency=2)
+    big = {i for i in range(40) if i % 7 == 3}
+    publish(
+        conn,
+        "orders",
+        [
+            json.dumps(
+                {"id": f"ev-{i}", "source": "shop", "detail-type": "o", "detail": {"n": i}}
+                | ({"pad": "x" * 600} if i in big else {})
+            )
+            for i in range(40)
+        ],
+    )
+    report = run_worker("w1", until_idle=True, max_seconds=60)
+    assert (report.delivered, report.failed, report.retried) == (40 - len(big), len(big), 0)
+    found = messages(nats_server.url)
+    assert sorted(body["detail"]["n"] for _, body in found) == sorted(set(range(40)) - big)
+    failed = rows(conn, "SELECT message_id, last_error FROM event_push_failure ORDER BY message_id")
+    assert sorted(mid for mid, _ in failed) == sorted(f"ev-{i}" for i in big)
+    assert all("JetStream refused the message" in error for _, error in failed), failed
+    assert rows(conn, "SELECT count(*) FROM event_push_delivery") == [(40 - len(big),)]
 
 
 def test_no_stream_is_final_and_replay_delivers_once_a_stream_exists(conn, nats_server, cli):  # noqa: F811

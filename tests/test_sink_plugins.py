@@ -100,3 +100,82 @@ def test_builtins_are_found_without_metadata(site):
     assert sinks.sink_kind("nats") is NatsSink
     with pytest.raises(InvalidTargetUrlError, match="no sink for URL scheme 'gopher'"):
         sinks.sink_kind("gopher")
+
+
+def _answering_events(n: int) -> list[str]:
+    return [
+        json.dumps(
+            {
+                "id": f"e{i}",
+                "source": "shop",
+                "detail-type": "o",
+                "detail": {"refuse": i % 9 == 4, "busy": 1 if i % 5 == 2 else 0},
+            }
+        )
+        for i in range(n)
+    ]
+
+
+def test_records_answered_one_by_one_settle_on_their_own_answers(conn, site):
+    # A batch whose records are answered one by one: the refused one fails alone, the busy
+    # ones are sent again alone, and the rest are delivered once (not failed or resent with
+    # their neighbours).
+    install(site, "eventpush_answering_sink", answering="sink_plugin:AnsweringSink")
+    sink_plugin.SENT.clear()
+    catalog.create_bus(conn, "orders", 2)
+    catalog.create_rule(conn, "orders", "all", {"source": ["shop"]})
+    spec = catalog.TargetSpec(name="box", url="answering://box", batch_size=6, backoff_ms=10)
+    catalog.create_target(conn, "orders", "all", spec)
+    catalog.create_worker(conn, "w1")
+    catalog.assign(conn)
+    publish(conn, "orders", _answering_events(40), partition_key="id")
+    report = run_worker("w1", until_idle=True, max_seconds=60)
+    refused = {f"e{i}" for i in range(40) if i % 9 == 4}
+    sent = [mid for _, mids, _ in sink_plugin.SENT for mid in mids]
+    assert sorted(sent) == sorted({f"e{i}" for i in range(40)} - refused)  # each once
+    assert (report.delivered, report.failed) == (40 - len(refused), len(refused))
+    with conn.cursor() as cur:
+        cur.execute("SELECT message_id, attempts, last_error FROM event_push_failure")
+        assert sorted(cur.fetchall()) == sorted((m, 1, "refused by the box") for m in refused)
+        cur.execute("SELECT message_id, attempts FROM event_push_delivery")
+        attempts = dict(cur.fetchall())
+    assert {m for m, a in attempts.items() if a == 2} == {
+        f"e{i}" for i in range(40) if i % 5 == 2 and f"e{i}" not in refused
+    }
+
+
+def test_inline_retries_resend_only_the_records_answered_retry(site):
+    # As replay retries: the busy records alone go again; the outcome keeps every record's
+    # own last answer.
+    import asyncio
+
+    from eventpush.push.delivery import DELIVERED, FINAL, Record, Target
+
+    install(site, "eventpush_answering_sink", answering="sink_plugin:AnsweringSink")
+    sink_plugin.SENT.clear()
+    target = Target(1, "b/r/box", "b", 1, "r", "{}", "box", "answering://box", backoff_ms=1)
+    records = [
+        Record(0, i, f"e{i}", json.loads(raw), raw) for i, raw in enumerate(_answering_events(6))
+    ]
+
+    async def deliver():
+        async with sinks.Sinks() as s:
+            return await s.deliver(target, records, None)
+
+    outcome = asyncio.run(deliver())
+    assert outcome.per_record == [
+        (DELIVERED, None),
+        (DELIVERED, None),
+        (DELIVERED, None),
+        (DELIVERED, None),
+        (FINAL, "refused by the box"),
+        (DELIVERED, None),
+    ]
+    assert [r.attempts for r in records] == [1, 1, 2, 1, 1, 1]
+    assert sorted(m for _, mids, _ in sink_plugin.SENT for m in mids) == [
+        "e0",
+        "e1",
+        "e2",
+        "e3",
+        "e5",
+    ]

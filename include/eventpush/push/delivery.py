@@ -112,6 +112,10 @@ class Outcome:
     latency_ms: float
     retry_after_s: float | None = None
     reached: bool = True  # False when refused before any packet left (address policy)
+    # A sink whose batch records are answered one by one (JetStream) and whose answers
+    # differ: (kind, error) per record, in the batch's order; ``kind`` and ``error`` above
+    # then say what the send as a whole came to (for the breaker and the metrics).
+    per_record: list[tuple[str, str | None]] | None = None
 
 
 TARGET_SQL = """
@@ -187,6 +191,20 @@ def _body(target: Target, record: Record, transform) -> bytes:
         account=target.bus_account,
         region=target.bus_region,
     )
+
+
+def by_answer(records: list[Record], outcome: Outcome) -> list[tuple[Outcome, list[Record]]]:
+    """A send's records grouped by their own answers (``outcome.per_record``, in the batch's
+    order), each group with the outcome it settles on; one group when all share one."""
+    if outcome.per_record is None:
+        return [(outcome, records)]
+    groups: dict[tuple[str, str | None], list[Record]] = {}
+    for record, answer in zip(records, outcome.per_record, strict=True):
+        groups.setdefault(answer, []).append(record)
+    return [
+        (Outcome(kind, outcome.http_status, error, outcome.latency_ms, outcome.retry_after_s), rs)
+        for (kind, error), rs in groups.items()
+    ]
 
 
 def classify(status: int) -> str:

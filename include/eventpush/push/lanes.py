@@ -494,7 +494,11 @@ class Lanes:
 
     def _settle(self, runner: Runner, batch: list[Record], outcome: Outcome) -> None:
         """A retry goes on the timer heap (unless out of attempts or age); anything else is
-        finished."""
+        finished. A batch whose records were answered one by one settles per answer."""
+        if outcome.per_record is not None:
+            for part, records in delivery.by_answer(batch, outcome):
+                self._settle(runner, records, part)
+            return
         if outcome.kind == delivery.RETRY:
             now = time.monotonic()
             delay = retry_delay(runner.target, batch[0].attempts, outcome.retry_after_s)
@@ -553,7 +557,11 @@ class Lanes:
                 await asyncio.sleep(delay)
             if runner.fenced:
                 return
-            self.finish(runner, batch, outcome)
+            if outcome.per_record is None:
+                self.finish(runner, batch, outcome)
+            else:  # in order, each on its own answer (a retryable one among finals: failed)
+                for part, records in delivery.by_answer(batch, outcome):
+                    self.finish(runner, records, part)
 
     # --- outcomes -------------------------------------------------------------------------
 

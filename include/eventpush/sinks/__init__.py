@@ -159,22 +159,34 @@ class Sinks:
 
     async def deliver(self, target: Target, records: list[Record], transform) -> Outcome:
         """Attempts with retries inline (as replay does), each in its own trace span: the
-        final outcome, with ``records[*].attempts`` updated."""
+        final outcome, with ``records[*].attempts`` updated. Records a sink answers one by one
+        (``Outcome.per_record``) are retried alone; the outcome then holds each one's last
+        answer."""
         start = time.monotonic()
         for r in records:
             r.first_seen = r.first_seen or start
+        answers: list[tuple[str, str | None]] = [(RETRY, None)] * len(records)
+        todo = list(range(len(records)))  # indexes of the records still to send
         while True:
+            sending = [records[i] for i in todo]
             outcome = await tracing.in_deliver_span(
-                target, records, lambda: self.send(target, records, transform)
+                target, sending, lambda sending=sending: self.send(target, sending, transform)
             )
-            for r in records:
+            for r in sending:
                 r.attempts += 1
-            if outcome.kind != RETRY:
-                return outcome
-            delay = backoff_s(target, records[0].attempts, outcome.retry_after_s)
-            if out_of_attempts(target, records[0], time.monotonic(), delay):
-                return outcome
+            parts = outcome.per_record or [(outcome.kind, outcome.error)] * len(sending)
+            for i, part in zip(todo, parts, strict=True):
+                answers[i] = part
+            todo = [i for i, (kind, _) in zip(todo, parts, strict=True) if kind == RETRY]
+            if not todo:
+                break
+            delay = backoff_s(target, records[todo[0]].attempts, outcome.retry_after_s)
+            if out_of_attempts(target, records[todo[0]], time.monotonic(), delay):
+                break
             await asyncio.sleep(delay)
+        if len(set(answers)) > 1:
+            outcome.per_record = answers
+        return outcome
 
     async def close(self) -> None:
         sinks, self._open, self._by_url = list(self._open.values()), {}, {}

@@ -205,8 +205,9 @@ class _Connection:
         self, subject: str, messages: list[tuple[bytes, dict]], traceparent: str | None, acks
     ) -> None:
         """Publish ``messages`` to ``subject``, their replies awaited in ``acks``. Raises what
-        ``NATS.publish`` would: the connection closed or draining, a body over the server's
-        max_payload, the reconnection buffer full."""
+        ``NATS.publish`` would for the whole send: the connection closed or draining, the
+        reconnection buffer full; a body over the server's max_payload is that message's
+        answer (it is not sent; the others are)."""
         client = self.client
         if client.is_closed:
             raise nats.errors.ConnectionClosedError
@@ -216,10 +217,13 @@ class _Connection:
         trailer = f"traceparent: {traceparent}\r\n\r\n" if traceparent else "\r\n"
         head_of = b"HPUB " + subject.encode() + b" " + self._inbox_bytes
         parts: list[bytes] = []
+        sent: list[int] = []  # reply tokens of the messages going out
         size = 0
         for i, (body, headers) in enumerate(messages, acks.first):
             if len(body) > max_payload:
-                raise nats.errors.MaxPayloadError
+                acks.answers[i - acks.first] = nats.errors.MaxPayloadError()
+                continue
+            sent.append(i)
             # As NATS.publish writes headers (values on one line), the message id being
             # webhook-id's value; HTTP's user-agent left out (a consumer has no use for it).
             lines = "".join(
@@ -236,10 +240,14 @@ class _Connection:
         # While it reconnects the client buffers what fits in its pending_size (PENDING_BYTES).
         if not client.is_connected and len(blob) + client.pending_data_size > PENDING_BYTES:
             raise nats.errors.OutboundBufferLimitError
+        acks.left = len(sent)
+        if not sent:  # every one over max_payload: all answered already
+            acks.done.set_result(None)
+            return
         awaited = self.awaited
-        for i in range(len(messages)):
-            awaited[str(acks.first + i)] = (acks, i)
-        client.stats["out_msgs"] += len(messages)
+        for i in sent:
+            awaited[str(i)] = (acks, i - acks.first)
+        client.stats["out_msgs"] += len(sent)
         client.stats["out_bytes"] += size
         # NATS.publish's own last steps, once for the whole send: into the outgoing buffer
         # (flushed at once, waiting, when it is over its size), and the flusher woken.
@@ -264,9 +272,7 @@ class _Connection:
             try:
                 reply = json.loads(msg.data)
                 error = reply.get("error")
-                answer = (
-                    reply["stream"] if error is None else nats.js.errors.APIError.from_error(error)
-                )
+                answer = reply["stream"] if error is None else _api_error(error)
             except Exception as exc:  # not a JetStream acknowledgement
                 answer = ValueError(f"unreadable JetStream acknowledgement: {exc}")
         acks.answers[i] = answer
@@ -281,6 +287,16 @@ class _Connection:
             awaited.pop(str(i), None)
         if not self.room.is_set():
             self.room.set()
+
+
+def _api_error(error: dict) -> nats.js.errors.APIError:
+    """The exception nats-py makes of a JetStream error answer (its ``from_error`` raises it:
+    a stream's refusal is an answer, not a failure to read one)."""
+    try:
+        nats.js.errors.APIError.from_error(error)
+    except nats.js.errors.APIError as exc:
+        return exc
+    return nats.js.errors.APIError(**error)  # unreachable while from_error always raises
 
 
 _NEWLINES = str.maketrans({"\r": " ", "\n": " "})
@@ -356,22 +372,30 @@ class NatsSink:
                     conn.forget(acks)
                 acks.done.cancel()  # out of the deadlines' queue (a no-op once resolved)
         answers = acks.answers
-        failures = [
-            (RETRY, f"no acknowledgement within {target.timeout_ms} ms")
+        stored = next((a for a in answers if isinstance(a, str)), None)
+        if stored is not None and (target.url, stored) not in self._windows_checked:
+            await self._check_window(target, stored)
+        parts = [
+            (DELIVERED, None)
+            if isinstance(a, str)
+            else (RETRY, f"no acknowledgement within {target.timeout_ms} ms")
             if a is None
             else self._classify(a, subject)
             for a in answers
-            if not isinstance(a, str)
         ]
+        failures = [part for part in parts if part[0] != DELIVERED]
         if not failures:
-            if (target.url, answers[0]) not in self._windows_checked:
-                await self._check_window(target, answers[0])
             return self._outcome(target, DELIVERED, None, started)
-        # One final answer makes the whole batch final: another attempt cannot change it.
+        # The send as a whole: its worst answer (final before retryable), for the breaker.
         kind, error = min(failures, key=lambda f: f[0] != FINAL)
         if len(failures) > 1:
             error = f"{error} (and {len(failures) - 1} more of {len(records)})"
-        return self._outcome(target, kind, error, started)
+        outcome = self._outcome(target, kind, error, started)
+        if len(set(parts)) > 1:  # each record settles on its own answer
+            outcome.per_record = [
+                (k, None if e is None else self._mask(redact(e, target.url))) for k, e in parts
+            ]
+        return outcome
 
     async def _check_window(self, target: Target, stream: str) -> None:
         """Warn, once per target and stream, when the stream forgets message ids sooner than

@@ -416,18 +416,19 @@ def _write_outcomes(cur, outcomes: list, replay_id: int, counts: dict) -> None:
     import psycopg2.extras
 
     from eventpush.push.committing import outcome_rows
-    from eventpush.push.delivery import DELIVERED
+    from eventpush.push.delivery import DELIVERED, by_answer
     from eventpush.push.store import copy_deliveries
 
     delivered, failed = [], []  # delivery rows; (failure row, the runner's broker_name)
     brokers = {}  # runner -> its delivery rows' broker_name
-    for target, records, outcome in outcomes:
-        rows = outcome_rows(target, records, outcome)
-        if outcome.kind == DELIVERED:
-            delivered.extend(rows)
-            brokers[target.runner_id] = target.broker
-        else:
-            failed.extend((row, target.broker) for row in rows)
+    for target, sent, answer in outcomes:
+        for outcome, records in by_answer(sent, answer):
+            rows = outcome_rows(target, records, outcome)
+            if outcome.kind == DELIVERED:
+                delivered.extend(rows)
+                brokers[target.runner_id] = target.broker
+            else:
+                failed.extend((row, target.broker) for row in rows)
     if delivered:
         copy_deliveries(cur, delivered, brokers, replay=True, replay_id=replay_id)
         cur.execute(
