@@ -594,12 +594,12 @@ def collector_tuned():
 
 
 def _freeze_startup_objects() -> None:
-    """When the first worker of the process has started (modules imported, runners,
-    sinks and clients built), its objects leave the collector's view (``gc.freeze``): they
-    live as long as the worker, yet a full collection walked all of them (~90,000 objects,
-    a 60 ms pause of the loop, the longest one measured). Frozen objects are never freed,
-    so this happens once (undone when the last worker ends): memory stays bounded for a
-    worker that runs for weeks. No collection
+    """When the first worker of the process has started (modules imported, runners, sinks
+    and clients built), its objects leave the collector's view (``gc.freeze``): they live as
+    long as the worker, yet a full collection walked all of them (~90,000 objects, a 60 ms
+    pause of the loop, the longest one measured). The collector never frees frozen objects
+    (reference counting still does), so this happens once, and is undone when the last
+    worker ends: memory stays bounded for a worker that runs for weeks. No collection
     first: a fresh worker holds no cyclic garbage at this point (measured: none), and a
     full collection here would be the very pause this avoids."""
     global _collector_frozen
