@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
@@ -13,7 +14,7 @@ from standardwebhooks import Webhook
 from eventpush import catalog
 from eventpush.demo.receiver import Receiver
 from eventpush.publish import publish
-from eventpush.push import WorkerBusyError, controls, run_worker
+from eventpush.push import WorkerBusyError, controls, engine, run_worker
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -55,6 +56,24 @@ def committed_everything(conn) -> bool:
         "JOIN event_bus_queue q ON q.queue_id = o.queue_id",
     )
     return lag == 0
+
+
+def test_the_collector_is_tuned_while_workers_run_and_put_back_after_the_last():
+    before = gc.get_threshold()
+    with engine.collector_tuned():
+        assert gc.get_threshold() == (engine.GC_GEN0_THRESHOLD, *before[1:])
+        with engine.collector_tuned():  # a second worker in the same process
+            engine._freeze_startup_objects()
+            frozen = gc.get_freeze_count()
+            assert frozen > 0
+            young = [[] for _ in range(1000)]
+            engine._freeze_startup_objects()  # once: the collector never frees frozen cycles
+            assert gc.get_freeze_count() <= frozen < frozen + len(young)
+        # The first worker still runs: its collector stays as it was.
+        assert gc.get_threshold()[0] == engine.GC_GEN0_THRESHOLD
+        assert gc.get_freeze_count() > 0
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
 
 
 def test_500_then_200_is_retried_and_delivered(conn, rx):

@@ -66,7 +66,7 @@ CACHE_SHARE = 8  # the window cache may hold 1/CACHE_SHARE of a worker's buffer_
 # The cyclic collector while a worker runs (see ``collector_tuned``). Every delivery leaves a
 # few dozen short-lived containers (records, futures, rows), so the default first threshold
 # (700) ran a collection every few milliseconds at full speed (~200 a 5 s drain, each a pause
-# of the event loop, and every tenth a second-generation one); 10,000 makes them ~20 times
+# of the event loop, every tenth one of the middle generation too); 10,000 makes them ~20 times
 # rarer at ~1-2 ms each. What it costs: at most that many young objects more before a
 # collection looks at them (a few MiB), whatever the worker's age.
 GC_GEN0_THRESHOLD = 10_000
@@ -594,12 +594,12 @@ def collector_tuned():
 
 
 def _freeze_startup_objects() -> None:
-    """When the first worker of the process has started (modules imported, runners,
-    sinks and clients built), its objects leave the collector's view (``gc.freeze``): they
-    live as long as the worker, yet a full collection walked all of them (~90,000 objects,
-    a 60 ms pause of the loop, the longest one measured). Frozen objects are never freed,
-    so this happens once (undone when the last worker ends): memory stays bounded for a
-    worker that runs for weeks. No collection
+    """When the first worker of the process has started (modules imported, first assignment
+    read, runners built), its objects leave the collector's view (``gc.freeze``): they live as
+    long as the worker, yet a full collection walked all of them (~90,000 objects, a 60 ms
+    pause of the loop, the longest one measured). The collector never frees frozen objects
+    (reference counting still does), so this happens once, and is undone when the last
+    worker ends: memory stays bounded for a worker that runs for weeks. No collection
     first: a fresh worker holds no cyclic garbage at this point (measured: none), and a
     full collection here would be the very pause this avoids."""
     global _collector_frozen
