@@ -82,26 +82,6 @@ class Committer:
         self.metrics = metrics  # eventpush.metrics.WorkerMetrics, or None
 
     def add(self, target: Target, batch: list[Record], outcome: Outcome) -> None:
-        if len(batch) == 1 and outcome.kind == delivery.DELIVERED:
-            # The usual outcome, once per request: outcome_rows' delivery row, made inline.
-            r = batch[0]
-            self.deliveries.append(
-                tuple.__new__(
-                    store.DeliveryRow,
-                    (
-                        target.runner_id,
-                        target.runner,
-                        target.bus,
-                        r.queue_id,
-                        r.offset,
-                        r.message_id,
-                        r.attempts,
-                        outcome.http_status,
-                        outcome.latency_ms,
-                    ),
-                )
-            )
-            return
         rows = outcome_rows(target, batch, outcome)
         (self.deliveries if outcome.kind == delivery.DELIVERED else self.failures).extend(rows)
 

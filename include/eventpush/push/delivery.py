@@ -159,14 +159,9 @@ def build_request(
     with ``traceparent``, the header of that name too (built here, not copied in later)."""
     if target.batch_size > 1:
         body = b"[" + b",".join(_body(target, r, transform) for r in records) + b"]"
-        msg_id = webhook_id(target, records)
-    else:  # one event: webhook_id's and _body's single-record cases, inline (per request)
-        record = records[0]
-        if target.transform_kind == "ORIGINAL":
-            body = record.raw.encode()
-        else:
-            body = _body(target, record, transform)
-        msg_id = f"msg_{record.message_id}"
+    else:
+        body = _body(target, records[0], transform)
+    msg_id = webhook_id(target, records)
     headers = {"content-type": "application/json", "user-agent": USER_AGENT, "webhook-id": msg_id}
     if target.secret:
         from standardwebhooks import Webhook

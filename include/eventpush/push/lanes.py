@@ -300,7 +300,7 @@ class Lanes:
         if not (runner.fresh or runner.retry) or runner.paused or self.paused or runner.stopped:
             return None
         limiter, pool = runner.limiter, self.pool
-        if limiter.in_use >= limiter.limit or pool.in_use >= pool.limit:  # Limiter.free, inline
+        if not (limiter.free() and pool.free()):
             return None
         granted = runner.breaker.admit()
         if granted is None:
@@ -482,7 +482,7 @@ class Lanes:
         """A send's slots back; True when the shared pool was full (every runner is woken)."""
         runner.limiter.release()
         pool = self.pool
-        was_full = pool.in_use >= pool.limit  # not Limiter.free(): one call less per send
+        was_full = not pool.free()
         pool.release()
         if was_full:  # other runners' senders may be waiting for this slot
             self.wake_all()
