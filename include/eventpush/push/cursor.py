@@ -3,7 +3,8 @@
 Offsets are taken in increasing order, so the insertion-ordered ``inflight`` dict keeps its
 lowest offset first: the committable offset (the next one not finished) is its first key, or
 ``pulled`` when nothing is in flight. Filtered-out records never enter ``inflight``.
-``pulled`` only moves forward.
+``pulled`` only moves forward. The feeder (``lanes.Lanes.feed``) takes records into
+``inflight`` and moves ``pulled`` itself, on locals written back once per pull.
 """
 
 from __future__ import annotations
@@ -34,10 +35,6 @@ class QueueCursor:
         self.pulled_db = committed
         self.last_message_id: str | None = None
         self.at_end = False
-
-    def take(self, offset: int, size: int) -> None:
-        self.inflight[offset] = size
-        self.inflight_bytes += size
 
     def advance(self, offset: int) -> None:
         """Everything before ``offset`` has been read."""

@@ -30,8 +30,7 @@ import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
-from contextvars import Token
+from collections.abc import Callable, Coroutine
 
 from eventpush import tracing
 from eventpush.push import delivery
@@ -371,14 +370,7 @@ class Lanes:
             batch, granted = job
             pool_was_full = True
             try:
-                # traced_attempt, inline: no coroutine of its own per send.
-                pending, token = self._begin(runner, batch)
-                try:
-                    outcome = await pending
-                finally:
-                    if token is not None:
-                        tracing.OUTGOING.reset(token)
-                self._observe(runner, batch, granted, outcome)
+                outcome = await self.traced_attempt(runner, batch, granted)
             finally:
                 pool_was_full = self._release(runner, granted)
             if not runner.fenced:  # moved away meanwhile: left uncommitted for the next owner
@@ -432,38 +424,23 @@ class Lanes:
     async def traced_attempt(self, runner: Runner, batch: list[Record], granted: Pass) -> Outcome:
         """One attempt through the target's sink, in a span of its own whose ``traceparent``
         the request carries (``tracing.OUTGOING``), counted on the records, the breaker and
-        the worker's metrics. (``sender`` runs the same steps inline.)"""
-        pending, token = self._begin(runner, batch)
-        try:
-            outcome = await pending
-        finally:
-            if token is not None:
-                tracing.OUTGOING.reset(token)
-        self._observe(runner, batch, granted, outcome)
-        return outcome
-
-    def _begin(self, runner: Runner, batch: list[Record]) -> tuple[Awaitable[Outcome], Token]:
-        """The attempt's awaitable, and the ``tracing.OUTGOING`` token to reset once it is
-        done (None when the span's own wrapper sets and resets it)."""
-        if batch[0].attempts > 0:
+        the worker's metrics."""
+        retry = batch[0].attempts > 0
+        if retry:
             self.report.retried += 1
         send = runner.send_fn
         if send is None:
             send = runner.send_fn = self.sinks.sender_for(runner.target.url)
-        if tracing.enabled():
-            return tracing.in_deliver_span(
+        if not tracing.enabled():  # the usual case, kept free of span machinery
+            token = tracing.OUTGOING.set(tracing.unrecorded_traceparent(batch[0].event))
+            try:
+                outcome = await send(runner.target, batch, runner.transform)
+            finally:
+                tracing.OUTGOING.reset(token)
+        else:
+            outcome = await tracing.in_deliver_span(
                 runner.target, batch, lambda: send(runner.target, batch, runner.transform)
-            ), None
-        # The usual case, kept free of span machinery.
-        token = tracing.OUTGOING.set(tracing.unrecorded_traceparent(batch[0].event))
-        try:
-            return send(runner.target, batch, runner.transform), token
-        except BaseException:
-            tracing.OUTGOING.reset(token)
-            raise
-
-    def _observe(self, runner: Runner, batch: list[Record], granted: Pass, outcome: Outcome):
-        """An attempt's outcome, counted on the records, the breaker and the metrics."""
+            )
         for r in batch:
             r.attempts += 1
         runner.last_outcome = outcome
@@ -472,9 +449,8 @@ class Lanes:
         kind = outcome.kind
         runner.breaker.record(granted, reached=outcome.reached, failed=kind == delivery.RETRY)
         if self.attempts is not None:
-            self.attempts.add(
-                runner.target.runner, kind, outcome.latency_ms / 1000, batch[0].attempts > 1
-            )
+            self.attempts.add(runner.target.runner, kind, outcome.latency_ms / 1000, retry)
+        return outcome
 
     # --- sending --------------------------------------------------------------------------
 
