@@ -110,18 +110,32 @@ def engine_request(conn) -> tuple[bytes, dict[str, str]]:
     return body, {**headers, "accept": "*/*", "traceparent": unrecorded_traceparent({})}
 
 
-def _tids(pid: int) -> list[int]:
+def _task_stats(pid: int) -> dict[int, tuple[str, float, float, int]]:
+    """Per thread of process ``pid``: name, CPU s, s spent ready to run but waiting for a core
+    (the kernel's run-queue wait, a wake-up's latency included), and how often it went to
+    sleep (voluntary switches)."""
+    out = {}
     try:
-        return [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
-        return []
+        return out
+    for task in tasks:
+        try:
+            name = (task / "comm").read_text().strip()
+            run, wait, _ = map(int, (task / "schedstat").read_text().split())
+            status = (task / "status").read_text()
+        except (OSError, ValueError):
+            continue
+        sleeps = int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))
+        out[int(task.name)] = (name, run / 1e9, wait / 1e9, sleeps)
+    return out
 
 
-def _runqueue_wait_s(pid: int, tid: int) -> float | None:
-    try:
-        return int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return None
+def _thread_group(tid: int, name: str, loop_tid: int) -> str:
+    """The part of the worker a thread is: the event loop, the HTTP client's, the rest."""
+    if tid == loop_tid:
+        return "loop"
+    return "http client" if name.startswith(("pyreqwest", "tokio")) else "other"
 
 
 class CpuWatch:
@@ -146,19 +160,11 @@ class CpuWatch:
         self.admin.autocommit = True
         self.own = 0.0
 
-    def _thread_group(self, tid: int) -> str:
-        if tid == self.loop_tid:
-            return "loop"
-        try:
-            name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
-        except OSError:
-            return "other"
-        return "http client" if name.startswith(("pyreqwest", "tokio")) else "other"
-
     def _sample(self) -> None:
-        for t in self.me.threads():
-            group = self.threads.get(t.id, (None, 0.0))[0] or self._thread_group(t.id)
-            self.threads[t.id] = (group, t.user_time + t.system_time)
+        worker = _task_stats(self.me.pid)
+        for tid, (name, cpu, _, _) in worker.items():
+            group = self.threads.get(tid, (None, 0.0))[0] or _thread_group(tid, name, self.loop_tid)
+            self.threads[tid] = (group, cpu)
         with self.admin.cursor() as cur:
             cur.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (self.dbname,))
             pids = [row[0] for row in cur.fetchall()]
@@ -170,11 +176,9 @@ class CpuWatch:
             self.backends[pid] = times.user + times.system
         times = self.rx.cpu_times()
         self.rx_cpu = times.user + times.system
-        for pid in (self.me.pid, self.rx.pid):
-            for tid in _tids(pid):
-                waited = _runqueue_wait_s(pid, tid)
-                if waited is not None:
-                    self.waits[pid, tid] = waited
+        for pid, tasks in ((self.me.pid, worker), (self.rx.pid, _task_stats(self.rx.pid))):
+            for tid, (_, _, waited, _) in tasks.items():
+                self.waits[pid, tid] = waited
 
     def _run(self) -> None:
         import threading
@@ -494,25 +498,6 @@ def bench_metrics(n: int = 20_000, rounds: int = 2) -> None:
             sys.stdout.flush()
 
 
-def _thread_times() -> dict[str, tuple[str, float, float, int]]:
-    """Per thread of this process: name, CPU s, s spent runnable but waiting for a CPU (a
-    wake-up's latency included), and how often it went to sleep (voluntary switches)."""
-    import os
-
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            task = Path(f"/proc/self/task/{tid}")
-            name = (task / "comm").read_text().strip()
-            run, wait, _ = map(int, (task / "schedstat").read_text().split())
-            status = (task / "status").read_text()
-        except (OSError, ValueError):
-            continue
-        sleeps = int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))
-        out[tid] = (name, run / 1e9, wait / 1e9, sleeps)
-    return out
-
-
 def _machine_idle() -> tuple[int, int]:
     ticks = list(map(int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]))
     return ticks[3] + ticks[4], sum(ticks)  # idle + iowait, all
@@ -525,6 +510,7 @@ def bench_stalls(n: int = 20_000) -> None:
     the HTTP client's threads waited for a CPU."""
     import asyncio
     import gc
+    import os
     import threading
 
     from eventpush.push import engine
@@ -560,8 +546,8 @@ def bench_stalls(n: int = 20_000) -> None:
         publish(conn, "orders", events(n))
         engine.Engine._supervise = probed
         gc.callbacks.append(collector)
-        loop_tid = str(threading.get_native_id())
-        threads, idle = _thread_times(), _machine_idle()
+        me, loop_tid = os.getpid(), threading.get_native_id()
+        threads, idle = _task_stats(me), _machine_idle()
         started = time.perf_counter()
         try:
             report = run_worker("w1", until_idle=True, max_seconds=600)
@@ -569,7 +555,7 @@ def bench_stalls(n: int = 20_000) -> None:
             engine.Engine._supervise = supervise
             gc.callbacks.remove(collector)
         elapsed = time.perf_counter() - started
-        idle_end, threads_end = _machine_idle(), _thread_times()
+        idle_end, threads_end = _machine_idle(), _task_stats(me)
     lags.sort()
     q = {p: lags[min(int(len(lags) * p / 100), len(lags) - 1)] * 1e3 for p in (50, 90, 99)}
     over = [lag for lag in lags if lag > 0.002]
@@ -589,14 +575,7 @@ def bench_stalls(n: int = 20_000) -> None:
     waited: dict[str, list[float]] = {}
     for tid, (name, cpu, wait, sleeps) in threads_end.items():
         _, cpu0, wait0, sleeps0 = threads.get(tid, (name, 0.0, 0.0, 0))
-        group = (
-            "loop"
-            if tid == loop_tid
-            else "http client"
-            if name.startswith(("pyreqwest", "tokio"))
-            else "other"
-        )
-        total = waited.setdefault(group, [0.0, 0.0, 0])
+        total = waited.setdefault(_thread_group(tid, name, loop_tid), [0.0, 0.0, 0])
         total[0] += cpu - cpu0
         total[1] += wait - wait0
         total[2] += sleeps - sleeps0
