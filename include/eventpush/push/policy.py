@@ -31,8 +31,8 @@ DEFAULTS = TargetPolicy()
 # default batch is the one that publishes fastest: at 64 messages in flight, batches of 64
 # reach 0.8 of a bare nats-py loop's rate against 0.5 one message per send, at about 40
 # against 65 us of the worker's CPU per message (docs/BENCHMARKS.md, the JetStream target).
-# What a batch costs there: a retry sends its every message again (the stream drops those
-# it holds as duplicates), and a final answer for one message is the whole batch's.
+# Each message keeps its own answer (a refused one fails alone, an unanswered one is sent
+# again alone), so a batch costs its records nothing but sharing a send's deadline.
 SCHEME_DEFAULTS = {"nats": TargetPolicy(batch_size=64)}
 
 

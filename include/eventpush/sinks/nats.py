@@ -5,9 +5,10 @@ alone (transformed as the target says) and the same headers (``webhook-id`` and,
 secret, the Standard Webhooks signature), plus ``Nats-Msg-Id`` equal to ``webhook-id``: a
 record sent again after a crash, a lost acknowledgement or a replay is dropped by the server
 as a duplicate within its stream's duplicate window. A record counts as delivered on the
-JetStream acknowledgement (a duplicate's included). A batch is published at once and its
-acknowledgements awaited together; it is delivered when every record is. A stream whose
-duplicate window is shorter than the target's retry horizon is warned of once.
+JetStream acknowledgement (a duplicate's included). A batch is published at once (one write,
+one flush) and its acknowledgements awaited together; each record settles on its own answer
+(``Outcome.per_record``: a refused message fails alone, an unanswered one is retried alone).
+A stream whose duplicate window is shorter than the target's retry horizon is warned of once.
 
 Classification: no stream listening on the subject (no responders) is final, as is any
 JetStream refusal other than 503 and a message over the server's payload limit or refused
@@ -93,7 +94,7 @@ class _Deadlines:
         self._queues: dict[float, deque[tuple[float, asyncio.Future]]] = {}
         self._timers: dict[float, asyncio.TimerHandle] = {}
 
-    def watch(self, futures: list[asyncio.Future], timeout_s: float) -> None:
+    def watch(self, future: asyncio.Future, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()
         queue = self._queues.get(timeout_s)
         if queue is None:
@@ -101,8 +102,7 @@ class _Deadlines:
         while queue and queue[0][1].done():
             queue.popleft()
         deadline = loop.time() + timeout_s
-        for future in futures:
-            queue.append((deadline, future))
+        queue.append((deadline, future))
         if timeout_s not in self._timers:
             self._timers[timeout_s] = loop.call_at(deadline, self._expire, timeout_s)
 
@@ -347,7 +347,7 @@ class NatsSink:
                 # connection's sends.
                 acks = conn.expect(len(messages))
                 await conn.publish(subject, messages, traceparent, acks)
-                conn.deadlines.watch([acks.done], timeout_s)
+                conn.deadlines.watch(acks.done, timeout_s)
                 await acks.done
             else:
                 async with asyncio.timeout(timeout_s):
