@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import threading
 import time
 
@@ -74,6 +75,43 @@ def test_the_collector_is_tuned_while_workers_run_and_put_back_after_the_last():
         assert gc.get_freeze_count() > 0
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
+
+
+def test_a_worker_runs_as_a_batch_workload_and_puts_its_thread_back(conn, rx):
+    setup_runner(conn, rx, "/ok")
+    publish(conn, "orders", events(5))
+    policies = []  # the loop thread's policy, as progress is reported from it
+    report = run_worker(
+        "w1",
+        until_idle=True,
+        max_seconds=60,
+        progress=lambda _: policies.append(os.sched_getscheduler(0)),
+    )
+    assert report.delivered == 5
+    assert policies and set(policies) == {os.SCHED_BATCH}
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
+def test_batch_scheduling_reaches_new_threads_and_leaves_a_chosen_policy_alone():
+    started = []
+
+    def child() -> None:
+        started.append(os.sched_getscheduler(0))
+
+    with engine.batch_scheduled():
+        assert os.sched_getscheduler(0) == os.SCHED_BATCH
+        thread = threading.Thread(target=child)
+        thread.start()
+        thread.join()
+    assert started == [os.SCHED_BATCH]
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # as `chrt --idle` would
+    try:
+        with engine.batch_scheduled():
+            assert os.sched_getscheduler(0) == os.SCHED_IDLE
+        assert os.sched_getscheduler(0) == os.SCHED_IDLE
+    finally:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
 
 def test_500_then_200_is_retried_and_delivered(conn, rx):
