@@ -457,9 +457,7 @@ class Lanes:
     def _release(self, runner: Runner, granted: Pass) -> bool:
         """A send's slots back; True when the shared pool was full (every runner is woken)."""
         runner.limiter.release()
-        pool = self.pool
-        was_full = not pool.free()
-        pool.release()
+        was_full = self.pool.release()
         if was_full:  # other runners' senders may be waiting for this slot
             self.wake_all()
         # Otherwise the runner's clock is woken only when the breaker has something to say (a
