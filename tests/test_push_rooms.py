@@ -5,6 +5,7 @@ policy defaults defined once."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import psycopg2
@@ -16,7 +17,8 @@ from eventpush.push import delivery, store
 from eventpush.push.committing import outcome_rows
 from eventpush.push.cursor import UNCOMMITTED_SPANS, QueueCursor
 from eventpush.push.delivery import Outcome, Record, Target
-from eventpush.push.lanes import MAX_RETRY_DELAY_S, retry_delay, wait_for_event
+from eventpush.push.engine import WorkerReport
+from eventpush.push.lanes import MAX_RETRY_DELAY_S, Lanes, Runner, retry_delay, wait_for_event
 from eventpush.push.limits import CircuitBreaker, Limiter
 from eventpush.push.policy import DEFAULTS, LIMITS, SCHEME_DEFAULTS
 from eventpush.push.reading import WINDOW, WindowCache
@@ -69,6 +71,33 @@ def test_while_a_probe_is_out_the_breaker_names_no_wait():
     assert breaker.wait_s() == 0.0
     breaker.admit()
     assert breaker.wait_s() is None, "a waiter must sleep until the probe's outcome"
+
+
+def test_a_batch_the_breaker_refuses_holds_no_slot():
+    lanes = Lanes(WorkerReport("w"), None, None, None, None, None)
+    target = dataclasses.replace(TARGET, pattern='{"source": ["a"]}')
+    runner = Runner(target, {0: 0}, ("ACTIVE", 1, {}))
+    runner.fresh.append(Record(0, 0, "m0", {}, "{}"))
+    opened(runner.breaker)  # cooling down: no probe yet
+    assert lanes._take(runner) is None
+    assert (runner.limiter.in_use, lanes.pool.in_use, len(runner.fresh)) == (0, 0, 1)
+    runner.breaker = CircuitBreaker()
+    assert lanes._take(runner) is not None
+    assert (runner.limiter.in_use, lanes.pool.in_use, len(runner.fresh)) == (1, 1, 0)
+
+
+def test_a_released_slot_wakes_a_waiter_and_says_whether_the_limiter_was_full():
+    async def main() -> None:
+        limiter = Limiter(2)
+        assert limiter.try_acquire() and limiter.try_acquire() and not limiter.try_acquire()
+        waiter = asyncio.create_task(limiter.changed(10.0))
+        await asyncio.sleep(0)  # the task now waits
+        assert limiter.release() is True, "it was full: others may be waiting for the slot"
+        done, _ = await asyncio.wait([waiter], timeout=1.0)
+        assert done, "a waiter is woken by a release, not by its timeout"
+        assert limiter.release() is False
+
+    uvloop.run(main())
 
 
 @pytest.mark.parametrize("after", [math.nan, math.inf, -math.inf, -5.0, 1e300])

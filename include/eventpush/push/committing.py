@@ -37,22 +37,26 @@ STATUS_POLL_S = 0.2
 
 
 def outcome_rows(
-    target: Target, batch: list[Record], outcome: Outcome
+    target: Target, batch: list[Record], outcome: Outcome, into: list | None = None
 ) -> list[store.DeliveryRow] | list[store.FailureRow]:
-    """The rows one outcome leaves: a delivery row per record, or a failure row per record."""
+    """The rows one outcome leaves: a delivery row per record, or a failure row per record;
+    appended to ``into`` when given (the committer's buffer: no list per send), else to a
+    new list."""
     if outcome.kind == delivery.DELIVERED:
         extra, row = (outcome.http_status, outcome.latency_ms), store.DeliveryRow
     else:
         extra, row = (outcome.http_status, outcome.error or "failed"), store.FailureRow
     rid, runner, bus = target.runner_id, target.runner, target.bus
     status, last = extra
+    rows = [] if into is None else into
     # tuple.__new__ straight away: a NamedTuple's own __new__ is a Python function, and this
-    # runs once per record finished, on the event loop.
-    make = tuple.__new__
-    return [
-        make(row, (rid, runner, bus, r.queue_id, r.offset, r.message_id, r.attempts, status, last))
-        for r in batch
-    ]
+    # runs once per record finished, on the event loop; a loop, not a comprehension (its own
+    # frame, for the one record of most sends).
+    make, append = tuple.__new__, rows.append
+    for r in batch:
+        values = (rid, runner, bus, r.queue_id, r.offset, r.message_id, r.attempts, status, last)
+        append(make(row, values))
+    return rows
 
 
 class Committer:
@@ -82,8 +86,8 @@ class Committer:
         self.metrics = metrics  # eventpush.metrics.WorkerMetrics, or None
 
     def add(self, target: Target, batch: list[Record], outcome: Outcome) -> None:
-        rows = outcome_rows(target, batch, outcome)
-        (self.deliveries if outcome.kind == delivery.DELIVERED else self.failures).extend(rows)
+        into = self.deliveries if outcome.kind == delivery.DELIVERED else self.failures
+        outcome_rows(target, batch, outcome, into)
 
     def drop(self, runner_id: int) -> None:
         """Forget a runner's uncommitted rows: it moved away, the next owner redelivers."""

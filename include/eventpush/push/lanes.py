@@ -298,11 +298,18 @@ class Lanes:
             self._promote_due(runner, time.monotonic())
         if not (runner.fresh or runner.retry) or runner.paused or self.paused or runner.stopped:
             return None
+        # The slots are taken first (each take is its own check) and given back when the
+        # breaker says no: the rare case pays, not every send.
         limiter, pool = runner.limiter, self.pool
-        if not (limiter.free() and pool.free()):
+        if not limiter.try_acquire():
+            return None
+        if not pool.try_acquire():
+            limiter.release()
             return None
         granted = runner.breaker.admit()
         if granted is None:
+            limiter.release()
+            pool.release()
             return None
         fresh = runner.fresh
         if runner.retry and (not fresh or granted.probe or runner.fresh_streak >= FRESH_PER_RETRY):
@@ -315,8 +322,6 @@ class Lanes:
             else:
                 batch = [fresh.popleft() for _ in range(min(size, len(fresh)))]
             runner.fresh_streak += 1
-        limiter.try_acquire()
-        pool.try_acquire()
         return batch, granted
 
     def pump(self, runner: Runner) -> None:
@@ -457,9 +462,7 @@ class Lanes:
     def _release(self, runner: Runner, granted: Pass) -> bool:
         """A send's slots back; True when the shared pool was full (every runner is woken)."""
         runner.limiter.release()
-        pool = self.pool
-        was_full = not pool.free()
-        pool.release()
+        was_full = self.pool.release()
         if was_full:  # other runners' senders may be waiting for this slot
             self.wake_all()
         # Otherwise the runner's clock is woken only when the breaker has something to say (a

@@ -16,6 +16,7 @@ class Limiter:
         self.limit = limit
         self.in_use = 0
         self._changed = asyncio.Event()
+        self._waiting = 0  # tasks in changed(): a release sets the event only for them
 
     def free(self) -> int:
         return max(self.limit - self.in_use, 0)
@@ -26,9 +27,12 @@ class Limiter:
             return True
         return False
 
-    def release(self) -> None:
+    def release(self) -> bool:
+        """A slot back; True when the limiter was full before (someone may want this slot)."""
         self.in_use -= 1
-        self._changed.set()
+        if self._waiting:  # nobody in changed(): no Event.set per release
+            self._changed.set()
+        return self.in_use >= self.limit - 1
 
     def resize(self, limit: int) -> None:
         self.limit = limit
@@ -36,9 +40,13 @@ class Limiter:
 
     async def changed(self, timeout: float) -> None:
         self._changed.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):  # never wait_for: see lanes.wait_for_event
-                await self._changed.wait()
+        self._waiting += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):  # never wait_for: see lanes.wait_for_event
+                    await self._changed.wait()
+        finally:
+            self._waiting -= 1
 
 
 @dataclass(frozen=True, slots=True)
