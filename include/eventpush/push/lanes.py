@@ -536,11 +536,10 @@ class Lanes:
                 await asyncio.sleep(delay)
             if runner.fenced:
                 return
-            if outcome.per_record is None:
-                self.finish(runner, batch, outcome)
-            else:  # in order, each on its own answer (a retryable one among finals: failed)
-                for part, records in delivery.by_answer(batch, outcome):
-                    self.finish(runner, records, part)
+            # Each record on its own answer when it has one (a retryable one among finals:
+            # failed); one group otherwise.
+            for part, records in delivery.by_answer(batch, outcome):
+                self.finish(runner, records, part)
 
     # --- outcomes -------------------------------------------------------------------------
 
