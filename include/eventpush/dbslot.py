@@ -11,22 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable
 
-from eventpush.db import StoreError, connect
-from eventpush.push.store import is_transient
+from eventpush.db import StoreError, connect, is_transient
+from eventpush.errors import first_line
 
 log = logging.getLogger("eventpush.push")
 
 RETRY_FIRST_S = 0.1
 RETRY_MAX_S = 5.0
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class DbSlot:
@@ -102,11 +96,3 @@ class DbSlot:
 
 def _timeout(seconds: float | None) -> float | None:
     return None if seconds is None else max(seconds, 0.0)
-
-
-def finite(value: float | None, fallback: float, low: float = 0.0, high: float = 3600.0) -> float:
-    """``value`` within [low, high], or ``fallback`` when it is None, NaN or infinite: every
-    delay the engine sleeps on or keys a heap with passes through here."""
-    if value is None or not math.isfinite(value):
-        return fallback
-    return min(max(value, low), high)

@@ -32,13 +32,15 @@ from dataclasses import asdict, dataclass
 from eventpush import metrics as metrics_mod
 from eventpush import sinks, sources
 from eventpush.config import database_url
+from eventpush.db import is_transient
+from eventpush.dbslot import DbSlot
+from eventpush.errors import first_line
 from eventpush.metrics import WorkerMetrics, metrics_host
 from eventpush.push import store
 from eventpush.push.committing import Committer
 from eventpush.push.controls import WorkerSettings, worker_settings
 from eventpush.push.lanes import Lanes, Runner, wait_for_event
 from eventpush.push.reading import BusSignals, WindowCache
-from eventpush.push.slots import DbSlot, first_line
 from eventpush.sources import Bus, Reader
 
 log = logging.getLogger("eventpush.push")
@@ -561,7 +563,7 @@ class Engine:
             await self.aux.call(store.heartbeat, self.wid, metrics, runner_stats, give_up_s=5)
             await self._refresh_lag()
         except Exception as exc:
-            if not store.is_transient(exc):
+            if not is_transient(exc):
                 raise
             log.warning("heartbeat failed: %s", first_line(exc))
 

@@ -1,9 +1,10 @@
-"""One HTTP delivery attempt to a target, and the retry policy around it.
+"""HTTP and HTTPS targets as a sink: the request, the Standard Webhooks headers, the guarded
+connections and the classification of the answer (:mod:`eventpush.sinks.retry`).
 
-Used through the HTTP sink (``eventpush.sinks.http``) by the push engine, which schedules
-retries itself in a low-priority lane, and by replay, which retries inline
-(``eventpush.sinks.Sinks.deliver``). Classification follows docs/ARCHITECTURE.md: 2xx
-delivered; 5xx, 408, 429, timeouts and connection errors retried; any other status final.
+Used by the push engine, which schedules retries itself in a low-priority lane, and by replay,
+which retries inline (``eventpush.sinks.Sinks.deliver``). Classification follows
+docs/ARCHITECTURE.md: 2xx delivered; 5xx, 408, 429, timeouts and connection errors retried;
+any other status final.
 
 Targets are treated as adversaries: a redirect is an answer (final, never followed), a body is
 read up to ``BODY_CAP`` bytes and the connection dropped past that, ``Retry-After`` is clamped
@@ -16,18 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import ipaddress
-import json
-import math
-import random
-import re
 import socket
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from email.utils import parsedate_to_datetime
+from dataclasses import dataclass
+from datetime import timedelta
 from urllib.parse import urlsplit
 
 from pyreqwest.client import Client, ClientBuilder
@@ -35,223 +30,42 @@ from pyreqwest.exceptions import PyreqwestError, RequestTimeoutError
 from pyreqwest.http import Url
 
 from eventpush import tracing
-from eventpush.config import redact, redact_url
-from eventpush.push.policy import DEFAULTS, LIMITS
-from eventpush.push.targets import (
+from eventpush.addresses import (
     AddressPolicy,
     InvalidTargetUrlError,
     RefusedAddressError,
     address_policy,
+    check_host,
+    split_url,
 )
+from eventpush.config import redact, redact_url
+from eventpush.errors import first_line
+from eventpush.push.policy import LIMITS
+from eventpush.sinks import transform_failed
+from eventpush.sinks.contract import DELIVERED, FINAL, RETRY, Outcome, Record, Target
+from eventpush.sinks.request import build_request
+from eventpush.sinks.retry import classify, parse_retry_after
 
-USER_AGENT = "eventpush/0.1"
-RETRY_AFTER_CAP_S = 300.0
-BACKOFF_CAP_S = 60.0
 BODY_CAP = 64 * 1024  # what we read of an answer; a target may send more, we never hold it
 URL_CACHE = 10_000  # parsed target URLs kept (a replay may meet many)
 PIN_TTL_S = 60.0  # how long a checked address stays pinned before the name is resolved again
 # A re-pinned client is closed once no send can still be using it: past the longest timeout.
 RETIRED_CLOSE_S = LIMITS["timeout_ms"][1] / 1000 + 30
-# RFC 9110 delay-seconds is digits only; a fraction is tolerated, signs and exponents are not.
-_DELAY_SECONDS = re.compile(r"\d+(\.\d+)?")
-
-DELIVERED = "delivered"
-RETRY = "retry"
-FINAL = "final"
 
 
-@dataclass(frozen=True)
-class Target:
-    """A runner's target as the engine pushes it (secret included: never log this object)."""
-
-    runner_id: int
-    runner: str
-    bus: str
-    bus_id: int
-    rule: str
-    pattern: str
-    name: str
-    url: str
-    secret: str | None = field(default=None, repr=False)
-    transform_kind: str = "ORIGINAL"
-    transform_spec: object = None
-    max_attempts: int = DEFAULTS.max_attempts
-    backoff_ms: int = DEFAULTS.backoff_ms
-    max_age_s: int = DEFAULTS.max_age_s
-    timeout_ms: int = DEFAULTS.timeout_ms
-    batch_size: int = DEFAULTS.batch_size
-    concurrency: int = DEFAULTS.concurrency
-    ordered: bool = False
-    # The bus's settings for the input transformer's <aws.events.event> and rule ARN.
-    bus_account: str | None = None
-    bus_region: str | None = None
-    # The bus's source kind: the broker_name of the runner's delivery and failure rows.
-    broker: str = "eventpush"
-
-
-@dataclass(slots=True)
-class Record:
-    """One event on its way to one runner's target."""
-
-    queue_id: int
-    offset: int
-    message_id: str
-    event: dict
-    raw: str
-    first_seen: float = 0.0  # monotonic time it was pulled: max_age_s counts from here
-    attempts: int = 0
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What one attempt came to."""
-
-    kind: str  # DELIVERED, RETRY or FINAL
-    http_status: int | None
-    error: str | None
-    latency_ms: float
-    retry_after_s: float | None = None
-    reached: bool = True  # False when refused before any packet left (address policy)
-    # A sink whose batch records are answered one by one (JetStream) and whose answers
-    # differ: (kind, error) per record, in the batch's order; ``kind`` and ``error`` above
-    # then say what the send as a whole came to (for the breaker and the metrics).
-    per_record: list[tuple[str, str | None]] | None = None
-
-
-TARGET_SQL = """
-SELECT r.id, r.name, b.name, b.id, ru.name, ru.pattern::text, t.name, t.url, t.secret,
-       t.transform_kind, t.transform_spec, t.max_attempts, t.backoff_ms, t.max_age_s,
-       t.timeout_ms, t.batch_size, t.concurrency, t.ordered, b.account, b.region, b.source_url
-FROM event_target_runner r
-JOIN event_target t ON t.id = r.target_id
-JOIN event_rule ru ON ru.id = t.rule_id
-JOIN event_bus b ON b.id = ru.bus_id
-"""
-
-
-def load_targets(cur, where: str = "TRUE", params: tuple = ()) -> list[Target]:
-    """Targets joined with their runner, rule and bus; ``where`` is a fixed SQL condition
-    over aliases r, t, ru, b with its values in ``params``."""
-    from eventpush.sources import broker_name
-
-    cur.execute(f"{TARGET_SQL} WHERE {where} ORDER BY r.id", params)
-    return [Target(*row[:-1], broker=broker_name(row[-1])) for row in cur.fetchall()]
-
-
-def webhook_id(target: Target, records: list[Record]) -> str:
-    """The idempotency key: the same for every retry and replay of the same records."""
-    if len(records) == 1:
-        return f"msg_{records[0].message_id}"
-    digest = hashlib.sha256(
-        (f"{target.runner_id}:" + ",".join(f"{r.queue_id}.{r.offset}" for r in records)).encode()
-    ).hexdigest()[:32]
-    return f"batch_{digest}"
-
-
-def build_request(
-    target: Target,
-    records: list[Record],
-    transform,
-    now: datetime | None = None,
-    traceparent: str | None = None,
-) -> tuple[bytes, dict[str, str]]:
-    """The body and headers of one request: one event, or a JSON array for batch targets;
-    with ``traceparent``, the header of that name too (built here, not copied in later)."""
-    if target.batch_size > 1:
-        body = b"[" + b",".join(_body(target, r, transform) for r in records) + b"]"
-    else:
-        body = _body(target, records[0], transform)
-    msg_id = webhook_id(target, records)
-    headers = {"content-type": "application/json", "user-agent": USER_AGENT, "webhook-id": msg_id}
-    if target.secret:
-        from standardwebhooks import Webhook
-
-        now = now or datetime.now(UTC)
-        headers["webhook-timestamp"] = str(int(now.timestamp()))
-        headers["webhook-signature"] = Webhook(target.secret).sign(
-            msg_id, now, body.decode("utf-8")
+def validate_url(url: str, policy: AddressPolicy | None = None) -> str:
+    """An http(s) target URL, checked; raises InvalidTargetUrlError saying what is wrong."""
+    url, parts, port, where = split_url(url, "target URL")
+    host = parts.hostname
+    if not host:
+        raise InvalidTargetUrlError(f"target URL {where!r} has no host")
+    if parts.username or parts.password:
+        raise InvalidTargetUrlError(
+            "target URL must not carry credentials: give the target a --secret instead"
         )
-    if traceparent is not None:
-        headers["traceparent"] = traceparent
-    return body, headers
-
-
-def _body(target: Target, record: Record, transform) -> bytes:
-    if target.transform_kind == "ORIGINAL":
-        return record.raw.encode()  # the event exactly as stored: no re-serialising
-    return transform.apply(
-        record.event,
-        target.rule,
-        bus=target.bus,
-        account=target.bus_account,
-        region=target.bus_region,
-    )
-
-
-def by_answer(records: list[Record], outcome: Outcome) -> list[tuple[Outcome, list[Record]]]:
-    """A send's records grouped by their own answers (``outcome.per_record``, in the batch's
-    order), each group with the outcome it settles on; one group when all share one."""
-    if outcome.per_record is None:
-        return [(outcome, records)]
-    groups: dict[tuple[str, str | None], list[Record]] = {}
-    for record, answer in zip(records, outcome.per_record, strict=True):
-        groups.setdefault(answer, []).append(record)
-    return [
-        (Outcome(kind, outcome.http_status, error, outcome.latency_ms, outcome.retry_after_s), rs)
-        for (kind, error), rs in groups.items()
-    ]
-
-
-def classify(status: int) -> str:
-    if 200 <= status < 300:
-        return DELIVERED
-    if status >= 500 or status in (408, 429):
-        return RETRY
-    return FINAL
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta seconds or an HTTP date), always finite
-    and within [0, RETRY_AFTER_CAP_S]; None when the value means nothing (the usual backoff
-    applies then)."""
-    if not value:
-        return None
-    value = value.strip()
-    if _DELAY_SECONDS.fullmatch(value):
-        seconds = float(value)
-    else:
-        try:
-            when = parsedate_to_datetime(value)
-            if when.tzinfo is None:  # "-0000" dates parse naive; RFC 9110 dates are GMT
-                when = when.replace(tzinfo=UTC)
-            seconds = (when - datetime.now(UTC)).total_seconds()
-        except (TypeError, ValueError, OverflowError, IndexError):
-            return None
-    return _clamp(seconds, 0.0, RETRY_AFTER_CAP_S)
-
-
-def _clamp(value: float, low: float, high: float) -> float:
-    if not math.isfinite(value):
-        return high if value > 0 else low  # nan counts as low: it asked for nothing
-    return min(max(value, low), high)
-
-
-def backoff_s(target: Target, attempts: int, retry_after_s: float | None = None) -> float:
-    """Delay before the next attempt: what the target asked, within the policy's bounds (no
-    sooner than the target's backoff, no later than RETRY_AFTER_CAP_S), or else exponential
-    with full jitter. Always finite."""
-    floor = min(target.backoff_ms / 1000, RETRY_AFTER_CAP_S)
-    if retry_after_s is not None:
-        return _clamp(retry_after_s, floor, RETRY_AFTER_CAP_S)
-    ceiling = min(BACKOFF_CAP_S, target.backoff_ms / 1000 * 2 ** min(max(attempts - 1, 0), 64))
-    return random.uniform(ceiling / 2, ceiling)
-
-
-def out_of_attempts(target: Target, record: Record, now: float, delay: float = 0.0) -> bool:
-    """True when another attempt is not allowed: by count, or by age once the delay passes."""
-    if record.attempts >= target.max_attempts:
-        return True
-    return (now + delay) - record.first_seen > target.max_age_s
+    if port == 0:
+        raise InvalidTargetUrlError(f"target URL {where!r} has port 0")
+    return check_host(url, host, where, policy)
 
 
 class Session:
@@ -453,7 +267,9 @@ async def post(session: Session, target: Target, body: bytes, headers: dict[str,
         # ValueError: a URL the client cannot send to (a final condition).
         if status is None:
             kind = FINAL if isinstance(exc, ValueError) else RETRY
-            return _outcome(target, kind, None, f"connection failed: {_short(exc)}", started)
+            return _outcome(
+                target, kind, None, f"connection failed: {first_line(exc)[:300]}", started
+            )
     kind = classify(status)
     if kind == DELIVERED:
         error = None
@@ -476,10 +292,30 @@ def _outcome(
     return Outcome(kind, status, error, (time.perf_counter() - started) * 1000)
 
 
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
+class HttpSink:
+    """One pooled HTTP session for every http(s) target of the process."""
+
+    validate_url = staticmethod(validate_url)
+
+    def __init__(self, policy: AddressPolicy) -> None:
+        self.session = new_session(policy=policy)
+
+    def send(self, target: Target, records: list[Record], transform) -> Awaitable[Outcome]:
+        """The attempt's awaitable: the request coroutine itself, so a send costs no
+        coroutine frame of this adapter on the engine's hot path. The headers carry the
+        attempt's ``traceparent`` (``tracing.OUTGOING``, as :func:`attempt` adds it),
+        put in as they are built rather than copied in after."""
+        try:
+            body, headers = build_request(
+                target, records, transform, traceparent=tracing.OUTGOING.get()
+            )
+        except Exception as exc:
+            return _ready(transform_failed(exc))
+        return post(self.session, target, body, headers)
+
+    async def close(self) -> None:
+        await self.session.close()
 
 
-def load_json(value) -> object:
-    return json.loads(value) if isinstance(value, str) else value
+async def _ready(outcome: Outcome) -> Outcome:
+    return outcome

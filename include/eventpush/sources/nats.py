@@ -36,7 +36,7 @@ import msgspec
 
 from eventpush.db import Connection, transaction
 from eventpush.nats_client import NatsUrlError, connect, parse_url
-from eventpush.sources import (
+from eventpush.sources.contract import (
     Bus,
     Chunk,
     Reader,
@@ -44,8 +44,8 @@ from eventpush.sources import (
     SourceKind,
     SourceUnavailableError,
     Stored,
-    record_heads,
 )
+from eventpush.sources.heads import record_heads
 
 log = logging.getLogger("eventpush.sources")
 
@@ -108,8 +108,8 @@ def run(coro_fn: Callable, *args):
 
 async def _with_nats(bus: Bus, work: Callable):
     """``work(nc)`` on a connection of its own; failures said in one line, without secrets."""
+    from eventpush.addresses import RefusedAddressError
     from eventpush.config import ConfigError, redact
-    from eventpush.push.targets import RefusedAddressError
 
     try:
         nc = await connect(bus.source_url, name=f"eventpush {bus.name}")

@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from eventpush.sparkjobs.session import SparkSetupError
+from eventpush.sparkjobs.errors import SparkSetupError
 
 PYENV_ENV_VAR = "EVENTPUSH_SPARK_PYENV"
 ALIAS = "pyenv"

@@ -255,9 +255,10 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
     import time
 
     from eventpush.db import connect
-    from eventpush.push.delivery import Record, load_targets
+    from eventpush.push.store import load_targets
     from eventpush.rules.transforms import compile_transform
     from eventpush.sinks import Sinks
+    from eventpush.sinks.contract import Record
     from eventpush.sparkjobs.bus_events import source_bodies
 
     conn = connect(db_url, application_name="eventpush-replay")
@@ -416,8 +417,8 @@ def _write_outcomes(cur, outcomes: list, replay_id: int, counts: dict) -> None:
     import psycopg2.extras
 
     from eventpush.push.committing import outcome_rows
-    from eventpush.push.delivery import DELIVERED, by_answer
     from eventpush.push.store import copy_deliveries
+    from eventpush.sinks.contract import DELIVERED, by_answer
 
     delivered, failed = [], []  # delivery rows; (failure row, the runner's broker_name)
     brokers = {}  # runner -> its delivery rows' broker_name
@@ -487,8 +488,8 @@ def finish_run(db_url: str, result: ReplayResult, error: str | None = None) -> N
 
 def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -> ReplayResult:
     """Check, select, GX-check the selection, push (unless dry run), GX-check the result."""
+    from eventpush.addresses import address_policy
     from eventpush.config import redact
-    from eventpush.push.targets import address_policy
     from eventpush.quality import batch as quality
 
     policy = address_policy()  # read on the driver: a bad range fails before anything runs

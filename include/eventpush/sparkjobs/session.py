@@ -29,13 +29,12 @@ import zipfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from eventpush.sparkjobs.errors import SparkSetupError
+from eventpush.sparkjobs.pyenv import cluster_conf
+
 DEFAULT_MASTER = "local[*]"
 DEFAULT_CONN_ID = "spark_default"
 DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
-
-
-class SparkSetupError(RuntimeError):
-    """Spark cannot be set up as asked; the message says what to fix."""
 
 
 def master_from_connection(conn_type: str | None, host: str | None, port: int | None) -> str:
@@ -214,8 +213,6 @@ def get_spark(master: str | None = None, app_name: str = "eventpush", shuffle_pa
         os.environ["PYSPARK_PYTHON"] = sys.executable
     launch_env: dict[str, str] = {}
     if launching and master and not master.startswith("local"):
-        from eventpush.sparkjobs.pyenv import cluster_conf
-
         # A cluster's executors get this job's Python environment shipped with it.
         for key, value in cluster_conf(master).items():
             builder = builder.config(key, value)
