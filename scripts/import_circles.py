@@ -1,7 +1,8 @@
 """Print the import circles inside include/eventpush (none is the goal; exit 1 if any).
 
-Run: .venv/bin/python scripts/import_circles.py
+Run: .venv/bin/python scripts/import_circles.py [INCLUDE_DIR]
 Uses grimp (import-linter's graph builder), so imports inside functions count too.
+INCLUDE_DIR (default: this checkout's include/) is where the package is read from.
 """
 
 import sys
@@ -12,8 +13,11 @@ import grimp
 PACKAGE = "eventpush"
 
 
-def import_graph() -> grimp.ImportGraph:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "include"))
+INCLUDE = Path(__file__).resolve().parent.parent / "include"
+
+
+def import_graph(include: Path = INCLUDE) -> grimp.ImportGraph:
+    sys.path.insert(0, str(include))
     return grimp.build_graph(PACKAGE, cache_dir=None)
 
 
@@ -73,7 +77,7 @@ def circles(graph: grimp.ImportGraph) -> list[list[str]]:
 
 
 def main() -> int:
-    found = circles(import_graph())
+    found = circles(import_graph(Path(sys.argv[1]) if len(sys.argv) > 1 else INCLUDE))
     for component in found:
         print(f"circle of {len(component)}: " + ", ".join(component))
     if not found:

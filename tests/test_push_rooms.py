@@ -14,13 +14,13 @@ import uvloop
 
 from eventpush import catalog, db
 from eventpush.backoff import finite
+from eventpush.policy import DEFAULTS, LIMITS, SCHEME_DEFAULTS
 from eventpush.push import store
 from eventpush.push.committing import outcome_rows
 from eventpush.push.cursor import UNCOMMITTED_SPANS, QueueCursor
 from eventpush.push.engine import WorkerReport
 from eventpush.push.lanes import MAX_RETRY_DELAY_S, Lanes, Runner, retry_delay, wait_for_event
 from eventpush.push.limits import CircuitBreaker, Limiter
-from eventpush.push.policy import DEFAULTS, LIMITS, SCHEME_DEFAULTS
 from eventpush.push.reading import WINDOW, WindowCache
 from eventpush.sinks import contract
 from eventpush.sinks.contract import Outcome, Record, Target

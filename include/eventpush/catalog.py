@@ -20,7 +20,7 @@ from eventpush import sources
 from eventpush.addresses import InvalidTargetUrlError
 from eventpush.db import Connection, transaction
 from eventpush.errors import CatalogError
-from eventpush.push.policy import DEFAULTS, LIMITS, defaults_for
+from eventpush.policy import DEFAULTS, LIMITS, defaults_for
 from eventpush.sinks import validate_url
 
 # fullmatch, never match with "$": "$" also matches before a trailing newline ("bus\n").

@@ -11,7 +11,7 @@ from eventpush import catalog
 from eventpush.cli.common import fail, handles_errors, out
 from eventpush.config import redact_url
 from eventpush.db import connection
-from eventpush.push.policy import DEFAULTS, SCHEME_DEFAULTS
+from eventpush.policy import DEFAULTS, SCHEME_DEFAULTS
 
 
 @click.group()

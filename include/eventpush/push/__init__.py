@@ -1,7 +1,8 @@
 """The push runtime: ``run_worker`` pushes one worker's runners (see ``engine``).
 
 The engine is loaded on first use of its names, not by importing this package: a caller that
-only reads ``eventpush.push.policy`` (the CLI's defaults) does not load the runtime."""
+imports a light module of the package (``eventpush.push.controls``, say) does not load the
+runtime."""
 
 from __future__ import annotations
 

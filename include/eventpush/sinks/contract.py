@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from eventpush.addresses import AddressPolicy
-from eventpush.push.policy import DEFAULTS
+from eventpush.policy import DEFAULTS
 
 DELIVERED = "delivered"
 RETRY = "retry"

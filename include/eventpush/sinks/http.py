@@ -40,7 +40,7 @@ from eventpush.addresses import (
 )
 from eventpush.config import redact, redact_url
 from eventpush.errors import first_line
-from eventpush.push.policy import LIMITS
+from eventpush.policy import LIMITS
 from eventpush.sinks import transform_failed
 from eventpush.sinks.contract import DELIVERED, FINAL, RETRY, Outcome, Record, Target
 from eventpush.sinks.request import build_request
