@@ -14,13 +14,11 @@ import logging
 import time
 from collections.abc import Callable
 
+from eventpush.backoff import Backoff
 from eventpush.db import StoreError, connect, is_transient
 from eventpush.errors import first_line
 
 log = logging.getLogger("eventpush.push")
-
-RETRY_FIRST_S = 0.1
-RETRY_MAX_S = 5.0
 
 
 class DbSlot:
@@ -61,7 +59,7 @@ class DbSlot:
         """``fn(conn, *args)`` in a thread. Transient errors close the connection and, with
         ``retry``, are retried with backoff until ``give_up_s``; any other error is raised."""
         deadline = None if give_up_s is None else time.monotonic() + give_up_s
-        delay = RETRY_FIRST_S
+        backoff = Backoff()
         async with self.lock:
             while True:
                 await self.settle(None if deadline is None else deadline - time.monotonic())
@@ -80,10 +78,11 @@ class DbSlot:
                     if not retry or (deadline is not None and time.monotonic() > deadline):
                         raise
                     log.warning(
-                        "database unavailable (%s); retrying in %.1fs", first_line(exc), delay
+                        "database unavailable (%s); retrying in %.1fs",
+                        first_line(exc),
+                        backoff.delay,
                     )
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, RETRY_MAX_S)
+                    await backoff.wait()
 
     def close(self) -> None:
         if self.orphan is not None:

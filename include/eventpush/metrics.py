@@ -42,6 +42,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.samples import Sample
 
+from eventpush.errors import first_line
+
 log = logging.getLogger("eventpush.metrics")
 
 DEFAULT_HOST = "127.0.0.1"  # a worker's metrics are nobody else's business unless widened
@@ -334,9 +336,7 @@ def publish_batch(job: str, results: dict[str, list[tuple[dict[str, str], float]
         except Exception as exc:  # the job's result stands; the push is a report of it
             from eventpush.config import redact_url
 
-            log.error(
-                "push to gateway %s failed: %s", redact_url(gateway), str(exc).splitlines()[0]
-            )
+            log.error("push to gateway %s failed: %s", redact_url(gateway), first_line(exc))
     return where
 
 

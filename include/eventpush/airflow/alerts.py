@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import os
 
+from eventpush.errors import first_line
+
 log = logging.getLogger("eventpush.alerts")
 
 LAG_ALERT_DEFAULT = 100_000
@@ -68,13 +70,13 @@ def audit_passed(context) -> None:
 
 def push_failed(context) -> None:
     exc = context.get("exception")
-    why = str(exc).splitlines()[0] if exc is not None and str(exc).strip() else "check failed"
+    why = first_line(exc) if exc is not None and str(exc).strip() else "check failed"
     raise_alert("push_check", f"{why}; {_where(context)}")
 
 
 def rebalance_failed(context) -> None:
     exc = context.get("exception")
-    why = str(exc).splitlines()[0] if exc is not None and str(exc).strip() else "failed"
+    why = first_line(exc) if exc is not None and str(exc).strip() else "failed"
     raise_alert("rebalance_check", f"{why}; {_where(context)}")
 
 

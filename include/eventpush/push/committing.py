@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from eventpush import tracing
+from eventpush.backoff import Backoff
 from eventpush.db import is_transient
 from eventpush.dbslot import DbSlot
 from eventpush.errors import first_line
@@ -34,8 +35,6 @@ from eventpush.sinks.contract import Outcome, Record, Target
 
 log = logging.getLogger("eventpush.push")
 
-RETRY_FIRST_S = 0.1
-RETRY_MAX_S = 5.0
 STATUS_POLL_S = 0.2
 
 
@@ -152,7 +151,7 @@ class Committer:
                 self.on_committed()
 
     async def _write(self, deadline: float | None) -> None:
-        delay = RETRY_FIRST_S
+        backoff = Backoff()
         while True:
             # A cancelled commit's thread may still be writing this very batch: let it end
             # first, so its transaction id (if it got one) tells the whole story.
@@ -182,9 +181,8 @@ class Committer:
                     raise
                 if not self.failing:
                     self.failing = True
-                log.warning("commit failed (%s); retrying in %.1fs", first_line(exc), delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_S)
+                log.warning("commit failed (%s); retrying in %.1fs", first_line(exc), backoff.delay)
+                await backoff.wait()
 
     async def _committed(self, xid: int, deadline: float | None) -> bool:
         """Did the transaction of an interrupted commit commit? Waits while it is still in

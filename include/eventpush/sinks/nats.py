@@ -40,6 +40,7 @@ import nats.js.errors
 from eventpush import tracing
 from eventpush.addresses import AddressPolicy, RefusedAddressError
 from eventpush.config import ConfigError, redact
+from eventpush.errors import first_line
 from eventpush.nats_client import (
     NatsUrl,
     connect_pinned,
@@ -453,8 +454,7 @@ class NatsSink:
             return RETRY, str(exc)
         if isinstance(exc, TimeoutError):
             return RETRY, "timed out"
-        text = str(exc).strip() or type(exc).__name__
-        return RETRY, f"{type(exc).__name__}: {text.splitlines()[0][:300]}"
+        return RETRY, f"{type(exc).__name__}: {first_line(exc)[:300]}"
 
     async def _connection(self, host: str, port: int) -> _Connection:
         key = (host, port)

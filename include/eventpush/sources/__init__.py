@@ -36,7 +36,7 @@ from eventpush.sources.contract import (
     SourceKind,
     SourceUnavailableError,
     Stored,
-    scheme_of,
+    source_scheme,
 )
 from eventpush.sources.heads import HEADS_SQL, record_heads, write_heads
 
@@ -51,7 +51,7 @@ __all__ = [
     "Stored",
     "HEADS_SQL",
     "record_heads",
-    "scheme_of",
+    "source_scheme",
     "write_heads",
 ]
 
@@ -77,7 +77,7 @@ _plugins: dict[str, SourceKind] = {}
 
 def kind_for(url: str | None) -> SourceKind:
     """The source kind of a bus's source URL (None: PostgreSQL), built in or by entry point."""
-    return kind_named(scheme_of(url))
+    return kind_named(source_scheme(url))
 
 
 def kind_named(scheme: str) -> SourceKind:
@@ -126,7 +126,7 @@ def bus_named(conn: Connection, name: str) -> Bus:
 def broker_name(source_url: str | None) -> str:
     """The ``broker_name`` of a bus's position rows: its source kind (``eventpush`` for the
     built-in store, RocketMQ EventBridge's value)."""
-    return "eventpush" if source_url is None else scheme_of(source_url)
+    return "eventpush" if source_url is None else source_scheme(source_url)
 
 
 def sync_heads(conn: Connection, *, worker: str | None = None) -> list[str]:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
+from eventpush.addresses import scheme_of
 from eventpush.db import Connection, StoreError
 
 POSTGRES = "postgres"
@@ -33,7 +34,7 @@ class Bus:
 
     @property
     def scheme(self) -> str:
-        return scheme_of(self.source_url)
+        return source_scheme(self.source_url)
 
 
 @dataclass
@@ -115,10 +116,12 @@ class SourceKind:
     position_at: Callable[[Connection, Bus, int, datetime], int]
 
 
-def scheme_of(url: str | None) -> str:
+def source_scheme(url: str | None) -> str:
+    """The scheme that chooses a bus's source kind (``eventpush.addresses.scheme_of``, the one
+    split of a URL's scheme): POSTGRES without a URL; SourceError when the URL has none."""
     if not url:
         return POSTGRES
-    scheme, sep, _ = url.partition("://")
-    if not sep or not scheme:
+    scheme = scheme_of(url)
+    if "://" not in url or not scheme:
         raise SourceError(f"source URL {url.split('@')[-1]!r} has no scheme (nats://HOST:PORT)")
-    return scheme.lower()
+    return scheme

@@ -34,7 +34,9 @@ from datetime import UTC, datetime
 
 import msgspec
 
+from eventpush.backoff import Backoff
 from eventpush.db import Connection, transaction
+from eventpush.errors import first_line
 from eventpush.nats_client import NatsUrlError, connect, parse_url
 from eventpush.sources.contract import (
     Bus,
@@ -54,8 +56,6 @@ FETCH_BATCH = 512
 IDLE_FETCH_S = 1.0  # a queue at its end is fetched at least this often without a wake-up
 FEEDS_PER_QUEUE = 4  # consumers kept per queue for runners at different positions
 CONSUMER_IDLE_S = 60.0  # the server drops a consumer we forgot after this long
-RETRY_FIRST_S = 0.1
-RETRY_MAX_S = 5.0
 PUBLISH_IN_FLIGHT = 256
 PUBLISH_ATTEMPTS = 5
 REQUEST_TIMEOUT_S = 5.0
@@ -116,23 +116,18 @@ async def _with_nats(bus: Bus, work: Callable):
     except (RefusedAddressError, NatsUrlError, ConfigError) as exc:
         raise SourceError(str(exc)) from None
     except Exception as exc:
-        why = redact(f"NATS server {bus.source_url} of bus {bus.name}: {_line(exc)}")
+        why = redact(f"NATS server {bus.source_url} of bus {bus.name}: {first_line(exc)}")
         raise SourceUnavailableError(why) from None
     try:
         return await work(nc)
     except SourceError:
         raise
     except Exception as exc:
-        why = redact(f"NATS stream {bus.name} at {bus.source_url}: {_line(exc)}")
+        why = redact(f"NATS stream {bus.name} at {bus.source_url}: {first_line(exc)}")
         raise SourceUnavailableError(why) from None
     finally:
         with contextlib.suppress(Exception):
             await nc.close()
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # --- bus creation -------------------------------------------------------------------------------
@@ -197,7 +192,7 @@ async def _publish(nc, bus: Bus, prepared: list) -> list[int]:
     js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
 
     async def one(event) -> int:
-        delay = RETRY_FIRST_S
+        backoff = Backoff()
         for attempt in range(1, PUBLISH_ATTEMPTS + 1):
             try:
                 ack = await js.publish(
@@ -209,8 +204,7 @@ async def _publish(nc, bus: Bus, prepared: list) -> list[int]:
             except (TimeoutError, NoRespondersError):
                 if attempt == PUBLISH_ATTEMPTS:
                     raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_S)
+                await backoff.wait()
         raise AssertionError("unreachable")
 
     seqs: list[int] = []
@@ -404,7 +398,7 @@ class NatsReader(Reader):
         lock = self.locks.get(key)
         if lock is None:
             lock = self.locks[key] = asyncio.Lock()
-        delay = RETRY_FIRST_S
+        backoff = Backoff()
         async with lock:
             while True:
                 try:
@@ -416,12 +410,11 @@ class NatsReader(Reader):
                         "NATS bus %s queue %d not read (%s); retrying in %.1fs",
                         bus.name,
                         queue_id,
-                        _line(exc),
-                        delay,
+                        first_line(exc),
+                        backoff.delay,
                     )
                     self._forget_consumers(key)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, RETRY_MAX_S)
+                    await backoff.wait()
 
     def _feed(self, key: tuple[int, int], start: int) -> _Feed:
         feeds = self.feeds.setdefault(key, [])
