@@ -23,6 +23,7 @@ def db() -> None:
 @handles_errors
 def db_migrate() -> None:
     """Create or upgrade the schema (idempotent)."""
+    # Deferred: alembic is loaded only by a migration.
     from eventpush.schema import migrate
 
     before, after = migrate()

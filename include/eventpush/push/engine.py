@@ -24,6 +24,7 @@ import gc
 import logging
 import os
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -41,6 +42,7 @@ from eventpush.push.committing import Committer
 from eventpush.push.controls import WorkerSettings, worker_settings
 from eventpush.push.lanes import Lanes, Runner, wait_for_event
 from eventpush.push.reading import BusSignals, WindowCache
+from eventpush.rules.patterns import RuleIndex
 from eventpush.sources import Bus, Reader
 
 log = logging.getLogger("eventpush.push")
@@ -414,8 +416,6 @@ class Engine:
     # --- reading --------------------------------------------------------------------------
 
     def _rules(self, bus_id: int):
-        from eventpush.rules.patterns import RuleIndex
-
         index = self.indexes.get(bus_id)
         if index is None:
             index = self.indexes[bus_id] = RuleIndex(
@@ -513,6 +513,7 @@ class Engine:
     # --- heartbeat ------------------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
+        # Deferred: psutil is loaded only by the heartbeat that samples the process.
         import psutil
 
         proc = psutil.Process()
@@ -522,8 +523,6 @@ class Engine:
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
     async def _beat(self, proc) -> None:
-        import statistics
-
         runner_stats, lanes, all_latencies = [], {}, []
         for runner in list(self.runners.values()):
             p50, p99 = runner.percentiles()

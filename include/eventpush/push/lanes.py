@@ -39,6 +39,8 @@ from eventpush.push.controls import WorkerSettings
 from eventpush.push.cursor import UNCOMMITTED_SPANS, QueueCursor
 from eventpush.push.limits import CircuitBreaker, Limiter, Pass
 from eventpush.push.reading import BusSignals, WindowCache
+from eventpush.rules.patterns import compile_pattern
+from eventpush.rules.transforms import compile_transform
 from eventpush.sinks import contract, retry
 from eventpush.sinks.contract import Outcome, Record, Target
 
@@ -54,9 +56,6 @@ class Runner:
     """One rule-target pair being pushed by this worker, at one assignment generation."""
 
     def __init__(self, target: Target, offsets: dict[int, int], settings: tuple) -> None:
-        from eventpush.rules.patterns import compile_pattern
-        from eventpush.rules.transforms import compile_transform
-
         self.target = target
         self.id = target.runner_id
         self.generation = settings[1]

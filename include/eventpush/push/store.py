@@ -25,6 +25,7 @@ from typing import NamedTuple
 import psycopg2
 import psycopg2.extras
 
+from eventpush.config import setting
 from eventpush.db import Connection, copy_text, transaction
 from eventpush.sinks.contract import Target
 from eventpush.sources import broker_name
@@ -387,7 +388,6 @@ def heartbeat(conn: Connection, wid: int, metrics: dict, runner_stats: list[tupl
     heartbeat also drops its runners' rows older than ``EVENTPUSH_METRIC_RETENTION_HOURS``
     (48 by default): a few rows at a time through the (runner_id, ts) index, so the table
     stays bounded without a job of its own."""
-    from eventpush.config import setting
 
     retention_hours = setting("EVENTPUSH_METRIC_RETENTION_HOURS", 48)
     with transaction(conn) as cur:

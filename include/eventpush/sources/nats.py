@@ -34,7 +34,9 @@ from datetime import UTC, datetime
 
 import msgspec
 
+from eventpush.addresses import RefusedAddressError
 from eventpush.backoff import Backoff
+from eventpush.config import ConfigError, redact
 from eventpush.db import Connection, transaction
 from eventpush.errors import first_line
 from eventpush.nats_client import NatsUrlError, connect, parse_url
@@ -108,9 +110,6 @@ def run(coro_fn: Callable, *args):
 
 async def _with_nats(bus: Bus, work: Callable):
     """``work(nc)`` on a connection of its own; failures said in one line, without secrets."""
-    from eventpush.addresses import RefusedAddressError
-    from eventpush.config import ConfigError, redact
-
     try:
         nc = await connect(bus.source_url, name=f"eventpush {bus.name}")
     except (RefusedAddressError, NatsUrlError, ConfigError) as exc:
@@ -143,6 +142,7 @@ def create(conn: Connection, bus: Bus) -> None:
 
 
 async def _create(nc, bus: Bus) -> None:
+    # Deferred: the nats client library is loaded only when a NATS bus is read.
     from nats.js.api import StorageType, StreamConfig
     from nats.js.errors import NotFoundError
 
@@ -187,6 +187,7 @@ def publish(conn: Connection, bus: Bus, events: Iterable) -> dict[int, tuple[int
 
 
 async def _publish(nc, bus: Bus, prepared: list) -> list[int]:
+    # Deferred: the nats client library is loaded only when a NATS bus is read.
     from nats.errors import NoRespondersError
 
     js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
@@ -270,6 +271,7 @@ class Puller:
         self.error: str | None = None
 
     async def open(self, start: int) -> Puller:
+        # Deferred: the nats client library is loaded only when a NATS bus is read.
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
         js = self.nc.jetstream(timeout=REQUEST_TIMEOUT_S)
@@ -520,6 +522,7 @@ async def _quietly(awaitable) -> None:
 
 
 async def _heads(nc, bus: Bus) -> dict[int, int]:
+    # Deferred: the nats client library is loaded only when a NATS bus is read.
     from nats.js.errors import NotFoundError
 
     js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
@@ -571,6 +574,7 @@ def read_range(
 
 
 async def _position_at(nc, bus: Bus, queue_id: int, when: datetime) -> int:
+    # Deferred: the nats client library is loaded only when a NATS bus is read.
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
     js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
