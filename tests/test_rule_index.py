@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventpush.rules import patterns
+from eventpush.rules import index as rule_index
+from eventpush.rules import match, patterns
 from eventpush.rules.patterns import RuleIndex, compile_pattern
 
 # --------------------------------------------------------------------------- random rules
@@ -176,7 +177,7 @@ def test_fast_address_parse_agrees_with_ipaddress(text):
         expected = (address.version, int(address))
     except ValueError:
         expected = None
-    assert patterns._ip_number(text) == expected
+    assert match._ip_number(text) == expected
 
 
 # --------------------------------------------------------------------------- larger sets
@@ -213,7 +214,7 @@ def test_many_ranges_through_rebuilds_and_removals(width):
         assert index.matching(e) == every_rule(oracle, e)
     shop = index._root.children[("source", '["shop"]')]
     built = shop.nodes["detail.n"].numeric.snapshot[0]
-    expected_kind = patterns._Segments if width == 5 else patterns._TreeNode
+    expected_kind = rule_index._Segments if width == 5 else rule_index._TreeNode
     assert isinstance(built, expected_kind)
     # churn: remove and re-add rules between matches (filtered, scanned, then rebuilt)
     for step in range(300):
