@@ -1,15 +1,15 @@
 """The eventpush Airflow plugin: the control API and dashboard in Airflow's API server.
 
-The app itself lives in ``eventpush.airflow.web``; here it is only mounted at ``/eventpush`` and the
-dashboard is linked from the UI's navigation (shown inside the Airflow UI at
-``/plugin/eventpush``).
+The app itself lives in ``eventpush.airflow.routes``; here it is only mounted at
+``/eventpush`` and the dashboard is linked from the UI's navigation (shown inside the Airflow UI
+at ``/plugin/eventpush``).
 """
 
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from eventpush.airflow.web import create_app
+from eventpush.airflow.routes import create_app
 
 
 class EventpushPlugin(AirflowPlugin):

@@ -191,9 +191,9 @@ def _fill(conn, url: str) -> None:
 
 
 def test_dashboard_renders_charts_in_a_real_browser(api_server, conn, airflow_conn_env):
-    from eventpush.airflow import web
+    from eventpush.airflow import queries
 
-    web._url_cache.clear()
+    queries._url_cache.clear()
     with Receiver() as rx:
         _fill(conn, rx.url)
     import httpx

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from eventpush.airflow import web
+from eventpush.airflow import queries
 from eventpush.push import store
 from tests.airflow_fixtures import PASSWORDS, seed
 
@@ -32,7 +32,7 @@ def test_openapi_description_needs_an_authenticated_user(client, viewer, airflow
 
 
 def test_minutes_is_bounded(client, viewer, airflow_conn_env):
-    web._url_cache.clear()
+    queries._url_cache.clear()
     r = client.get("/eventpush/api/metrics?minutes=10080", headers=viewer)
     assert r.status_code == 422
     assert client.get("/eventpush/api/metrics?minutes=1440", headers=viewer).status_code == 200
@@ -66,13 +66,13 @@ def test_series_are_downsampled_in_sql(conn):
         for i in range(17_280)
     ]
     _insert(conn, rows)
-    series = web.metric_series(conn, None, 1440)[name]
+    series = queries.metric_series(conn, None, 1440)[name]
     assert 200 <= len(series) <= 241  # EVENTPUSH_DASHBOARD_POINTS (240), plus a partial bin
     last = series[-1]
     assert last["delivered"] == 100_000 and last["lag"] == 0  # the bin's last row
     assert max(p["p99_ms"] for p in series) == 96.0  # the worst p99 survives the averaging
     assert all(p["throughput"] is not None and p["throughput"] >= 0 for p in series[1:])
-    hour = web.metric_series(conn, name, 60)[name]
+    hour = queries.metric_series(conn, name, 60)[name]
     assert len(hour) <= 241 and hour[-1]["ts"] == last["ts"]
 
 

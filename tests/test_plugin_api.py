@@ -27,9 +27,9 @@ def tokens(client) -> dict[str, str]:
 @pytest.fixture
 def api(client, tokens, airflow_conn_env):
     """Requests as a given user (None: no credentials), against this test's database."""
-    from eventpush.airflow import web
+    from eventpush.airflow import queries
 
-    web._url_cache.clear()
+    queries._url_cache.clear()
 
     def call(method: str, path: str, user: str | None = "viewer", **kw):
         headers = {"Authorization": f"Bearer {tokens[user]}"} if user else {}

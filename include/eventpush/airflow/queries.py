@@ -1,0 +1,212 @@
+"""What the control plugin reads: the eventpush database (resolved at most every
+``URL_CACHE_S``), and the SQL behind the API's and the dashboard's figures: progress, metric
+series (averaged down in SQL to at most ``EVENTPUSH_DASHBOARD_POINTS`` points per runner),
+the latest failures, audits and replays. The routes are in ``eventpush.airflow.routes``, the
+page in ``eventpush.airflow.web``."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+from eventpush.airflow.connection import database_url
+from eventpush.config import setting
+from eventpush.db import connection, transaction
+from eventpush.status import read_status
+
+URL_CACHE_S = 30.0
+_url_cache: dict[str, tuple[float, str]] = {}
+
+
+def _url() -> str:
+    """The eventpush database (Airflow connection or env), resolved at most every 30 s."""
+
+    hit = _url_cache.get("url")
+    if hit and time.monotonic() - hit[0] < URL_CACHE_S:
+        return hit[1]
+    url = database_url()
+    _url_cache["url"] = (time.monotonic(), url)
+    return url
+
+
+def _conn():
+    return connection(_url())
+
+
+# --------------------------------------------------------------------------- data
+
+
+# One point per runner and bin of ``stride`` seconds: the totals and gauges as they were at
+# the bin's last row, p50 averaged and p99 the worst, so a week costs as much as an hour.
+METRICS_SQL = """
+SELECT r.name, max(m.ts) AS ts, max(m.delivered), max(m.failed),
+       (array_agg(m.lag ORDER BY m.ts DESC))[1],
+       (array_agg(m.in_flight ORDER BY m.ts DESC))[1],
+       (array_agg(m.waiting ORDER BY m.ts DESC))[1],
+       avg(m.p50_ms)::real, max(m.p99_ms)
+FROM event_push_metric m JOIN event_target_runner r ON r.id = m.runner_id
+WHERE m.ts > now() - make_interval(mins => %(minutes)s)
+  AND (%(runner)s::text IS NULL OR r.name = %(runner)s)
+GROUP BY r.name, date_bin(make_interval(secs => %(stride)s), m.ts, TIMESTAMPTZ '2000-01-01')
+ORDER BY r.name, ts
+"""
+
+
+def max_minutes() -> int:
+    """The longest range the dashboard and the metrics API show."""
+    return setting("EVENTPUSH_DASHBOARD_MAX_MINUTES", 1440)
+
+
+def max_points() -> int:
+    """The most points per runner a series has."""
+    return setting("EVENTPUSH_DASHBOARD_POINTS", 240, minimum=2)
+
+
+LATEST_METRIC_SQL = """
+SELECT DISTINCT ON (m.runner_id) r.name, m.ts, m.p50_ms, m.p99_ms
+FROM event_push_metric m JOIN event_target_runner r ON r.id = m.runner_id
+ORDER BY m.runner_id, m.ts DESC
+"""
+
+FAILURES_SQL = """
+SELECT consumer_group, queue_id, "offset", message_id, attempts, http_status, last_error, mtime
+FROM event_push_failure WHERE status = 'failed' ORDER BY mtime DESC, id DESC LIMIT %s
+"""
+
+AUDITS_SQL = """
+SELECT id, bus, window_start, window_end, expected, delivered, failed, missing, pending,
+       duplicates, runners, created_at
+FROM event_audit_report ORDER BY created_at DESC, id DESC LIMIT %s
+"""
+
+# The request's scope fields only: the form's label is the Airflow run id, shown as "run".
+REPLAYS_SQL = """
+SELECT id, request->>'label', what, request->>'bus', request->>'rule', request->>'target',
+       dry_run, status, selected, delivered, failed, error, started_at, finished_at
+FROM event_replay_run ORDER BY id DESC LIMIT %s
+"""
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def progress(conn) -> dict:
+    """``read_status`` with each item's runtime controls and its latest latency metrics."""
+
+    status = read_status(conn)
+    with transaction(conn) as cur:
+        cur.execute("SELECT scope, name, key, value FROM event_runtime_control")
+        controls: dict[tuple[str, str], dict] = {}
+        for scope, name, key, value in cur.fetchall():
+            controls.setdefault((scope, name), {})[key] = value
+        cur.execute(LATEST_METRIC_SQL)
+        latest = {name: (ts, p50, p99) for name, ts, p50, p99 in cur.fetchall()}
+    for w in status["workers"]:
+        w["controls"] = controls.get(("worker", w["worker"]), {})
+    for r in status["runners"]:
+        r["controls"] = controls.get(("runner", r["runner"]), {})
+        ts, p50, p99 = latest.get(r["runner"], (None, None, None))
+        r["latest_metric"] = {"ts": _iso(ts), "p50_ms": p50, "p99_ms": p99}
+    return status
+
+
+def metric_series(conn, runner: str | None, minutes: int) -> dict[str, list[dict]]:
+    """Per runner, its metric points of the last ``minutes`` (at most ``max_points()``, each
+    summing up a bin of equal length), with throughput (delivered per second since the
+    previous point)."""
+    stride = max(1.0, minutes * 60 / max_points())
+    # ceil: the window then spans at most max_points() bins (plus one partly filled)
+    stride = float(int(stride) + (stride % 1 > 0))
+    with transaction(conn) as cur:
+        cur.execute(METRICS_SQL, {"minutes": minutes, "runner": runner, "stride": stride})
+        rows = cur.fetchall()
+    series: dict[str, list[dict]] = {}
+    for name, ts, delivered, failed, lag, in_flight, waiting, p50, p99 in rows:
+        points = series.setdefault(name, [])
+        rate = None
+        if points:
+            prev = points[-1]
+            dt = (ts - prev["_ts"]).total_seconds()
+            if dt > 0:
+                rate = max(delivered - prev["delivered"], 0) / dt
+        points.append(
+            {
+                "_ts": ts,
+                "ts": ts.isoformat(),
+                "delivered": delivered,
+                "failed": failed,
+                "lag": lag,
+                "in_flight": in_flight,
+                "waiting": waiting,
+                "throughput": rate,
+                "p50_ms": p50,
+                "p99_ms": p99,
+            }
+        )
+    for points in series.values():
+        for p in points:
+            p.pop("_ts")
+    return series
+
+
+FAILURE_KEYS = (
+    "runner",
+    "queue_id",
+    "offset",
+    "message_id",
+    "attempts",
+    "http_status",
+    "error",
+    "at",
+)
+AUDIT_KEYS = (
+    "id",
+    "bus",
+    "window_start",
+    "window_end",
+    "expected",
+    "delivered",
+    "failed",
+    "missing",
+    "pending",
+    "duplicates",
+    "runners",
+    "created_at",
+)
+REPLAY_KEYS = (
+    "id",
+    "run",
+    "what",
+    "bus",
+    "rule",
+    "target",
+    "dry_run",
+    "status",
+    "selected",
+    "delivered",
+    "failed",
+    "error",
+    "started_at",
+    "finished_at",
+)
+
+
+def _latest(conn, sql: str, keys: tuple[str, ...], limit: int) -> list[dict]:
+    with transaction(conn) as cur:
+        cur.execute(sql, (limit,))
+        rows = cur.fetchall()
+    return [dict(zip(keys, map(_iso, row), strict=True)) for row in rows]
+
+
+def latest_failures(conn, limit: int) -> list[dict]:
+    return _latest(conn, FAILURES_SQL, FAILURE_KEYS, limit)
+
+
+def latest_audits(conn, limit: int) -> list[dict]:
+    return _latest(conn, AUDITS_SQL, AUDIT_KEYS, limit)
+
+
+def latest_replays(conn, limit: int) -> list[dict]:
+    return _latest(conn, REPLAYS_SQL, REPLAY_KEYS, limit)

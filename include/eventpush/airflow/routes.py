@@ -1,0 +1,153 @@
+"""The control plugin's web app: a JSON API and a dashboard, mounted in Airflow's API server.
+The routes are here; what they read in ``eventpush.airflow.queries``, the page in
+``eventpush.airflow.web``.
+
+Routes (under the plugin's ``/eventpush`` prefix):
+
+| route | does | who |
+| --- | --- | --- |
+| ``GET api/status`` | workers and runners: progress, lag, controls, latest metrics | reader |
+| ``GET api/metrics?runner=R&minutes=M`` | one runner's metric series | reader |
+| ``GET openapi.json`` | this API's description | reader |
+| ``GET api/failures?limit=N`` | latest open failures | reader |
+| ``GET api/audits?limit=N`` | latest audit reports | reader |
+| ``GET api/replays?limit=N`` | latest replays: what was asked, outcome and counts | reader |
+| ``POST api/adjust`` ``{"scope", "name", "changes"}`` | validated runtime adjustment | editor |
+| ``POST api/pause`` / ``api/resume`` ``{"scope", "name"}`` | pause or resume | editor |
+| ``GET dashboard`` | charts of lag and throughput, failures, the last audit, replays | reader |
+| ``GET api/dashboard?minutes=M`` | the dashboard's live part as JSON (polled every 5 s) | reader |
+
+Authentication is Airflow's own (``airflow.api_fastapi.core_api.security``): a JWT bearer
+token or the UI's session cookie. Readers need read access to the ``eventpush_push`` DAG,
+editors edit access to it; anyone else gets 401 (no credentials) or 403; the API's own
+description too (FastAPI's public ``/docs`` and ``/redoc`` are off). Refused adjustments
+answer 422 with the reason. Target URLs and secrets are never shown.
+
+``minutes`` is at most ``EVENTPUSH_DASHBOARD_MAX_MINUTES`` (1440), and a series is averaged
+down in SQL to at most ``EVENTPUSH_DASHBOARD_POINTS`` (240) points per runner, so neither the
+database nor the page pays for a long range. Metric rows older than
+``EVENTPUSH_METRIC_RETENTION_HOURS`` are pruned by the workers' heartbeats
+(``eventpush.push.store.heartbeat``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from eventpush.airflow.queries import (
+    _conn,
+    latest_audits,
+    latest_failures,
+    latest_replays,
+    max_minutes,
+    metric_series,
+    progress,
+)
+from eventpush.airflow.web import render_dashboard, render_live
+from eventpush.push.controls import ControlError, adjust, set_paused
+
+DAG_ID = "eventpush_push"
+
+
+# --------------------------------------------------------------------------- app
+
+
+class Target(BaseModel):
+    scope: Literal["worker", "runner"]
+    name: str = Field(min_length=1, max_length=200)
+
+
+class Adjustment(Target):
+    changes: dict[str, Any]
+
+
+def create_app():
+    """The FastAPI app the plugin mounts at ``/eventpush``."""
+    # Deferred: Airflow's SDK is loaded only when an Airflow process calls this.
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+
+    # Deferred: FastAPI is loaded only by the webserver that mounts the plugin's app.
+    from fastapi import Depends, FastAPI, HTTPException, Query
+    from fastapi.responses import HTMLResponse
+
+    read = [Depends(requires_access_dag("GET", param_dag_id=DAG_ID))]
+    write = [Depends(requires_access_dag("PUT", param_dag_id=DAG_ID))]
+    # FastAPI serves its description and docs to anyone; they are turned off and the
+    # description is served below behind the same check as every read.
+    app = FastAPI(
+        title="eventpush",
+        description="Progress and runtime controls of the eventpush push workers.",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    minutes_query = Query(60, ge=1, le=max_minutes())
+
+    @app.get("/openapi.json", dependencies=read, include_in_schema=False)
+    def get_openapi() -> dict:
+        return app.openapi()
+
+    @app.get("/api/status", dependencies=read)
+    def get_status() -> dict:
+        with _conn() as conn:
+            return progress(conn)
+
+    @app.get("/api/metrics", dependencies=read)
+    def get_metrics(runner: str | None = None, minutes: int = minutes_query) -> dict:
+        with _conn() as conn:
+            return {"minutes": minutes, "runners": metric_series(conn, runner, minutes)}
+
+    @app.get("/api/failures", dependencies=read)
+    def get_failures(limit: int = Query(50, ge=1, le=1000)) -> dict:
+        with _conn() as conn:
+            return {"failures": latest_failures(conn, limit)}
+
+    @app.get("/api/audits", dependencies=read)
+    def get_audits(limit: int = Query(10, ge=1, le=500)) -> dict:
+        with _conn() as conn:
+            return {"audits": latest_audits(conn, limit)}
+
+    @app.get("/api/replays", dependencies=read)
+    def get_replays(limit: int = Query(10, ge=1, le=500)) -> dict:
+        with _conn() as conn:
+            return {"replays": latest_replays(conn, limit)}
+
+    def _control(fn, *args) -> Any:
+        try:
+            with _conn() as conn:
+                return fn(conn, *args)
+        except ControlError as exc:
+            code = 404 if str(exc).startswith("unknown ") else 422
+            raise HTTPException(status_code=code, detail=str(exc)) from None
+
+    @app.post("/api/adjust", dependencies=write)
+    def post_adjust(body: Adjustment) -> dict:
+        controls = _control(adjust, body.scope, body.name, body.changes)
+        return {"scope": body.scope, "name": body.name, "controls": controls}
+
+    @app.post("/api/pause", dependencies=write)
+    def post_pause(body: Target) -> dict:
+        _control(set_paused, body.scope, body.name, True)
+        return {"scope": body.scope, "name": body.name, "paused": True}
+
+    @app.post("/api/resume", dependencies=write)
+    def post_resume(body: Target) -> dict:
+        _control(set_paused, body.scope, body.name, False)
+        return {"scope": body.scope, "name": body.name, "paused": False}
+
+    @app.get("/api/dashboard", dependencies=read)
+    def get_dashboard(minutes: int = minutes_query) -> dict:
+        with _conn() as conn:
+            html_ = render_live(conn, minutes)
+        now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return {"minutes": minutes, "generated_at": now, "html": html_}
+
+    @app.get("/dashboard", response_class=HTMLResponse, dependencies=read)
+    def dashboard(minutes: int = minutes_query) -> str:
+        with _conn() as conn:
+            return render_dashboard(conn, minutes)
+
+    return app
