@@ -14,6 +14,7 @@ import uvloop
 
 from eventpush import catalog, db
 from eventpush.backoff import finite
+from eventpush.errors import CatalogError
 from eventpush.policy import DEFAULTS, LIMITS, SCHEME_DEFAULTS
 from eventpush.push import store
 from eventpush.push.committing import outcome_rows
@@ -162,7 +163,12 @@ def test_policy_defaults_are_the_ones_everywhere(conn):
     spec = catalog.TargetSpec(name="t", url="http://127.0.0.1/").resolved()
     for name in fields:
         assert getattr(spec, name) == getattr(DEFAULTS, name)
-        assert Target.__dataclass_fields__[name].default == getattr(DEFAULTS, name)
+    # A target made with every default, as the engine loads it back from the database: the
+    # defaults went through the catalog, the table and load_targets unchanged.
+    rid, _, _ = _runner(conn)
+    (loaded,) = store.read_targets(conn, [rid])
+    for name in fields:
+        assert getattr(loaded, name) == getattr(DEFAULTS, name), name
     with conn.cursor() as cur:
         cur.execute(
             "SELECT column_name, column_default FROM information_schema.columns "
@@ -190,7 +196,19 @@ def test_policy_defaults_are_the_ones_everywhere(conn):
     nats_spec = catalog.TargetSpec(name="t", url="nats://127.0.0.1:4222/out.orders").resolved()
     assert nats_spec.batch_size == SCHEME_DEFAULTS["nats"].batch_size != DEFAULTS.batch_size
     assert catalog.TargetSpec(name="t", url="http://x/", batch_size=3).resolved().batch_size == 3
-    assert catalog.LIMITS is LIMITS
+    # The catalog refuses a value just past each bound (and takes the bound itself).
+    made = 0
+    for name, (low, high) in LIMITS.items():
+        option = "--" + name.replace("_", "-")
+        for value, ok in ((low - 1, False), (low, True), (high, True), (high + 1, False)):
+            made += 1
+            base = catalog.TargetSpec(name=f"bound{made}", url="http://127.0.0.1/")
+            spec = dataclasses.replace(base, **{name: value})
+            if ok:
+                catalog.create_target(conn, "orders", "r", spec)
+            else:
+                with pytest.raises(CatalogError, match=f"{option} must be between"):
+                    catalog.create_target(conn, "orders", "r", spec)
 
 
 def _runner(conn) -> tuple[int, int, int]:
