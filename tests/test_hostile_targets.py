@@ -20,19 +20,17 @@ from urllib.parse import quote
 
 import psutil
 import pytest
+import support
+from support import events, rows
 
 from eventpush import catalog
 from eventpush.demo.receiver import Receiver
 from eventpush.publish import publish
 from eventpush.push import run_worker
 
+rx = support.rx  # the shared receiver fixture (tests/support.py)
+
 DENIED_HOST = "127.0.0.2"
-
-
-@pytest.fixture
-def rx():
-    with Receiver() as receiver:
-        yield receiver
 
 
 @pytest.fixture
@@ -40,12 +38,6 @@ def denied_rx():
     """A receiver on the denied loopback address: it must never see a request."""
     with Receiver(host=DENIED_HOST) as receiver:
         yield receiver
-
-
-def events(n: int) -> list[str]:
-    return [
-        json.dumps({"source": "shop", "detail-type": "Order", "detail": {"n": i}}) for i in range(n)
-    ]
 
 
 def setup_runner(conn, url: str, **spec) -> None:
@@ -62,12 +54,6 @@ def set_url(conn, url: str) -> None:
     with conn.cursor() as cur:
         cur.execute("UPDATE event_target SET url = %s", (url,))
     conn.commit()
-
-
-def rows(conn, sql: str, *params):
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchall()
 
 
 def assert_nothing_lost(conn, n: int) -> None:

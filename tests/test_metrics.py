@@ -4,36 +4,21 @@ loopback receiver, parsed with prometheus_client's own parser, checked against P
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 import urllib.request
 
 import pytest
+import support
 from prometheus_client.parser import text_string_to_metric_families
+from support import events, rows, wait_until
 
 from eventpush import catalog
 from eventpush.demo.receiver import Receiver
 from eventpush.publish import publish
 from eventpush.push import controls, engine
 
-
-@pytest.fixture
-def rx():
-    with Receiver() as receiver:
-        yield receiver
-
-
-def events(n: int) -> list[str]:
-    return [
-        json.dumps({"source": "shop", "detail-type": "Order", "detail": {"n": i}}) for i in range(n)
-    ]
-
-
-def rows(conn, sql: str, *params):
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchall()
+rx = support.rx  # the shared receiver fixture (tests/support.py)
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
@@ -85,16 +70,6 @@ class RunningWorker:
         self.thread.join(30)
         assert not self.thread.is_alive()
         assert self.error is None, self.error
-
-
-def wait_until(check, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_scraped_counters_equal_the_delivery_and_failure_rows(conn, db_url, rx, monkeypatch):

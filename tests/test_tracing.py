@@ -7,25 +7,21 @@ import json
 import re
 
 import pytest
+import support
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from eventpush import catalog, tracing
-from eventpush.demo.receiver import Receiver
 from eventpush.publish import publish
 from eventpush.push import run_worker
+
+rx = support.rx  # the shared receiver fixture (tests/support.py)
 
 # Version 00; flags: bit 0 sampled, bit 1 "random trace id" (Trace Context level 2).
 TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 OWN_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 OWN_PARENT = f"00-{OWN_TRACE}-00f067aa0ba902b7-01"
-
-
-@pytest.fixture
-def rx():
-    with Receiver() as receiver:
-        yield receiver
 
 
 @pytest.fixture

@@ -10,25 +10,22 @@ import asyncio
 import json
 
 import pytest
+import support
+from support import rows
 
 from eventpush import catalog
-from eventpush.demo.receiver import Receiver
 from eventpush.publish import publish
 from eventpush.push import run_worker, store
 from eventpush.rules.transforms import DEFAULT_ACCOUNT, DEFAULT_REGION
 from eventpush.sinks import Sinks, contract
+
+rx = support.rx  # the shared receiver fixture (tests/support.py)
 
 TEMPLATE = {
     "InputPathsMap": {"n": "$.detail.n", "p": "$.detail.p"},
     "InputTemplate": '{"n": <n>, "p": "<p>", "event": <aws.events.event>, '
     '"arn": <aws.events.rule-arn>}',
 }
-
-
-@pytest.fixture
-def rx():
-    with Receiver() as receiver:
-        yield receiver
 
 
 def event(n: int, **detail) -> str:
@@ -61,12 +58,6 @@ def setup(conn, rx) -> None:
         name="t", url=rx.url + "/ok", transform_kind="TEMPLATE", transform_spec=TEMPLATE
     )
     catalog.create_target(conn, "orders", "r", spec)
-
-
-def rows(conn, sql: str, *params):
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchall()
 
 
 OBJECT_ERROR = (
