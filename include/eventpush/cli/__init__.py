@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import click
 
+from eventpush.cli.api import api_cmd
 from eventpush.cli.batch import audit, rebalance, replay
 from eventpush.cli.catalog import assign_cmd, bus, db, rule, target
+from eventpush.cli.keys import key
 from eventpush.cli.publish import publish_cmd
 from eventpush.cli.status import status_cmd
 from eventpush.cli.workers import runner, worker
@@ -34,6 +36,8 @@ for _command in (
     audit,
     replay,
     rebalance,
+    key,
+    api_cmd,
 ):
     main.add_command(_command)
 
