@@ -3,7 +3,7 @@ for catalog calls, the keys and buses it has looked up lately, and the group pub
 
 The server keeps no state of its own beyond these caches (stateless: several instances run
 behind one load balancer). Cached keys and buses live ``CACHE_S`` seconds, so a deleted key
-is refused, and a changed bus seen, within that time.
+is refused, and a changed bus seen, within that time (``EVENTPUSH_API_CACHE_S``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import psycopg2
 
 from eventpush.access_keys import KeyInfo, find_key
 from eventpush.api.errors import ApiError
+from eventpush.config import setting
 from eventpush.db import Connection, StoreError, connect
 from eventpush.group_publish import GroupPublisher
 
@@ -36,6 +37,7 @@ class Settings:
     region: str = DEFAULT_REGION
     account: str = DEFAULT_ACCOUNT
     max_body: int = DEFAULT_MAX_BODY
+    cache_s: float = CACHE_S
     airflow_url: str | None = None
     airflow_token_file: Path | None = None
 
@@ -49,6 +51,7 @@ class Settings:
             region=os.environ.get("EVENTPUSH_API_REGION") or DEFAULT_REGION,
             account=os.environ.get("EVENTPUSH_API_ACCOUNT") or DEFAULT_ACCOUNT,
             max_body=int(os.environ.get("EVENTPUSH_API_MAX_BODY") or DEFAULT_MAX_BODY),
+            cache_s=float(setting("EVENTPUSH_API_CACHE_S", CACHE_S, minimum=0)),
             airflow_url=os.environ.get("EVENTPUSH_API_AIRFLOW_URL") or None,
             airflow_token_file=Path(token) if token else None,
         )
@@ -119,8 +122,8 @@ class Service:
         self.settings = settings
         self.db = DbPool(settings.database_url)
         self.publisher = GroupPublisher(settings.database_url)
-        self.keys = TimedCache()
-        self.buses = TimedCache()
+        self.keys = TimedCache(settings.cache_s)
+        self.buses = TimedCache(settings.cache_s)
 
     async def start(self) -> None:
         self.publisher.start()
