@@ -36,13 +36,14 @@ def handles_errors(func):
     def wrapper(*args, **kwargs):
         from eventpush.config import ConfigError
         from eventpush.db import StoreError
+        from eventpush.sealed import SecretKeyError
         from eventpush.sparkjobs.session import SparkSetupError
 
         try:
             return func(*args, **kwargs)
         except ValueError as exc:
             fail(str(exc))
-        except (ConfigError, StoreError, SparkSetupError) as exc:
+        except (ConfigError, StoreError, SparkSetupError, SecretKeyError) as exc:
             fail(str(exc), EXIT_STORE)
 
     return wrapper

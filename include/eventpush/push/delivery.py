@@ -87,6 +87,21 @@ class Target:
     bus_region: str | None = None
     # The bus's source kind: the broker_name of the runner's delivery and failure rows.
     broker: str = "eventpush"
+    # Standard Webhooks rotation: the previous secret also signs until ``secret_old_until``.
+    secret_old: str | None = field(default=None, repr=False)
+    secret_old_until: datetime | None = None
+    # The catalog versions this target was read at (push/versions.py records from which
+    # offset each one judges the runner's events), and its rule's state then.
+    rule_version: int = 1
+    target_version: int = 1
+    rule_state: str = "ENABLED"
+
+    def signing_secrets(self, now: datetime) -> list[str]:
+        """The secrets that sign a request sent at ``now``: the current one first."""
+        old, until = self.secret_old, self.secret_old_until
+        if old is not None and until is not None and now < until:
+            return [s for s in (self.secret, old) if s]
+        return [self.secret] if self.secret else []
 
 
 @dataclass(slots=True)
@@ -121,7 +136,8 @@ class Outcome:
 TARGET_SQL = """
 SELECT r.id, r.name, b.name, b.id, ru.name, ru.pattern::text, t.name, t.url, t.secret,
        t.transform_kind, t.transform_spec, t.max_attempts, t.backoff_ms, t.max_age_s,
-       t.timeout_ms, t.batch_size, t.concurrency, t.ordered, b.account, b.region, b.source_url
+       t.timeout_ms, t.batch_size, t.concurrency, t.ordered, b.account, b.region,
+       t.secret_old, t.secret_old_until, ru.version, t.version, ru.state, b.source_url
 FROM event_target_runner r
 JOIN event_target t ON t.id = r.target_id
 JOIN event_rule ru ON ru.id = t.rule_id
@@ -130,12 +146,31 @@ JOIN event_bus b ON b.id = ru.bus_id
 
 
 def load_targets(cur, where: str = "TRUE", params: tuple = ()) -> list[Target]:
-    """Targets joined with their runner, rule and bus; ``where`` is a fixed SQL condition
-    over aliases r, t, ru, b with its values in ``params``."""
+    """Targets joined with their runner, rule and bus, secrets unsealed; ``where`` is a
+    fixed SQL condition over aliases r, t, ru, b with its values in ``params``. A secret that
+    does not open is ``sealed.SecretKeyError`` (one line), never an unsigned send."""
+    from eventpush import sealed
     from eventpush.sources import broker_name
 
     cur.execute(f"{TARGET_SQL} WHERE {where} ORDER BY r.id", params)
-    return [Target(*row[:-1], broker=broker_name(row[-1])) for row in cur.fetchall()]
+    targets = []
+    for row in cur.fetchall():
+        (*head, secret), rest = row[:9], row[9:]
+        *middle, old, old_until, rule_version, target_version, state, source = rest
+        targets.append(
+            Target(
+                *head,
+                sealed.unseal_or_none(secret),
+                *middle,
+                broker=broker_name(source),
+                secret_old=sealed.unseal_or_none(old),
+                secret_old_until=old_until,
+                rule_version=rule_version,
+                target_version=target_version,
+                rule_state=state,
+            )
+        )
+    return targets
 
 
 def webhook_id(target: Target, records: list[Record]) -> str:
@@ -164,16 +199,21 @@ def build_request(
     msg_id = webhook_id(target, records)
     headers = {"content-type": "application/json", "user-agent": USER_AGENT, "webhook-id": msg_id}
     if target.secret:
-        from standardwebhooks import Webhook
-
         now = now or datetime.now(UTC)
         headers["webhook-timestamp"] = str(int(now.timestamp()))
-        headers["webhook-signature"] = Webhook(target.secret).sign(
-            msg_id, now, body.decode("utf-8")
-        )
+        headers["webhook-signature"] = signature(target, msg_id, now, body)
     if traceparent is not None:
         headers["traceparent"] = traceparent
     return body, headers
+
+
+def signature(target: Target, msg_id: str, now: datetime, body: bytes) -> str:
+    """``webhook-signature``: one ``v1,...`` per secret in force, space separated (Standard
+    Webhooks: a receiver accepts the request when any one of them verifies)."""
+    from standardwebhooks import Webhook
+
+    text = body.decode("utf-8")
+    return " ".join(Webhook(s).sign(msg_id, now, text) for s in target.signing_secrets(now))
 
 
 def _body(target: Target, record: Record, transform) -> bytes:

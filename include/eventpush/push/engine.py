@@ -30,7 +30,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass
 
 from eventpush import metrics as metrics_mod
-from eventpush import sinks, sources
+from eventpush import sealed, sinks, sources
 from eventpush.config import database_url
 from eventpush.metrics import WorkerMetrics, metrics_host
 from eventpush.push import store
@@ -188,6 +188,8 @@ class Engine:
         boot = DbSlot(self.url)
         try:
             self.wid = await boot.call(store.worker_id, self.worker, give_up_s=STARTUP_GIVE_UP_S)
+            # A missing or wrong key stops the worker here, in one line.
+            await boot.call(sealed.check_stored, give_up_s=STARTUP_GIVE_UP_S)
         finally:
             boot.close()
         self.lease = DbSlot(
