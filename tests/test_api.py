@@ -440,7 +440,7 @@ def test_the_aws_cli_publishes_and_lists(server, admin, events):
         env=env,
         timeout=120,
     )
-    assert r.returncode == 254 and "ResourceNotFoundException" in r.stderr
+    assert r.returncode != 0 and "ResourceNotFoundException" in r.stderr
 
 
 def test_sigkill_under_load_loses_no_acknowledged_event(api_env, admin):

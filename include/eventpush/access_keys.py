@@ -16,7 +16,7 @@ from datetime import datetime
 
 import psycopg2.errors
 
-from eventpush.catalog import CatalogError, check_name
+from eventpush.catalog import CatalogError, ConflictError, NotFoundError, check_name
 from eventpush.db import Connection, transaction
 
 ROLES = ("admin", "producer")
@@ -77,7 +77,7 @@ def create_key(conn: Connection, name: str, role: str, buses: list[str] | tuple 
             cur.execute("SELECT name FROM event_bus WHERE name = ANY(%s)", (list(buses),))
             missing = set(buses) - {row[0] for row in cur.fetchall()}
             if missing:
-                raise CatalogError(f"unknown bus {sorted(missing)[0]!r}")
+                raise NotFoundError(f"unknown bus {sorted(missing)[0]!r}")
             key_id = _new_key_id()
             cur.execute(
                 "INSERT INTO event_api_key (name, access_key_id, secret, role, buses) "
@@ -86,7 +86,7 @@ def create_key(conn: Connection, name: str, role: str, buses: list[str] | tuple 
             )
             created = cur.fetchone()[0]
     except psycopg2.errors.UniqueViolation:
-        raise CatalogError(f"key {name!r} already exists") from None
+        raise ConflictError(f"key {name!r} already exists") from None
     return NewKey(KeyInfo(name, key_id, role, buses, created), secret)
 
 
@@ -103,7 +103,7 @@ def delete_key(conn: Connection, name: str) -> None:
     with transaction(conn) as cur:
         cur.execute("DELETE FROM event_api_key WHERE name = %s RETURNING id", (name,))
         if cur.fetchone() is None:
-            raise CatalogError(f"unknown key {name!r}")
+            raise NotFoundError(f"unknown key {name!r}")
 
 
 def find_key(conn: Connection, access_key_id: str) -> tuple[KeyInfo, str] | None:

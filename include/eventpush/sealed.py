@@ -26,6 +26,7 @@ TOKEN_PREFIX = "gAAAAA"  # every Fernet token (version byte 0x80, then the times
 SEALED: list[tuple[str, str, str]] = [
     ("event_target", "id", "secret"),
     ("event_target", "id", "secret_old"),
+    ("event_api_key", "id", "secret"),  # the API's secret access keys (eventpush.access_keys)
 ]
 
 

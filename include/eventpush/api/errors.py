@@ -56,19 +56,13 @@ def catalog_error(exc: ValueError) -> ApiError:
     """A catalog refusal as AWS's code: missing things are ResourceNotFoundException, existing
     ones ResourceAlreadyExistsException, things in use ConcurrentModificationException,
     the rest ValidationException."""
-    from eventpush import catalog
+    from eventpush.catalog import ConflictError, NotFoundError
 
     message = str(exc)
-    not_found_cls = getattr(catalog, "NotFoundError", None)
-    conflict_cls = getattr(catalog, "ConflictError", None)
-    if not_found_cls is not None and isinstance(exc, not_found_cls):
+    if isinstance(exc, NotFoundError):
         return not_found(message)
-    if conflict_cls is not None and isinstance(exc, conflict_cls):
+    if isinstance(exc, ConflictError):
         if "already exists" in message:
             return ApiError("ResourceAlreadyExistsException", message)
         return ApiError("ConcurrentModificationException", message)
-    if message.startswith("unknown "):
-        return not_found(message)
-    if "already exists" in message:
-        return ApiError("ResourceAlreadyExistsException", message)
     return validation(message)

@@ -75,7 +75,8 @@ async def put_rule(call: Call, body: dict) -> dict:
                 conn, bus.name, name, pattern, description or "", enabled=state != "DISABLED"
             )
             return
-        catalog.update_rule(conn, bus.name, name, pattern=pattern, description=description)
+        if pattern is not None or description is not None:
+            catalog.update_rule(conn, bus.name, name, pattern=pattern, description=description)
         if state is not None:
             catalog.set_rule_enabled(conn, bus.name, name, state == "ENABLED")
 

@@ -95,8 +95,10 @@ def check_owner(claimed: tuple[str, str] | None, account: str, region: str, what
         )
 
 
-def timestamp(value: datetime | None) -> float | None:
-    """AWS JSON 1.1 timestamps are epoch seconds."""
+def timestamp(value: datetime | str | None) -> float | None:
+    """AWS JSON 1.1 timestamps are epoch seconds; the catalog gives ISO 8601 text."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
     return None if value is None else value.timestamp()
 
 

@@ -42,10 +42,8 @@ def _ensure_default_bus(conn) -> bool:
     """Make the bus ``default`` unless it exists; True when it was made."""
     try:
         catalog.create_bus(conn, DEFAULT_BUS, 4, "events sent to the API without a bus")
-    except catalog.CatalogError as exc:
-        if "already exists" in str(exc):
-            return False
-        raise
+    except catalog.ConflictError:
+        return False
     return True
 
 

@@ -2,13 +2,13 @@
 sealed (eventpush.sealed), its role, and for a producer the buses it may put events on.
 
 Revision ID: 0006_api_keys
-Revises: 0004_delivery_status_any_sink (until the day-two branch's 0005_day_two is merged)
+Revises: 0005_day_two
 """
 
 from alembic import op
 
 revision = "0006_api_keys"
-down_revision = "0004_delivery_status_any_sink"
+down_revision = "0005_day_two"
 branch_labels = None
 depends_on = None
 
