@@ -12,6 +12,7 @@ import click
 from eventpush.cli.batch import audit, rebalance, replay
 from eventpush.cli.catalog import assign_cmd, bus, db, rule, target
 from eventpush.cli.publish import publish_cmd
+from eventpush.cli.secrets import secrets
 from eventpush.cli.status import status_cmd
 from eventpush.cli.workers import runner, worker
 
@@ -34,6 +35,7 @@ for _command in (
     audit,
     replay,
     rebalance,
+    secrets,
 ):
     main.add_command(_command)
 
