@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 
+from eventpush.cli import changes  # noqa: F401  (adds list, show, update, delete commands)
 from eventpush.cli.batch import audit, rebalance, replay
 from eventpush.cli.catalog import assign_cmd, bus, db, rule, target
 from eventpush.cli.publish import publish_cmd
