@@ -53,18 +53,25 @@ def bus_row(cur, bus: str) -> tuple[int, int]:
     return row
 
 
+def live_id(cur, table: str, parent: str, parent_id: int, name: str, lock: bool) -> int | None:
+    """The id of the live row ``name`` under ``parent_id`` (FOR UPDATE with ``lock``);
+    ``table`` and ``parent`` are fixed names from this package."""
+    cur.execute(
+        f"SELECT id FROM {table} WHERE {parent} = %s AND name = %s AND deleted_at IS NULL"
+        + (" FOR UPDATE" if lock else ""),
+        (parent_id, name),
+    )
+    row = cur.fetchone()
+    return None if row is None else row[0]
+
+
 def rule_row(cur, bus: str, rule: str, lock: bool = False) -> tuple[int, int]:
     """(rule id, bus id) of the live rule ``bus``/``rule`` (FOR UPDATE with ``lock``)."""
     bus_id, _ = bus_row(cur, bus)
-    cur.execute(
-        "SELECT id FROM event_rule WHERE bus_id = %s AND name = %s AND deleted_at IS NULL"
-        + (" FOR UPDATE" if lock else ""),
-        (bus_id, rule),
-    )
-    row = cur.fetchone()
-    if row is None:
+    rule_id = live_id(cur, "event_rule", "bus_id", bus_id, rule, lock)
+    if rule_id is None:
         raise NotFoundError(f"unknown rule {rule!r} on bus {bus!r}")
-    return row[0], bus_id
+    return rule_id, bus_id
 
 
 def check_version(kind: str, name: str, current: int, expected: int | None) -> None:

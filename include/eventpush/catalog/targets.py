@@ -26,6 +26,7 @@ from eventpush.catalog.common import (
     check_name,
     check_version,
     iso,
+    live_id,
     notify,
     rule_row,
     runner_name,
@@ -267,15 +268,10 @@ def _now() -> dt.datetime:
 def _target_row(cur, bus: str, rule: str, name: str, lock: bool = False) -> tuple[int, int]:
     """(target id, bus id) of a live target (FOR UPDATE with ``lock``)."""
     rule_id, bus_id = rule_row(cur, bus, rule)
-    cur.execute(
-        "SELECT id FROM event_target WHERE rule_id = %s AND name = %s AND deleted_at IS NULL"
-        + (" FOR UPDATE" if lock else ""),
-        (rule_id, name),
-    )
-    row = cur.fetchone()
-    if row is None:
+    target_id = live_id(cur, "event_target", "rule_id", rule_id, name, lock)
+    if target_id is None:
         raise NotFoundError(f"unknown target {name!r} on rule {bus}/{rule}")
-    return row[0], bus_id
+    return target_id, bus_id
 
 
 def get_target(conn: Connection, bus: str, rule: str, name: str) -> TargetInfo:
@@ -321,8 +317,6 @@ def update_target(
         raise CatalogError(f"target {name!r}: no such field {unknown[0]!r}")
     if "name" in changes and changes["name"] != name:
         raise CatalogError(f"target {name!r}: a target cannot be renamed (delete and create)")
-    if not changes:
-        raise CatalogError(f"target {bus}/{rule}/{name}: nothing to change")
     if keep_old_secret is not None:
         if "secret" not in changes or changes["secret"] is None:
             raise CatalogError("--keep-old-secret needs a new --secret")
@@ -331,6 +325,8 @@ def update_target(
                 f"--keep-old-secret must be more than 0 and at most "
                 f"{MAX_KEEP_OLD_SECRET.days} days, got {keep_old_secret}"
             )
+    if not changes:
+        raise CatalogError(f"target {bus}/{rule}/{name}: nothing to change")
     with transaction(conn) as cur:
         target_id, bus_id = _target_row(cur, bus, rule, name, lock=True)
         cur.execute(
