@@ -54,13 +54,15 @@ PY
 setup_system_packages() {
   # Java and the JDBC driver for Spark; chromium for the dashboard's browser test; curl for
   # the Airflow launcher; nats-server for the NATS bus tests (each starts its own, with
-  # JetStream, on a free loopback port). Only what is missing is installed, in one apt run.
+  # JetStream, on a free loopback port); wrk for bench/api.py (it replays one pre-signed
+  # request). Only what is missing is installed, in one apt run.
   local missing=()
   command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
   [ -f "$JDBC_JAR" ] || missing+=(libpostgresql-jdbc-java)
   command -v chromium >/dev/null || missing+=(chromium)
   command -v curl >/dev/null || missing+=(curl)
   command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
+  command -v wrk >/dev/null || missing+=(wrk)
   [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
   export EVENTPUSH_JDBC_JAR="${EVENTPUSH_JDBC_JAR:-$JDBC_JAR}"
 }

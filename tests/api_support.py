@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,14 +45,15 @@ class ApiServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = env
+        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             [EXE, "api", "--port", str(self.port), *args],
             env=env,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=self.log,
             text=True,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # a loaded 2-core machine starts workers slowly
         while True:
             try:
                 if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
@@ -60,7 +62,8 @@ class ApiServer:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise AssertionError(f"eventpush api did not start: {self.proc.stderr.read()}")
+                self.log.seek(0)
+                raise AssertionError(f"eventpush api did not start: {self.log.read()[-2000:]}")
             time.sleep(0.1)
 
     def client(self, key: tuple[str, str], **kw):
@@ -84,6 +87,7 @@ class ApiServer:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self.log.close()
 
 
 def signed_request(

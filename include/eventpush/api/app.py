@@ -13,12 +13,12 @@ handler. Every refusal is AWS's error shape (eventpush.api.errors); an unexpecte
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 import uuid
 from datetime import UTC, datetime
 
+import msgspec
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from starlette.applications import Starlette
@@ -41,6 +41,8 @@ OPERATIONS = {
     **archives.OPERATIONS,
 }
 PRODUCER_OPERATIONS = frozenset({"PutEvents", "TestEventPattern"})
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 
@@ -143,8 +145,8 @@ def _operation(request: Request) -> str:
 
 def _document(body: bytes) -> dict:
     try:
-        doc = json.loads(body) if body.strip() else {}
-    except (ValueError, RecursionError):
+        doc = _decode(body) if body.strip() else {}
+    except (msgspec.DecodeError, RecursionError):
         raise ApiError("SerializationException", "the request body is not valid JSON") from None
     if not isinstance(doc, dict):
         raise ApiError("SerializationException", "the request body must be a JSON object")
@@ -166,7 +168,7 @@ async def handle(request: Request) -> Response:
                 f"key {call.key.name} (producer) is not authorized to perform events:{operation}",
             )
         result = await OPERATIONS[operation](call, _document(body))
-        response = Response(json.dumps(result), media_type=CONTENT_TYPE)
+        response = Response(_encode(result), media_type=CONTENT_TYPE)
     except ApiError as exc:
         code = exc.code
         response = error_response(exc)

@@ -15,12 +15,15 @@ import json
 import random
 from datetime import UTC, datetime
 
+import msgspec
+
 from eventpush.api.errors import ApiError, validation
 from eventpush.api.service import BusView, Call
 from eventpush.api.shapes import bus_name, check_owner, checked, required
 from eventpush.publish import MalformedEventError, Prepared, complete_event, encode_event
 
 MAX_ENTRIES = 10
+_decode = msgspec.json.Decoder().decode  # the hot path: several times json's speed
 REQUIRED_EVENT_FIELDS = ("id", "account", "source", "time", "region", "detail-type")
 
 
@@ -54,8 +57,8 @@ def entry_event(entry: object, bus: BusView, where: str, now_iso: str, queue_id:
                 "argument."
             )
     try:
-        detail = json.loads(entry["Detail"])
-    except (ValueError, RecursionError):
+        detail = _decode(entry["Detail"])
+    except (msgspec.DecodeError, RecursionError):
         raise _MalformedDetail(f"{where}: Detail is malformed (not JSON).") from None
     if not isinstance(detail, dict):
         raise _MalformedDetail(f"{where}: Detail is malformed (not a JSON object).")
