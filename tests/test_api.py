@@ -82,6 +82,13 @@ def code_of(exc_info) -> str:
     return exc_info.value.response["Error"]["Code"]
 
 
+TRANSFORMER = {
+    "InputPathsMap": {"order": "$.detail.order", "who": "$.detail.customer"},
+    "InputTemplate": '{"text": "order <order> paid by <who>"}',
+}
+RETRY = {"MaximumRetryAttempts": 3, "MaximumEventAgeInSeconds": 600}
+
+
 def test_rule_target_transformer_and_put_events_reach_the_receiver(api_env, events, receiver):
     bus = events.create_event_bus(Name="shop", Description="the shop's events")
     assert bus["EventBusArn"] == f"arn:aws:events:us-east-1:{ACCOUNT}:event-bus/shop"
@@ -98,11 +105,8 @@ def test_rule_target_transformer_and_put_events_reach_the_receiver(api_env, even
             {
                 "Id": "crm",
                 "Arn": receiver.url + "/ok/crm",
-                "InputTransformer": {
-                    "InputPathsMap": {"order": "$.detail.order", "who": "$.detail.customer"},
-                    "InputTemplate": '{"text": "order <order> paid by <who>"}',
-                },
-                "RetryPolicy": {"MaximumRetryAttempts": 3, "MaximumEventAgeInSeconds": 600},
+                "InputTransformer": TRANSFORMER,
+                "RetryPolicy": RETRY,
             }
         ],
     )
@@ -135,11 +139,8 @@ def test_rule_target_transformer_and_put_events_reach_the_receiver(api_env, even
         {
             "Id": "crm",
             "Arn": receiver.url + "/ok/crm",
-            "InputTransformer": {
-                "InputPathsMap": {"order": "$.detail.order", "who": "$.detail.customer"},
-                "InputTemplate": '{"text": "order <order> paid by <who>"}',
-            },
-            "RetryPolicy": {"MaximumRetryAttempts": 3, "MaximumEventAgeInSeconds": 600},
+            "InputTransformer": TRANSFORMER,
+            "RetryPolicy": RETRY,
         }
     ]
 

@@ -118,16 +118,9 @@ async def _authenticate(request: Request, service: Service, body: bytes) -> Call
         )
     key, secret = found
     query = f"?{request.url.query}" if request.url.query else ""
-    auth.verify(
-        method=request.method,
-        url=f"{request.url.scheme}://{headers.get('host', '')}{request.url.path}{query}",
-        headers=headers,
-        body=body,
-        claim=claim,
-        amz_date=amz_date,
-        secret=secret,
-        region=service.settings.region,
-    )
+    url = f"{request.url.scheme}://{headers.get('host', '')}{request.url.path}{query}"
+    received = auth.Received(request.method, url, headers, body)
+    auth.verify(received, claim, amz_date, secret, service.settings.region)
     return Call(service, key)
 
 

@@ -123,62 +123,45 @@ def check_scope(claim: SignedBy, amz_date: str, region: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Received:
+    """A request as it arrived: what the signature covers."""
+
+    method: str
+    url: str  # scheme, the Host header, path and query
+    headers: Mapping[str, str]  # lower-case names
+    body: bytes
+
+
 def expected_signature(
-    *,
-    method: str,
-    url: str,
-    headers: Mapping[str, str],
-    body: bytes,
-    claim: SignedBy,
-    amz_date: str,
-    secret: str,
-    region: str,
+    request: Received, claim: SignedBy, amz_date: str, secret: str, region: str
 ) -> str:
     """The signature botocore computes for this request with ``secret``: over the headers
     the client signed (only those), the body as received and the client's timestamp."""
     signed = {}
     for name in claim.signed_headers:
-        value = headers.get(name)
+        value = request.headers.get(name)
         if value is None:
             raise ApiError(
                 "IncompleteSignatureException", f"signed header {name!r} is not in the request"
             )
         signed[name] = value
-    request = AWSRequest(method=method, url=url, data=body, headers=signed)
-    request.context["timestamp"] = amz_date
+    again = AWSRequest(method=request.method, url=request.url, data=request.body, headers=signed)
+    again.context["timestamp"] = amz_date
     signer = SigV4Auth(Credentials(claim.access_key_id, secret), SERVICE, region)
-    canonical = signer.canonical_request(request)
-    return signer.signature(signer.string_to_sign(request, canonical), request)
+    canonical = signer.canonical_request(again)
+    return signer.signature(signer.string_to_sign(again, canonical), again)
 
 
-def verify(
-    *,
-    method: str,
-    url: str,
-    headers: Mapping[str, str],
-    body: bytes,
-    claim: SignedBy,
-    amz_date: str,
-    secret: str,
-    region: str,
-) -> None:
+def verify(request: Received, claim: SignedBy, amz_date: str, secret: str, region: str) -> None:
     """Raise InvalidSignatureException unless the claim's signature is the one recomputed."""
-    content_hash = headers.get("x-amz-content-sha256")
-    if content_hash is not None and content_hash != hashlib.sha256(body).hexdigest():
+    content_hash = request.headers.get("x-amz-content-sha256")
+    if content_hash is not None and content_hash != hashlib.sha256(request.body).hexdigest():
         # Also refuses UNSIGNED-PAYLOAD: a body the signature does not cover.
         raise ApiError(
             "InvalidSignatureException", "X-Amz-Content-Sha256 is not the SHA-256 of the body"
         )
-    expected = expected_signature(
-        method=method,
-        url=url,
-        headers=headers,
-        body=body,
-        claim=claim,
-        amz_date=amz_date,
-        secret=secret,
-        region=region,
-    )
+    expected = expected_signature(request, claim, amz_date, secret, region)
     if not hmac.compare_digest(expected.encode(), claim.signature.encode()):
         raise ApiError(
             "InvalidSignatureException",
