@@ -30,6 +30,7 @@ from api_support import (
 from botocore.exceptions import ClientError
 from conftest import ADMIN_URL, RUN_ID, _admin, _drop, _server, run_cli
 
+from eventpush import sources
 from eventpush.demo.receiver import Receiver
 
 ACCOUNT = "000000000000"
@@ -160,6 +161,34 @@ def test_a_bus_arn_target_publishes_on_that_bus(api_env, events):
     assert events.list_rule_names_by_target(TargetArn=copies, EventBusName="origin")[
         "RuleNames"
     ] == ["all"]
+
+
+def test_put_events_on_a_nats_bus_answers_after_the_acknowledgements(api_env, events, nats_server):
+    r = run_cli(
+        "bus", "create", "onnats", "--queues", "1", "--source", nats_server.url, env=api_env
+    )
+    assert r.returncode == 0, r.stderr
+    answer = events.put_events(
+        Entries=[
+            {
+                "Source": "n",
+                "DetailType": "t",
+                "Detail": json.dumps({"n": n}),
+                "EventBusName": "onnats",
+            }
+            for n in range(5)
+        ]
+    )
+    assert answer["FailedEntryCount"] == 0
+    conn = psycopg2.connect(api_env["EVENTPUSH_DATABASE_URL"])
+    try:
+        bus = sources.bus_named(conn, "onnats")
+        stored = list(sources.kind_for(bus.source_url).read_range(conn, bus, 0, 0, 1000))
+    finally:
+        conn.close()
+    assert sorted(json.loads(s.body)["detail"]["n"] for s in stored) == list(range(5))
+    assert {s.message_id for s in stored} == {e["EventId"] for e in answer["Entries"]}
+    assert "EventCount" not in events.describe_archive(ArchiveName="onnats")
 
 
 def test_every_bus_rule_and_target_operation(events, receiver):

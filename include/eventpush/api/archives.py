@@ -43,24 +43,30 @@ STATES = {
 }
 
 
-def _event_count(conn, name: str) -> int:
-    """Events the bus holds (the PostgreSQL store's offsets are gapless: their heads' sum)."""
+def _event_count(conn, name: str) -> int | None:
+    """Events the bus holds: the sum of its queues' heads in the PostgreSQL store (gapless
+    offsets); None for a broker's bus, whose positions have gaps."""
     from eventpush.sources import bus_named, kind_for
 
     bus = bus_named(conn, name)
+    if bus.source_url is not None:
+        return None
     return sum(kind_for(bus.source_url).heads(conn, bus).values())
 
 
 async def _archive_shape(call: Call, info) -> dict:
-    return {
+    shape = {
         "ArchiveName": info.name,
         "EventSourceArn": bus_arn(info.account, info.region, info.name),
         "State": "ENABLED",
         "RetentionDays": 0,  # kept indefinitely
         "SizeBytes": 0,  # not tracked
-        "EventCount": await call.db(_event_count, info.name),
         "CreationTime": timestamp(info.created_at),
     }
+    count = await call.db(_event_count, info.name)
+    if count is not None:
+        shape["EventCount"] = count
+    return shape
 
 
 async def describe_archive(call: Call, body: dict) -> dict:
