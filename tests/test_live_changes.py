@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from batch_support import spark  # noqa: F401  (a fixture)
 from standardwebhooks import Webhook
 
 from eventpush import catalog
@@ -108,7 +109,18 @@ def version_took_effect(conn, runner: str, rule_version: int, target_version: in
     )
 
 
-def test_pattern_and_state_changes_follow_the_offsets(conn, rx, cli, worker):
+def all_committed(conn) -> bool:
+    [(lag,)] = rows(
+        conn,
+        'SELECT coalesce(sum(q.next_offset - o."offset"), 0) FROM event_push_offset o '
+        "JOIN event_target_runner r ON r.id = o.runner_id AND r.deleted_at IS NULL "
+        "JOIN event_target t ON t.id = r.target_id JOIN event_rule ru ON ru.id = t.rule_id "
+        "JOIN event_bus_queue q ON q.bus_id = ru.bus_id AND q.queue_id = o.queue_id",
+    )
+    return lag == 0
+
+
+def test_pattern_and_state_changes_follow_the_offsets(conn, rx, cli, worker, db_url, spark):  # noqa: F811
     catalog.create_bus(conn, "shop", 2)
     catalog.create_rule(conn, "shop", "r", {"detail": {"k": ["a"]}})
     catalog.create_target(conn, "shop", "r", catalog.TargetSpec("t", rx.url + "/ok/t"))
@@ -143,6 +155,28 @@ def test_pattern_and_state_changes_follow_the_offsets(conn, rx, cli, worker):
         "WHERE r.name = 'shop/r/t' GROUP BY queue_id ORDER BY queue_id",
     )
     assert history == [(0, [1, 2, 3, 4]), (1, [1, 2, 3, 4])]
+
+    # The audit follows the versions: nothing missing, nothing unexpected.
+    from eventpush.db import connection, transaction
+    from eventpush.sparkjobs.audit import run_audit
+    from eventpush.sparkjobs.replay import ReplayRequest, check_request, run_replay
+
+    until(lambda: all_committed(conn), "every offset committed")
+    audit = {r.runner: r for r in run_audit(spark, db_url).runners}
+    t, o = audit["shop/r/t"], audit["shop/all/o"]
+    assert (t.expected, t.delivered, t.missing, t.pending, t.failed) == (12, 12, 0, 0, 0)
+    assert (o.expected, o.delivered, o.missing) == (32, 32, 0)
+    # Replay: the version in force at each offset by default, the pattern now when told.
+    ask = {"what": "all", "target": "t", "everything": True, "dry_run": True}
+    assert run_replay(spark, db_url, ReplayRequest(**ask)).selected == 12
+    now = ReplayRequest(**ask, pattern_version="current")
+    assert run_replay(spark, db_url, now).selected == 16  # every "b" of the four batches
+    assert cli("target", "delete", "--bus", "shop", "--rule", "r", "--name", "t").returncode == 0
+    refused = pytest.raises(ValueError, match="^target 't' was deleted: nothing is replayed")
+    with connection(db_url) as c, transaction(c) as cur, refused:
+        check_request(ReplayRequest(what="failed", target="t"), cur)
+    gone = {r.runner: r for r in run_audit(spark, db_url).runners}["shop/r/t"]
+    assert gone.deleted and (gone.expected, gone.delivered, gone.missing) == (12, 12, 0)
 
 
 def verifies(secret: str, request) -> bool:
