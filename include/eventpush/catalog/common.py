@@ -12,11 +12,10 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
+from eventpush.push.store import CATALOG_CHANNEL  # workers LISTEN there
+
 # fullmatch, never match with "$": "$" also matches before a trailing newline ("bus\n").
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-# Running workers LISTEN here (payload: the bus id) and re-read their runners at once; the
-# controller's periodic re-read covers a notification lost with a connection.
-CATALOG_CHANNEL = "eventpush_catalog"
 
 
 class CatalogError(ValueError):

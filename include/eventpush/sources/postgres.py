@@ -54,41 +54,49 @@ class PostgresReader(Reader):
         """LISTEN until cancelled, reconnecting while the database is away."""
         from eventpush.push import store
 
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                conn = await asyncio.to_thread(store.listen, self.url)
-            except Exception as exc:
-                if not store.is_transient(exc):
-                    raise
-                await asyncio.sleep(LISTEN_RETRY_S)
-                continue
-            broken = asyncio.Event()
-
-            def on_readable(conn=conn, broken=broken) -> None:
-                try:
-                    conn.poll()
-                except Exception:
-                    broken.set()
-                    return
-                for note in conn.notifies:
-                    with contextlib.suppress(ValueError):
-                        wake(int(note.payload))
-                conn.notifies.clear()
-
-            fd = conn.fileno()  # kept: a closed connection no longer tells it
-            loop.add_reader(fd, on_readable)
-            try:
-                await broken.wait()
-            finally:
-                loop.remove_reader(fd)
-                with contextlib.suppress(Exception):
-                    conn.close()
+        await watch_channel(self.url, store.NOTIFY_CHANNEL, wake)
 
     async def close(self) -> None:
         for slot in self.all:
             await slot.settle(timeout=30)
             slot.close()
+
+
+async def watch_channel(url: str, channel: str, wake: Callable[[int], None]) -> None:
+    """LISTEN on ``channel`` until cancelled, calling ``wake(bus id)`` per notification and
+    reconnecting while the database is away (publishes here; the catalog's changes too)."""
+    from eventpush.push import store
+
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            conn = await asyncio.to_thread(store.listen, url, channel)
+        except Exception as exc:
+            if not store.is_transient(exc):
+                raise
+            await asyncio.sleep(LISTEN_RETRY_S)
+            continue
+        broken = asyncio.Event()
+
+        def on_readable(conn=conn, broken=broken) -> None:
+            try:
+                conn.poll()
+            except Exception:
+                broken.set()
+                return
+            for note in conn.notifies:
+                with contextlib.suppress(ValueError):
+                    wake(int(note.payload))
+            conn.notifies.clear()
+
+        fd = conn.fileno()  # kept: a closed connection no longer tells it
+        loop.add_reader(fd, on_readable)
+        try:
+            await broken.wait()
+        finally:
+            loop.remove_reader(fd)
+            with contextlib.suppress(Exception):
+                conn.close()
 
 
 def publish(conn: Connection, bus: Bus, events: Iterable) -> dict[int, tuple[int, int, int]]:
