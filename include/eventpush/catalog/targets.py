@@ -387,8 +387,13 @@ def mark_targets_deleted(cur, where: str, params: tuple) -> int:
     target_ids = [row[0] for row in cur.fetchall()]
     cur.execute(
         "UPDATE event_target_runner SET deleted_at = now(), worker_id = NULL "
-        "WHERE target_id = ANY(%s)",
+        "WHERE target_id = ANY(%s) RETURNING name",
         (target_ids,),
+    )
+    names = [row[0] for row in cur.fetchall()]
+    # Runtime controls are keyed by runner name: a new target of the same name starts clean.
+    cur.execute(
+        "DELETE FROM event_runtime_control WHERE scope = 'runner' AND name = ANY(%s)", (names,)
     )
     return len(target_ids)
 
