@@ -409,7 +409,10 @@ class Engine:
         await self._retarget(versions)
         for rid, row in assigned.items():
             if rid in self.runners:
-                self.runners[rid].apply(row)
+                runner = self.runners[rid]
+                runner.apply(row)
+                for qid, cursor in runner.cursors.items():  # history no event can need now
+                    runner.history.forget_before(qid, cursor.committed_db)
 
     async def _retarget(self, versions: dict[int, tuple[int, int]]) -> None:
         """Runners whose rule or target changed in the catalog take the new version live.
