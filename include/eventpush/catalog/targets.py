@@ -18,6 +18,7 @@ import psycopg2
 import psycopg2.errors
 
 from eventpush import sealed, sources
+from eventpush.addresses import InvalidTargetUrlError
 from eventpush.catalog.common import (
     CatalogError,
     ConflictError,
@@ -32,8 +33,8 @@ from eventpush.catalog.common import (
     runner_name,
 )
 from eventpush.db import Connection, transaction
-from eventpush.push.policy import DEFAULTS, LIMITS, defaults_for
-from eventpush.push.targets import InvalidTargetUrlError, validate_url
+from eventpush.policy import DEFAULTS, LIMITS, defaults_for
+from eventpush.sinks import validate_url
 
 TRANSFORM_KINDS = ("ORIGINAL", "CONSTANT", "JSONPATH", "TEMPLATE")
 POLICY_FIELDS = (
