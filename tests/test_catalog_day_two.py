@@ -140,3 +140,38 @@ def test_rotate_key_reencrypts_every_sealed_column(conn, orders, tmp_path, monke
     monkeypatch.setenv(sealed.KEY_FILE_ENV, str(other))
     with pytest.raises(sealed.SecretKeyError, match="does not open with the key"):
         catalog.get_target(conn, "orders", "r", "t")
+
+
+def test_migrate_seals_plain_text_secrets_once(empty_db_url):
+    import psycopg2
+    from alembic import command
+
+    from eventpush.schema import _alembic_config, migrate
+
+    command.upgrade(_alembic_config(empty_db_url), "0004_delivery_status_any_sink")
+    c = psycopg2.connect(empty_db_url)
+    try:
+        with c.cursor() as cur:
+            cur.execute("INSERT INTO event_bus (name, queues) VALUES ('b', 1) RETURNING id;")
+            bus_id = cur.fetchone()[0]
+            cur.execute(
+                "INSERT INTO event_rule (bus_id, name, pattern) VALUES (%s, 'r', '{}') "
+                "RETURNING id",
+                (bus_id,),
+            )
+            cur.execute(
+                "INSERT INTO event_target (rule_id, name, url, secret) "
+                "VALUES (%s, 't', 'http://127.0.0.1:9/', %s)",
+                (cur.fetchone()[0], SECRET),
+            )
+        c.commit()
+        migrate(empty_db_url)
+        migrate(empty_db_url)  # idempotent: sealed once, never twice
+        with c.cursor() as cur:
+            cur.execute("SELECT secret FROM event_target")
+            (token,) = cur.fetchone()
+            cur.execute("SELECT count(*) FROM event_runner_version")
+            assert cur.fetchone()[0] == 0  # a target without runner has no history
+    finally:
+        c.close()
+    assert token.startswith(sealed.TOKEN_PREFIX) and sealed.unseal(token) == SECRET

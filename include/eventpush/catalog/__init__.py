@@ -55,7 +55,7 @@ from eventpush.catalog.workers import (
     list_workers,
     set_worker_enabled,
 )
-from eventpush.push.policy import DEFAULTS, LIMITS
+from eventpush.policy import DEFAULTS, LIMITS
 
 __all__ = [
     "ACCOUNT_RE",

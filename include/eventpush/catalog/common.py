@@ -12,14 +12,11 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from eventpush.push.store import CATALOG_CHANNEL  # workers LISTEN there
+from eventpush.errors import CatalogError
+from eventpush.sources.postgres import CATALOG_CHANNEL  # workers LISTEN there
 
 # fullmatch, never match with "$": "$" also matches before a trailing newline ("bus\n").
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
-class CatalogError(ValueError):
-    """A refused catalog change, said in one line."""
 
 
 class NotFoundError(CatalogError):

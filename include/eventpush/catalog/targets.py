@@ -18,6 +18,7 @@ import psycopg2
 import psycopg2.errors
 
 from eventpush import sealed, sources
+from eventpush.addresses import InvalidTargetUrlError
 from eventpush.catalog.common import (
     CatalogError,
     ConflictError,
@@ -32,8 +33,8 @@ from eventpush.catalog.common import (
     runner_name,
 )
 from eventpush.db import Connection, transaction
-from eventpush.push.policy import DEFAULTS, LIMITS, defaults_for
-from eventpush.push.targets import InvalidTargetUrlError, validate_url
+from eventpush.policy import DEFAULTS, LIMITS, defaults_for
+from eventpush.sinks import validate_url
 
 TRANSFORM_KINDS = ("ORIGINAL", "CONSTANT", "JSONPATH", "TEMPLATE")
 POLICY_FIELDS = (
@@ -387,8 +388,13 @@ def mark_targets_deleted(cur, where: str, params: tuple) -> int:
     target_ids = [row[0] for row in cur.fetchall()]
     cur.execute(
         "UPDATE event_target_runner SET deleted_at = now(), worker_id = NULL "
-        "WHERE target_id = ANY(%s)",
+        "WHERE target_id = ANY(%s) RETURNING name",
         (target_ids,),
+    )
+    names = [row[0] for row in cur.fetchall()]
+    # Runtime controls are keyed by runner name: a new target of the same name starts clean.
+    cur.execute(
+        "DELETE FROM event_runtime_control WHERE scope = 'runner' AND name = ANY(%s)", (names,)
     )
     return len(target_ids)
 

@@ -24,6 +24,7 @@ import gc
 import logging
 import os
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -32,14 +33,17 @@ from dataclasses import asdict, dataclass
 from eventpush import metrics as metrics_mod
 from eventpush import sealed, sinks, sources
 from eventpush.config import database_url
+from eventpush.db import is_transient
+from eventpush.dbslot import DbSlot
+from eventpush.errors import first_line
 from eventpush.metrics import WorkerMetrics, metrics_host
 from eventpush.push import store
 from eventpush.push.committing import Committer
 from eventpush.push.controls import WorkerSettings, worker_settings
 from eventpush.push.lanes import Lanes, Runner, wait_for_event
 from eventpush.push.reading import BusSignals, WindowCache
-from eventpush.push.slots import DbSlot, first_line
 from eventpush.push.versions import History, version
+from eventpush.rules.patterns import RuleIndex
 from eventpush.sources import Bus, Reader
 
 log = logging.getLogger("eventpush.push")
@@ -353,11 +357,9 @@ class Engine:
             await self._refresh()
 
     async def _catalog_watch(self) -> None:
-        from eventpush.sources.postgres import watch_channel
+        from eventpush.sources.postgres import CATALOG_CHANNEL, watch_channel
 
-        await watch_channel(
-            self.url, store.CATALOG_CHANNEL, lambda _bus_id: self.catalog_changed.set()
-        )
+        await watch_channel(self.url, CATALOG_CHANNEL, lambda _bus_id: self.catalog_changed.set())
 
     async def _refresh(self) -> None:
         async with self.refresh_lock:
@@ -409,7 +411,10 @@ class Engine:
         await self._retarget(versions)
         for rid, row in assigned.items():
             if rid in self.runners:
-                self.runners[rid].apply(row)
+                runner = self.runners[rid]
+                runner.apply(row)
+                for qid, cursor in runner.cursors.items():  # history no event can need now
+                    runner.history.forget_before(qid, cursor.committed_db)
 
     async def _retarget(self, versions: dict[int, tuple[int, int]]) -> None:
         """Runners whose rule or target changed in the catalog take the new version live.
@@ -475,8 +480,6 @@ class Engine:
     # --- reading --------------------------------------------------------------------------
 
     def _rules(self, bus_id: int):
-        from eventpush.rules.patterns import RuleIndex
-
         index = self.indexes.get(bus_id)
         if index is None:
             index = self.indexes[bus_id] = RuleIndex(
@@ -576,6 +579,7 @@ class Engine:
     # --- heartbeat ------------------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
+        # Deferred: psutil is loaded only by the heartbeat that samples the process.
         import psutil
 
         proc = psutil.Process()
@@ -585,8 +589,6 @@ class Engine:
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
     async def _beat(self, proc) -> None:
-        import statistics
-
         runner_stats, lanes, all_latencies = [], {}, []
         for runner in list(self.runners.values()):
             p50, p99 = runner.percentiles()
@@ -626,7 +628,7 @@ class Engine:
             await self.aux.call(store.heartbeat, self.wid, metrics, runner_stats, give_up_s=5)
             await self._refresh_lag()
         except Exception as exc:
-            if not store.is_transient(exc):
+            if not is_transient(exc):
                 raise
             log.warning("heartbeat failed: %s", first_line(exc))
 

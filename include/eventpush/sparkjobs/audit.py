@@ -25,6 +25,7 @@ from datetime import datetime
 from functools import lru_cache
 
 from eventpush.db import connection, transaction
+from eventpush.metrics import audit_results, publish_batch
 from eventpush.rules.patterns import RuleIndex
 from eventpush.sources import sync_heads
 from eventpush.sparkjobs import jdbc
@@ -219,6 +220,7 @@ def with_matching_runners(events, rules: list[tuple[int, int, str]]):
     Arrow-fed batches on the executors. A Spark SQL form of the patterns measured 2-4 times
     slower on cached events, up to 10 times in the job, and was removed (docs/BENCHMARKS.md,
     "Audit: the rule evaluator")."""
+    # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -244,12 +246,14 @@ def classify(
     """One row per expected record: runner_id, bus_id, queue_id, offset, message_id, ctime,
     body, deliveries (count), failure_status, committed, state. With ``from_start`` every
     matching event counts, also those from before a runner began (an archive replay's view)."""
+    # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
 
     db = jdbc.jdbc_database(db_url)
     ranges = scope.ranges
     if from_start:
         ranges = [jdbc.QueueRange(r.bus_id, r.queue_id, 0, r.end) for r in ranges]
+    # Deferred: bus_events imports PySpark at load.
     from eventpush.sparkjobs.bus_events import read_events
 
     events = read_events(spark, db_url, ranges, since, until, slice_size)
@@ -322,6 +326,7 @@ def classify(
 
 def summarise(records, scope: AuditScope) -> list[RunnerAudit]:
     """Per-runner counts from ``classify``'s frame; every runner of the scope appears."""
+    # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
 
     def count_state(name: str):
@@ -393,7 +398,5 @@ def run_audit(
             report_id = write_report(cur, bus, since, until, runners)
     result = AuditResult(runners, report_id, since, until)
     if save:  # a saved audit is a result operators watch: textfile / Pushgateway when set
-        from eventpush.metrics import audit_results, publish_batch
-
         publish_batch("audit", audit_results(result))
     return result
