@@ -13,7 +13,7 @@ import json
 from eventpush import catalog
 from eventpush.api.errors import ApiError, validation
 from eventpush.api.service import BusView, Call
-from eventpush.api.shapes import bus_name, check_owner, optional, page, required
+from eventpush.api.shapes import bus_name, check_owner, optional, page, required, url_of_arn
 from eventpush.rules.transforms import rule_arn_for
 
 STATES = ("ENABLED", "DISABLED")
@@ -131,8 +131,6 @@ async def delete_rule(call: Call, body: dict) -> dict:
 
 
 async def list_rule_names_by_target(call: Call, body: dict) -> dict:
-    from eventpush.api.targets import url_of_arn
-
     arn = required(body, "TargetArn")
     bus = await rule_bus(call, body)
     names = await call.db(catalog.rule_names_by_target_url, bus.name, url_of_arn(arn))

@@ -15,6 +15,7 @@ from datetime import datetime
 from eventpush.api.errors import ApiError, validation
 
 DEFAULT_BUS = "default"
+BUS_SCHEME = "bus://"  # our URL of a bus-to-bus target (eventpush.bus_targets)
 MAX_LIMIT = 100
 BUS_ARN_RE = re.compile(
     r"arn:aws:events:(?P<region>[a-z0-9-]+):(?P<account>[0-9]{12}):event-bus/(?P<name>.+)"
@@ -120,3 +121,16 @@ def page(items: list, body: dict, key=lambda item: item) -> tuple[list, str | No
     more = len(items) > limit
     next_token = base64.urlsafe_b64encode(key(chunk[-1]).encode()).decode() if more else None
     return chunk, next_token
+
+
+def url_of_arn(arn: str) -> str:
+    """Our target URL for a target ``Arn``: the URL itself, or ``bus://NAME`` for a bus ARN."""
+    parsed = parse_bus_arn(arn)
+    if parsed is not None:
+        return BUS_SCHEME + parsed[2]
+    if arn.startswith(("http://", "https://", "nats://")):
+        return arn
+    raise validation(
+        f"target Arn {arn[:200]!r} is not supported: give an event bus ARN or an http(s):// "
+        "or nats:// URL"
+    )

@@ -3,7 +3,7 @@ target functions (the CLI's). A target's ``Id`` is our target's name.
 
 - ``Arn``: an ``http(s)://`` or ``nats://`` URL (an eventpush extension: AWS would want an
   API destination's ARN), or another event bus's ARN, which becomes a bus-to-bus target
-  (``bus://NAME``: the event is published on that bus, eventpush.sinks.bus).
+  (``bus://NAME``: the event is published on that bus, eventpush.bus_targets).
 - ``Input`` -> our ``CONSTANT`` transform, ``InputPath`` -> ``JSONPATH``,
   ``InputTransformer`` -> ``TEMPLATE`` (EventBridge's own filling rules); none -> ``ORIGINAL``.
 - ``RetryPolicy``: ``MaximumRetryAttempts`` N -> N + 1 attempts, ``MaximumEventAgeInSeconds``
@@ -24,9 +24,8 @@ from eventpush import catalog
 from eventpush.api.errors import ApiError, validation
 from eventpush.api.rules import rule_bus
 from eventpush.api.service import Call
-from eventpush.api.shapes import bus_arn, checked, optional, page, parse_bus_arn, required
+from eventpush.api.shapes import BUS_SCHEME, bus_arn, checked, optional, page, required, url_of_arn
 
-BUS_SCHEME = "bus://"
 MAX_TARGETS = 10
 UNSUPPORTED = (
     "RoleArn",
@@ -40,19 +39,6 @@ UNSUPPORTED = (
     "DeadLetterConfig",
     "AppSyncParameters",
 )
-
-
-def url_of_arn(arn: str) -> str:
-    """Our target URL for a target ``Arn``: the URL itself, or ``bus://NAME`` for a bus ARN."""
-    parsed = parse_bus_arn(arn)
-    if parsed is not None:
-        return BUS_SCHEME + parsed[2]
-    if arn.startswith(("http://", "https://", "nats://")):
-        return arn
-    raise validation(
-        f"target Arn {arn[:200]!r} is not supported: give an event bus ARN or an http(s):// "
-        "or nats:// URL"
-    )
 
 
 def _with_http_parameters(url: str, params: dict | None) -> str:

@@ -1,5 +1,7 @@
-"""The bus-to-bus sink: a target ``bus://NAME`` publishes each matched event on the bus
+"""The bus-to-bus sink kind: a target ``bus://NAME`` publishes each matched event on the bus
 ``NAME`` of this eventpush (EventBridge's event-bus target; the API makes one from a bus ARN).
+Registered in ``eventpush.sinks`` by name only: it sits in a layer above the sinks because it
+publishes through ``eventpush.publish``.
 
 The event goes as the target's transform renders it (the original event by default), so a
 transformed body must still be an event (a JSON object with ``source`` and ``detail-type``);
@@ -17,10 +19,11 @@ import contextlib
 import time
 from dataclasses import replace
 
-from eventpush.push.delivery import DELIVERED, FINAL, RETRY, Outcome, Record, Target, build_request
-from eventpush.push.slots import first_line
-from eventpush.push.targets import AddressPolicy, InvalidTargetUrlError
+from eventpush.addresses import AddressPolicy, InvalidTargetUrlError
+from eventpush.errors import first_line
 from eventpush.sinks import transform_failed
+from eventpush.sinks.contract import DELIVERED, FINAL, RETRY, Outcome, Record, Target
+from eventpush.sinks.request import build_request
 
 SCHEME = "bus"
 PREFIX = "bus://"
