@@ -54,13 +54,15 @@ PY
 setup_system_packages() {
   # Java and the JDBC driver for Spark; chromium for the dashboard's browser test; curl for
   # the Airflow launcher; nats-server for the NATS bus tests (each starts its own, with
-  # JetStream, on a free loopback port). Only what is missing is installed, in one apt run.
+  # JetStream, on a free loopback port); wrk for bench/api.py (it replays one pre-signed
+  # request). Only what is missing is installed, in one apt run.
   local missing=()
   command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
   [ -f "$JDBC_JAR" ] || missing+=(libpostgresql-jdbc-java)
   command -v chromium >/dev/null || missing+=(chromium)
   command -v curl >/dev/null || missing+=(curl)
   command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
+  command -v wrk >/dev/null || missing+=(wrk)
   [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
   export EVENTPUSH_JDBC_JAR="${EVENTPUSH_JDBC_JAR:-$JDBC_JAR}"
 }
@@ -144,6 +146,23 @@ conn.close()
 PY
 }
 
+setup_secret_key() {
+  # Target secrets are sealed with this key (eventpush.sealed): a file outside the database,
+  # mode 0600 from its first byte, made once for the embedded default and kept.
+  if [ -n "${EVENTPUSH_SECRET_KEY_FILE:-}" ]; then
+    return
+  fi
+  local keyfile="$ROOT/var/secret.key"
+  if [ ! -f "$keyfile" ]; then
+    mkdir -p "$ROOT/var"
+    say "making the secret key for stored secrets in var/secret.key (mode 0600)"
+    PYTHONPATH="$ROOT/include" "$VENV/bin/python" -c \
+      "import sys, pathlib; from eventpush.sealed import write_key_file; write_key_file(pathlib.Path(sys.argv[1]))" \
+      "$keyfile" || die "could not make the secret key file"
+  fi
+  export EVENTPUSH_SECRET_KEY_FILE="$keyfile"
+}
+
 setup_spark_pyenv() {
   # The Python environment shipped to Spark executors on a cluster (spark.archives), packed
   # from requirements-executor.lock into var/spark-pyenv/ and kept while the lock is the same.
@@ -161,6 +180,7 @@ setup_all() {
   setup_venv
   setup_system_packages
   setup_postgres
+  setup_secret_key
   setup_spark_pyenv
   export PATH="$VENV/bin:$PATH"
 }

@@ -210,3 +210,19 @@ def latest_audits(conn, limit: int) -> list[dict]:
 
 def latest_replays(conn, limit: int) -> list[dict]:
     return _latest(conn, REPLAYS_SQL, REPLAY_KEYS, limit)
+
+
+def catalog_view(conn) -> dict:
+    """Buses, rules and targets as the catalog shows them (no secret: ``secret_set`` only)."""
+    from eventpush import catalog
+
+    targets = []
+    for t in catalog.list_targets(conn):
+        doc = t.to_json()
+        doc.pop("secret_fingerprint")  # the page needs only whether one is set
+        targets.append(doc)
+    return {
+        "buses": [b.to_json() for b in catalog.list_buses(conn)],
+        "rules": [r.to_json() for r in catalog.list_rules(conn)],
+        "targets": targets,
+    }

@@ -14,6 +14,8 @@ Routes (under the plugin's ``/eventpush`` prefix):
 | ``GET api/replays?limit=N`` | latest replays: what was asked, outcome and counts | reader |
 | ``POST api/adjust`` ``{"scope", "name", "changes"}`` | validated runtime adjustment | editor |
 | ``POST api/pause`` / ``api/resume`` ``{"scope", "name"}`` | pause or resume | editor |
+| ``GET api/catalog`` | buses, rules and targets (URL redacted, no secret) | reader |
+| ``POST api/rule/enable`` / ``api/rule/disable`` ``{"bus", "name"}`` | switch a rule | editor |
 | ``GET dashboard`` | charts of lag and throughput, failures, the last audit, replays | reader |
 | ``GET api/dashboard?minutes=M`` | the dashboard's live part as JSON (polled every 5 s) | reader |
 
@@ -39,6 +41,7 @@ from pydantic import BaseModel, Field
 
 from eventpush.airflow.queries import (
     _conn,
+    catalog_view,
     latest_audits,
     latest_failures,
     latest_replays,
@@ -58,6 +61,11 @@ DAG_ID = "eventpush_push"
 class Target(BaseModel):
     scope: Literal["worker", "runner"]
     name: str = Field(min_length=1, max_length=200)
+
+
+class RuleName(BaseModel):
+    bus: str = Field(min_length=1, max_length=64)
+    name: str = Field(min_length=1, max_length=64)
 
 
 class Adjustment(Target):
@@ -137,6 +145,32 @@ def create_app():
     def post_resume(body: Target) -> dict:
         _control(set_paused, body.scope, body.name, False)
         return {"scope": body.scope, "name": body.name, "paused": False}
+
+    @app.get("/api/catalog", dependencies=read)
+    def get_catalog() -> dict:
+        with _conn() as conn:
+            return catalog_view(conn)
+
+    def _switch(body: RuleName, enabled: bool) -> dict:
+        # Deferred like the rest of the catalog: only the webserver serves this.
+        from eventpush.catalog import CatalogError, NotFoundError, set_rule_enabled
+
+        try:
+            with _conn() as conn:
+                return set_rule_enabled(conn, body.bus, body.name, enabled).to_json()
+        except NotFoundError as exc:
+            raise HTTPException(status_code=404, detail=str(exc)) from None
+        except CatalogError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
+
+    # The same write permission as pause and resume.
+    @app.post("/api/rule/enable", dependencies=write)
+    def post_rule_enable(body: RuleName) -> dict:
+        return _switch(body, True)
+
+    @app.post("/api/rule/disable", dependencies=write)
+    def post_rule_disable(body: RuleName) -> dict:
+        return _switch(body, False)
 
     @app.get("/api/dashboard", dependencies=read)
     def get_dashboard(minutes: int = minutes_query) -> dict:

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from eventpush.airflow.queries import (
+    catalog_view,
     latest_audits,
     latest_failures,
     latest_replays,
@@ -41,12 +42,14 @@ td.err{text-align:left;max-width:420px;overflow:hidden;text-overflow:ellipsis;wh
 """
 
 SCRIPT = """
-async function control(action, scope, name) {
-  const r = await fetch('api/' + action, {method: 'POST',
-    headers: {'Content-Type': 'application/json'}, body: JSON.stringify({scope, name})});
+async function post(path, body) {
+  const r = await fetch('api/' + path, {method: 'POST',
+    headers: {'Content-Type': 'application/json'}, body: JSON.stringify(body)});
   if (!r.ok) { alert((await r.json()).detail || r.statusText); return; }
   refresh();
 }
+function control(action, scope, name) { return post(action, {scope, name}); }
+function ruleSwitch(verb, bus, name) { return post('rule/' + verb, {bus, name}); }
 // Short polling: the live part is replaced in place, the page (and its scroll) stays.
 async function refresh() {
   try {
@@ -79,6 +82,52 @@ def _table(headers: list[str], rows: list[list[Any]], raw: set[int] = frozenset(
 def _button(action: str, scope: str, name: str) -> str:
     args = html.escape(json.dumps([action, scope, name])[1:-1], quote=True)
     return f'<button onclick="control({args})">{action}</button>'
+
+
+def _rule_button(verb: str, bus: str, name: str) -> str:
+    args = html.escape(json.dumps([verb, bus, name])[1:-1], quote=True)
+    return f'<button onclick="ruleSwitch({args})">{verb}</button>'
+
+
+def render_catalog(view: dict) -> str:
+    """The catalog section: rules with enable/disable, targets with their policy."""
+    rules = [
+        [
+            f"{r['bus']}/{r['name']}",
+            f'<span class="{"ok" if r["state"] == "ENABLED" else "bad"}">{r["state"]}</span>',
+            r["version"],
+            r["targets"],
+            json.dumps(r["pattern"], separators=(",", ":")),
+            _rule_button("disable" if r["state"] == "ENABLED" else "enable", r["bus"], r["name"]),
+        ]
+        for r in view["rules"]
+    ]
+    targets = [
+        [
+            t["runner"],
+            t["url"],
+            t["state"],
+            t["version"],
+            f"{t['max_attempts']} x, {t['timeout_ms']} ms, batch {t['batch_size']}, "
+            f"{t['concurrency']} at once" + (", ordered" if t["ordered"] else ""),
+            "yes" if t["secret_set"] else "no",
+        ]
+        for t in view["targets"]
+    ]
+    return (
+        "<h2>Rules</h2>"
+        + (
+            _table(["rule", "state", "version", "targets", "pattern", ""], rules, {1, 5})
+            if rules
+            else '<p class="muted">none</p>'
+        )
+        + "<h2>Targets</h2>"
+        + (
+            _table(["target", "url", "state", "version", "policy", "signed"], targets)
+            if targets
+            else '<p class="muted">none</p>'
+        )
+    )
 
 
 def render_dashboard(conn, minutes: int = 60) -> str:
@@ -222,6 +271,7 @@ def render_live(conn, minutes: int = 60) -> str:
         if failure_rows
         else '<p class="muted">none</p>'
     }
+{render_catalog(catalog_view(conn))}
 <h2>Last audit</h2>{audit_html}
 <h2>Replays</h2>{
         _table(

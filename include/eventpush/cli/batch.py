@@ -144,6 +144,13 @@ def rebalance(window_minutes, dry_run, as_json) -> None:
     is_flag=True,
     help="With --what all and no window: re-push every event ever published, on purpose.",
 )
+@click.option(
+    "--pattern-version",
+    type=click.Choice(["history", "current"]),
+    default="history",
+    show_default=True,
+    help="Judge each event by the rule's version in force at its offset, or by its pattern now.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @handles_errors
 def replay(
@@ -158,6 +165,7 @@ def replay(
     rate_limit,
     dry_run,
     everything,
+    pattern_version,
     as_json,
 ) -> None:
     """Re-push failed records, audit gaps, or every matching event of a window.
@@ -179,6 +187,7 @@ def replay(
         rate_limit=rate_limit,
         dry_run=dry_run,
         everything=everything,
+        pattern_version=pattern_version,
     )
     check_bounds(req)  # before Spark starts: a refused request costs nothing
     url = database_url()

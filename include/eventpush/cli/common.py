@@ -37,6 +37,8 @@ def handles_errors(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        from eventpush.sealed import SecretKeyError
+
         # Deferred: the Spark jobs are loaded only by the batch commands.
         from eventpush.sparkjobs.session import SparkSetupError
 
@@ -44,7 +46,7 @@ def handles_errors(func):
             return func(*args, **kwargs)
         except ValueError as exc:
             fail(str(exc))
-        except (ConfigError, StoreError, SparkSetupError) as exc:
+        except (ConfigError, StoreError, SparkSetupError, SecretKeyError) as exc:
             fail(str(exc), EXIT_STORE)
 
     return wrapper

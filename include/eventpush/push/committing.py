@@ -82,6 +82,7 @@ class Committer:
         self.on_committed = on_committed
         self.deliveries: list[store.DeliveryRow] = []
         self.failures: list[store.FailureRow] = []
+        self.versions: list[store.VersionRow] = []  # written with the next commit
         self.pending: tuple[store.CommitBatch, list] | None = None
         self.lock = asyncio.Lock()
         self.failing = False
@@ -95,14 +96,15 @@ class Committer:
         """Forget a runner's uncommitted rows: it moved away, the next owner redelivers."""
         self.deliveries = [d for d in self.deliveries if d.runner_id != runner_id]
         self.failures = [f for f in self.failures if f.runner_id != runner_id]
+        self.versions = [v for v in self.versions if v.runner_id != runner_id]
 
     def has_work(self) -> bool:
-        return bool(self.deliveries or self.failures or self.pending)
+        return bool(self.deliveries or self.failures or self.versions or self.pending)
 
     def _gather(self) -> tuple[store.CommitBatch, list]:
         # One synchronous step: swap the outcome buffers and compute the offsets they allow.
-        deliveries, failures = self.deliveries, self.failures
-        self.deliveries, self.failures = [], []
+        deliveries, failures, versions = self.deliveries, self.failures, self.versions
+        self.deliveries, self.failures, self.versions = [], [], []
         offsets, written, generations, brokers = [], [], {}, {}
         for runner in self.owned():
             generations[runner.id] = runner.generation
@@ -121,7 +123,10 @@ class Committer:
         ):  # rows of a runner no longer ours: never written
             deliveries = [d for d in deliveries if d.runner_id in generations]
             failures = [f for f in failures if f.runner_id in generations]
-        return store.CommitBatch(deliveries, failures, offsets, generations, brokers), written
+        versions = [v for v in versions if v.runner_id in generations]
+        batch = store.CommitBatch(deliveries, failures, offsets, generations, brokers)
+        batch.versions = versions
+        return batch, written
 
     async def commit(self, give_up_s: float | None = None) -> None:
         """Commit what an interrupted commit left pending, then what has gathered; transient

@@ -39,6 +39,8 @@ from eventpush.push.controls import WorkerSettings
 from eventpush.push.cursor import UNCOMMITTED_SPANS, QueueCursor
 from eventpush.push.limits import CircuitBreaker, Limiter, Pass
 from eventpush.push.reading import BusSignals, WindowCache
+from eventpush.push.store import VersionRow
+from eventpush.push.versions import ENABLED, History, version
 from eventpush.rules.patterns import compile_pattern
 from eventpush.rules.transforms import compile_transform
 from eventpush.sinks import contract, retry
@@ -55,12 +57,22 @@ MAX_RETRY_DELAY_S = 300.0
 class Runner:
     """One rule-target pair being pushed by this worker, at one assignment generation."""
 
-    def __init__(self, target: Target, offsets: dict[int, int], settings: tuple) -> None:
+    def __init__(
+        self,
+        target: Target,
+        offsets: dict[int, int],
+        settings: tuple,
+        history: History | None = None,
+    ) -> None:
         self.target = target
         self.id = target.runner_id
         self.generation = settings[1]
         self.pattern = compile_pattern(target.pattern)
         self.transform = compile_transform(target.transform_kind, target.transform_spec)
+        # Which version judges which offset (push/versions.py); ``epoch``: the window cache's
+        # epoch once its newest version was in the index (older matches are judged again).
+        self.history = history if history is not None else History()
+        self.epoch = 0
         self.cursors = {qid: QueueCursor(qid, off) for qid, off in sorted(offsets.items())}
         self.fresh: deque[Record] = deque()
         self.retry: deque[list[Record]] = deque()
@@ -104,6 +116,42 @@ class Runner:
         # wake-up of the dispatcher and the feeders.
         self.wake.set()
         self.room.set()
+
+    @property
+    def matching(self) -> bool:
+        """The newest version of its rule is enabled: the index holds its pattern."""
+        return self.target.rule_state == ENABLED
+
+    def take_effect(self) -> list[VersionRow]:
+        """The target's versions (as read from the catalog) take effect on each queue at the
+        offset the runner has read up to; the rows to record, for queues where they are new."""
+        t = self.target
+        rows = []
+        for qid, cursor in self.cursors.items():
+            newest = self.history.newest(qid)
+            if newest is not None and newest.key == (t.rule_version, t.target_version):
+                continue
+            start = max(cursor.pulled, self.history.newest_from(qid))
+            v = version(start, t.rule_version, t.target_version, t.rule_state, t.pattern)
+            self.history.add(qid, v)
+            rows.append(VersionRow(self.id, qid, start, *v.key, v.state, v.pattern))
+        return rows
+
+    def retarget(self, target: Target) -> list[VersionRow]:
+        """A new version of the target or its rule, live: sends from now on use it, events
+        from the offsets it takes effect at are judged by it. Returns the rows to record."""
+        from eventpush.rules.patterns import compile_pattern
+        from eventpush.rules.transforms import compile_transform
+
+        old, self.target = self.target, target
+        self.pattern = compile_pattern(target.pattern)
+        self.transform = compile_transform(target.transform_kind, target.transform_spec)
+        if target.url != old.url:
+            self.send_fn = None  # the new URL's kind of sink, looked up at the next attempt
+        # (a new concurrency reaches the limiter with the engine's next ``apply``)
+        self.wake.set()
+        self.room.set()
+        return self.take_effect()
 
     def _control(self, controls: dict, key: str, default: int) -> int:
         value = controls.get(key, default)
@@ -250,6 +298,11 @@ class Lanes:
             if oldest is not None:
                 stop = min(stop, oldest + s.buffer_span)
             max_bytes, rid, qid = s.buffer_bytes, runner.id, cursor.queue_id
+            # The index's verdict holds for events it matched with the runner's newest version
+            # and read from where that version took effect; others are judged by the version
+            # in force at their offset (push/versions.py).
+            epoch, exact_from = runner.epoch, runner.history.newest_from(qid)
+            judge = runner.history.judge
             lane = runner.fresh if ordered_line is None else ordered_line
             # The cursor's take and advance, inline on locals written back once (per record
             # pulled, these calls were a good part of a feeder's cost; nothing awaits here).
@@ -261,7 +314,11 @@ class Lanes:
                         break
                     read += 1
                     offset = ev.offset
-                    if rid in ev.matches:
+                    if (
+                        rid in ev.matches
+                        if ev.epoch >= epoch and offset >= exact_from
+                        else judge(qid, offset, ev.event)
+                    ):
                         if oldest is None:
                             oldest = offset
                             stop = min(stop, oldest + s.buffer_span)

@@ -81,6 +81,18 @@ class FailureRow(NamedTuple):
     error: str
 
 
+class VersionRow(NamedTuple):
+    """From ``from_offset`` on its queue, a runner's events are judged by these versions."""
+
+    runner_id: int
+    queue_id: int
+    from_offset: int
+    rule_version: int
+    target_version: int
+    state: str
+    pattern: str
+
+
 @dataclass(frozen=True)
 class OffsetRow:
     runner_id: int
@@ -181,32 +193,38 @@ def release_runners(conn: Connection, runner_ids: list[int]) -> None:
 ASSIGNMENT_SQL = """
 SELECT r.id, r.state, r.generation, coalesce(
     (SELECT jsonb_object_agg(c.key, c.value) FROM event_runtime_control c
-      WHERE c.scope = 'runner' AND c.name = r.name), '{}'::jsonb)
+      WHERE c.scope = 'runner' AND c.name = r.name), '{}'::jsonb), ru.version, t.version
 FROM event_target_runner r
 JOIN event_push_worker w ON w.id = r.worker_id
-WHERE w.id = %s AND w.enabled
+JOIN event_target t ON t.id = r.target_id
+JOIN event_rule ru ON ru.id = t.rule_id
+WHERE w.id = %s AND w.enabled AND r.deleted_at IS NULL
 ORDER BY r.id
 """
 
 
-def read_assignment(conn: Connection, wid: int, worker: str) -> tuple[dict, dict]:
-    """Runners assigned to the worker ({id: (state, generation, controls)}) and the worker's
-    own controls."""
+def read_assignment(conn: Connection, wid: int, worker: str) -> tuple[dict, dict, dict]:
+    """Runners assigned to the worker ({id: (state, generation, controls)}), the worker's
+    own controls, and the catalog versions of each runner's rule and target ({id: (rule
+    version, target version)})."""
     with transaction(conn) as cur:
         cur.execute(ASSIGNMENT_SQL, (wid,))
-        runners = {rid: (state, gen, controls) for rid, state, gen, controls in cur.fetchall()}
+        rows = cur.fetchall()
+        runners = {rid: (state, gen, controls) for rid, state, gen, controls, *_ in rows}
+        versions = {row[0]: (row[4], row[5]) for row in rows}
         cur.execute(
             "SELECT key, value FROM event_runtime_control WHERE scope = 'worker' AND name = %s",
             (worker,),
         )
         controls = dict(cur.fetchall())
-    return runners, controls
+    return runners, controls, versions
 
 
 TARGET_SQL = """
 SELECT r.id, r.name, b.name, b.id, ru.name, ru.pattern::text, t.name, t.url, t.secret,
        t.transform_kind, t.transform_spec, t.max_attempts, t.backoff_ms, t.max_age_s,
-       t.timeout_ms, t.batch_size, t.concurrency, t.ordered, b.account, b.region, b.source_url
+       t.timeout_ms, t.batch_size, t.concurrency, t.ordered, b.account, b.region,
+       t.secret_old, t.secret_old_until, ru.version, t.version, ru.state, b.source_url
 FROM event_target_runner r
 JOIN event_target t ON t.id = r.target_id
 JOIN event_rule ru ON ru.id = t.rule_id
@@ -215,15 +233,47 @@ JOIN event_bus b ON b.id = ru.bus_id
 
 
 def load_targets(cur, where: str = "TRUE", params: tuple = ()) -> list[Target]:
-    """Targets joined with their runner, rule and bus; ``where`` is a fixed SQL condition
-    over aliases r, t, ru, b with its values in ``params``."""
+    """Targets joined with their runner, rule and bus, secrets unsealed; ``where`` is a
+    fixed SQL condition over aliases r, t, ru, b with its values in ``params``. A secret that
+    does not open is ``sealed.SecretKeyError`` (one line), never an unsigned send."""
+    from eventpush import sealed
+
     cur.execute(f"{TARGET_SQL} WHERE {where} ORDER BY r.id", params)
-    return [Target(*row[:-1], broker=broker_name(row[-1])) for row in cur.fetchall()]
+    targets = []
+    for row in cur.fetchall():
+        (*head, secret), rest = row[:9], row[9:]
+        *middle, old, old_until, rule_version, target_version, state, source = rest
+        targets.append(
+            Target(
+                *head,
+                sealed.unseal_or_none(secret),
+                *middle,
+                broker=broker_name(source),
+                secret_old=sealed.unseal_or_none(old),
+                secret_old_until=old_until,
+                rule_version=rule_version,
+                target_version=target_version,
+                rule_state=state,
+            )
+        )
+    return targets
 
 
 def read_targets(conn: Connection, runner_ids: list[int]) -> list[Target]:
     with transaction(conn) as cur:
         return load_targets(cur, "r.id = ANY(%s)", (runner_ids,))
+
+
+def read_versions(conn: Connection, runner_ids: list[int]) -> list[VersionRow]:
+    """The recorded versions of runners, oldest first per queue."""
+    with transaction(conn) as cur:
+        cur.execute(
+            "SELECT runner_id, queue_id, from_offset, rule_version, target_version, state, "
+            "pattern::text FROM event_runner_version WHERE runner_id = ANY(%s) "
+            "ORDER BY runner_id, queue_id, from_offset, rule_version, target_version",
+            (runner_ids,),
+        )
+        return [VersionRow(*row) for row in cur.fetchall()]
 
 
 def read_offsets(conn: Connection, runner_ids: list[int]) -> dict[int, dict[int, int]]:
@@ -251,6 +301,7 @@ class CommitBatch:
     generations: dict[int, int]  # every runner written for -> generation it was started at
     brokers: dict[int, str] = field(default_factory=dict)  # runner -> its rows' broker_name
     xid: int | None = None
+    versions: list[VersionRow] = field(default_factory=list)  # versions taking effect
 
     def without(self, runner_ids: frozenset[int]) -> CommitBatch:
         return CommitBatch(
@@ -259,10 +310,11 @@ class CommitBatch:
             [o for o in self.offsets if o.runner_id not in runner_ids],
             {r: g for r, g in self.generations.items() if r not in runner_ids},
             {r: b for r, b in self.brokers.items() if r not in runner_ids},
+            versions=[v for v in self.versions if v.runner_id not in runner_ids],
         )
 
     def empty(self) -> bool:
-        return not (self.deliveries or self.failures or self.offsets)
+        return not (self.deliveries or self.failures or self.offsets or self.versions)
 
 
 def commit(conn: Connection, wid: int, batch: CommitBatch) -> None:
@@ -290,6 +342,16 @@ def commit(conn: Connection, wid: int, batch: CommitBatch) -> None:
             fenced = frozenset(batch.generations) - claimed
             if fenced:
                 raise FencedError(fenced)
+        if batch.versions:
+            # With the offsets they let pass: an offset past a version's start is never
+            # committed without the version that judged the events before it.
+            psycopg2.extras.execute_values(
+                cur,
+                "INSERT INTO event_runner_version (runner_id, queue_id, from_offset, "
+                "rule_version, target_version, state, pattern) VALUES %s "
+                "ON CONFLICT DO NOTHING",
+                batch.versions,
+            )
         if deliveries:
             copy_deliveries(cur, deliveries, brokers)
         if failures:

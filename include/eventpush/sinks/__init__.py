@@ -53,6 +53,7 @@ BUILTIN = {
     "http": "eventpush.sinks.http:HttpSink",
     "https": "eventpush.sinks.http:HttpSink",
     "nats": "eventpush.sinks.nats:NatsSink",
+    "bus": "eventpush.bus_targets:BusSink",
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol
 
 from eventpush.addresses import AddressPolicy
@@ -48,6 +49,21 @@ class Target:
     bus_region: str | None = None
     # The bus's source kind: the broker_name of the runner's delivery and failure rows.
     broker: str = "eventpush"
+    # Standard Webhooks rotation: the previous secret also signs until ``secret_old_until``.
+    secret_old: str | None = field(default=None, repr=False)
+    secret_old_until: datetime | None = None
+    # The catalog versions this target was read at (push/versions.py records from which
+    # offset each one judges the runner's events), and its rule's state then.
+    rule_version: int = 1
+    target_version: int = 1
+    rule_state: str = "ENABLED"
+
+    def signing_secrets(self, now: datetime) -> list[str]:
+        """The secrets that sign a request sent at ``now``: the current one first."""
+        old, until = self.secret_old, self.secret_old_until
+        if old is not None and until is not None and now < until:
+            return [s for s in (self.secret, old) if s]
+        return [self.secret] if self.secret else []
 
 
 @dataclass(slots=True)

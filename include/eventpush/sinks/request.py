@@ -30,12 +30,17 @@ def build_request(
     if target.secret:
         now = now or datetime.now(UTC)
         headers["webhook-timestamp"] = str(int(now.timestamp()))
-        headers["webhook-signature"] = Webhook(target.secret).sign(
-            msg_id, now, body.decode("utf-8")
-        )
+        headers["webhook-signature"] = signature(target, msg_id, now, body)
     if traceparent is not None:
         headers["traceparent"] = traceparent
     return body, headers
+
+
+def signature(target: Target, msg_id: str, now: datetime, body: bytes) -> str:
+    """``webhook-signature``: one ``v1,...`` per secret in force, space separated (Standard
+    Webhooks: a receiver accepts the request when any one of them verifies)."""
+    text = body.decode("utf-8")
+    return " ".join(Webhook(s).sign(msg_id, now, text) for s in target.signing_secrets(now))
 
 
 def _body(target: Target, record: Record, transform) -> bytes:

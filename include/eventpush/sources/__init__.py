@@ -116,7 +116,7 @@ def read_buses(conn: Connection, bus_ids: Iterable[int] | None = None) -> dict[i
 
 def bus_named(conn: Connection, name: str) -> Bus:
     with transaction(conn) as cur:
-        cur.execute(BUS_SQL + " WHERE name = %s", (name,))
+        cur.execute(BUS_SQL + " WHERE name = %s AND deleted_at IS NULL", (name,))
         row = cur.fetchone()
     if row is None:
         raise CatalogError(f"unknown bus {name!r}")
@@ -140,7 +140,8 @@ def sync_heads(conn: Connection, *, worker: str | None = None) -> list[str]:
             "LEFT JOIN event_target t ON t.rule_id = ru.id "
             "LEFT JOIN event_target_runner r ON r.target_id = t.id "
             "LEFT JOIN event_push_worker w ON w.id = r.worker_id "
-            "WHERE b.source_url IS NOT NULL AND (%s::text IS NULL OR w.name = %s)",
+            "WHERE b.source_url IS NOT NULL AND b.deleted_at IS NULL "
+            "AND (%s::text IS NULL OR w.name = %s)",
             (worker, worker),
         )
         buses = [Bus(*row) for row in cur.fetchall()]

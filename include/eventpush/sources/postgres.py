@@ -20,6 +20,9 @@ READER_CONNECTIONS = 2
 LISTEN_RETRY_S = 2.0
 COPY_ROWS = 1000
 NOTIFY_CHANNEL = "eventpush_publish"
+# The catalog notifies here on every change (payload: the bus id): running workers re-read
+# their runners at once; the controller's periodic re-read covers a lost notification.
+CATALOG_CHANNEL = "eventpush_catalog"
 
 
 def check(url: str) -> str:
@@ -42,12 +45,13 @@ def read_window(conn: Connection, bus_id: int, queue_id: int, start: int, stop: 
         return cur.fetchall()
 
 
-def listen(url: str) -> Connection:
-    """A connection listening for publish notifications (payload: the bus id)."""
+def listen(url: str, channel: str = NOTIFY_CHANNEL) -> Connection:
+    """A connection listening for notifications: publishes by default, or ``channel`` (a
+    fixed name from code, such as the catalog's); the payload is a bus id."""
     conn = connect(url)
     conn.autocommit = True
     with conn.cursor() as cur:
-        cur.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        cur.execute(f"LISTEN {channel}")
     return conn
 
 
@@ -97,41 +101,47 @@ class PostgresReader(Reader):
 
     async def watch(self, buses, wake: Callable[[int], None]) -> None:
         """LISTEN until cancelled, reconnecting while the database is away."""
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                conn = await asyncio.to_thread(listen, self.url)
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                await asyncio.sleep(LISTEN_RETRY_S)
-                continue
-            broken = asyncio.Event()
-
-            def on_readable(conn=conn, broken=broken) -> None:
-                try:
-                    conn.poll()
-                except Exception:
-                    broken.set()
-                    return
-                for note in conn.notifies:
-                    with contextlib.suppress(ValueError):
-                        wake(int(note.payload))
-                conn.notifies.clear()
-
-            fd = conn.fileno()  # kept: a closed connection no longer tells it
-            loop.add_reader(fd, on_readable)
-            try:
-                await broken.wait()
-            finally:
-                loop.remove_reader(fd)
-                with contextlib.suppress(Exception):
-                    conn.close()
+        await watch_channel(self.url, NOTIFY_CHANNEL, wake)
 
     async def close(self) -> None:
         for slot in self.all:
             await slot.settle(timeout=30)
             slot.close()
+
+
+async def watch_channel(url: str, channel: str, wake: Callable[[int], None]) -> None:
+    """LISTEN on ``channel`` until cancelled, calling ``wake(bus id)`` per notification and
+    reconnecting while the database is away (publishes here; the catalog's changes too)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            conn = await asyncio.to_thread(listen, url, channel)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            await asyncio.sleep(LISTEN_RETRY_S)
+            continue
+        broken = asyncio.Event()
+
+        def on_readable(conn=conn, broken=broken) -> None:
+            try:
+                conn.poll()
+            except Exception:
+                broken.set()
+                return
+            for note in conn.notifies:
+                with contextlib.suppress(ValueError):
+                    wake(int(note.payload))
+            conn.notifies.clear()
+
+        fd = conn.fileno()  # kept: a closed connection no longer tells it
+        loop.add_reader(fd, on_readable)
+        try:
+            await broken.wait()
+        finally:
+            loop.remove_reader(fd)
+            with contextlib.suppress(Exception):
+                conn.close()
 
 
 def publish(conn: Connection, bus: Bus, events: Iterable) -> dict[int, tuple[int, int, int]]:

@@ -124,7 +124,7 @@ def load_inputs(spark, db_url: str, window: timedelta = DEFAULT_WINDOW, now=None
             "SELECT r.id, r.name, r.worker_id, ru.bus_id, r.ctime >= %s "
             "FROM event_target_runner r "
             "JOIN event_target t ON t.id = r.target_id JOIN event_rule ru ON ru.id = t.rule_id "
-            "WHERE ru.state = 'ENABLED' ORDER BY r.id",
+            "WHERE ru.state = 'ENABLED' AND r.deleted_at IS NULL ORDER BY r.id",
             (now - window,),
         )
         runners = [Runner(*row) for row in cur.fetchall()]

@@ -78,6 +78,9 @@ class ReplayRequest:
     dry_run: bool = False
     label: str | None = None  # who asked: e.g. the Airflow run id, to find the run again
     everything: bool = False  # ``all`` with no window: every event ever published, on purpose
+    # ``history``: each event judged by the rule's version in force at its offset (as live);
+    # ``current``: by the rule's pattern now.
+    pattern_version: str = "history"
 
     def to_json(self) -> dict:
         doc = asdict(self)
@@ -103,9 +106,15 @@ class ReplayResult:
 
 def check_bounds(req: ReplayRequest, limits: ReplayLimits | None = None) -> None:
     """Refuse requests outside what the operator may ask for (no database needed)."""
+    from eventpush.sparkjobs.audit import PATTERN_VERSIONS
+
     limits = limits or replay_limits()
     if req.what not in WHATS:
         raise ReplayRequestError(f"what must be one of {', '.join(WHATS)}, got {req.what!r}")
+    if req.pattern_version not in PATTERN_VERSIONS:
+        raise ReplayRequestError(
+            f"pattern version must be {' or '.join(PATTERN_VERSIONS)}, got {req.pattern_version!r}"
+        )
     if req.since and req.until and req.until <= req.since:
         raise ReplayRequestError(
             f"until ({req.until.isoformat()}) must be after since ({req.since.isoformat()})"
@@ -168,21 +177,28 @@ def check_request(req: ReplayRequest, cur) -> list[int]:
     """Refuse impossible requests; returns the ids of the runners in scope."""
     check_bounds(req)
     if req.bus is not None:
-        cur.execute("SELECT 1 FROM event_bus WHERE name = %s", (req.bus,))
+        cur.execute("SELECT 1 FROM event_bus WHERE name = %s AND deleted_at IS NULL", (req.bus,))
         if cur.fetchone() is None:
             raise ReplayRequestError(f"unknown bus {req.bus!r}")
     if req.rule is not None:
         cur.execute(
             "SELECT 1 FROM event_rule ru JOIN event_bus b ON b.id = ru.bus_id "
-            "WHERE ru.name = %s AND (%s::text IS NULL OR b.name = %s)",
+            "WHERE ru.name = %s AND (%s::text IS NULL OR b.name = %s) "
+            "AND ru.deleted_at IS NULL",
             (req.rule, req.bus, req.bus),
         )
         if cur.fetchone() is None:
             where = f" on bus {req.bus!r}" if req.bus else ""
             raise ReplayRequestError(f"unknown rule {req.rule!r}{where}")
 
-    scope = load_scope(cur, bus=req.bus, rule=req.rule, target=req.target)
+    # Runners of deleted targets are never replayed to (their books stay, for the audit).
+    scope = load_scope(cur, bus=req.bus, rule=req.rule, target=req.target, live_only=True)
     if req.target is not None and not scope.runners:
+        if load_scope(cur, bus=req.bus, rule=req.rule, target=req.target).runners:
+            raise ReplayRequestError(
+                f"target {req.target!r} was deleted: nothing is replayed to it (its delivery "
+                "and failure rows stay for the audit)"
+            )
         raise ReplayRequestError(f"unknown target {req.target!r} for the given bus and rule")
     return [r.runner_id for r in scope.runners]
 
@@ -212,7 +228,7 @@ def select(spark, db_url: str, req: ReplayRequest, runner_ids: list[int]):
     with connection(db_url) as conn:
         sync_heads(conn)  # a broker's bus: read up to its heads as they are now
     with connection(db_url) as conn, transaction(conn) as cur:
-        scope = load_scope(cur, runner_ids=runner_ids)
+        scope = load_scope(cur, runner_ids=runner_ids, pattern_version=req.pattern_version)
     rows = classify(spark, db_url, scope, req.since, req.until, from_start=req.what == "all")
     if req.what == "missing":
         rows = rows.where(F.col("state") == "missing")
@@ -686,6 +702,8 @@ def job_args(req: ReplayRequest) -> list[str]:
         args.append("--dry-run")
     if req.everything:
         args.append("--everything")
+    if req.pattern_version != "history":
+        args += ["--pattern-version", req.pattern_version]
     if req.label:
         args += ["--label", req.label]
     return args
