@@ -15,6 +15,21 @@ every target of that kind through it:
 - ``Kind.validate_url(url, policy)`` checks a target URL when the target is created (the
   built-in kinds are checked by :func:`eventpush.push.targets.validate_url`).
 
+**The idempotency key.** Every record a runner sends has one key,
+:func:`eventpush.push.delivery.record_key` (``msg_<runner id>.<queue>.<offset>``): the same
+for every retry, for the worker that takes the runner over after a crash and for every
+replay of that record to that target, so a destination that drops repeated keys drops the
+copies those make; and never the same for two runners, so two targets writing one
+destination (two subjects of one JetStream stream, two rules posting to one URL) never look
+like copies of each other. A sink that hands a destination its own idempotency field uses
+this key, per record, also inside a batch (JetStream's ``Nats-Msg-Id``: one message and one
+key per record). HTTP's ``webhook-id`` is the record's key too
+(:func:`~eventpush.push.delivery.webhook_id`): Standard Webhooks receivers drop a
+``webhook-id`` they have seen, so an id per event, shared by its targets, would lose every
+copy but the first at a receiver two targets post to; a batch request's ``webhook-id`` is a
+digest of its runner and positions and names that request only. The event's own ``id``
+stays in the body for a receiver that wants the event once whatever the target.
+
 A kind is found through the entry-point group ``eventpush.sinks``: the entry point's name is
 the URL scheme, its value the class. eventpush declares its own (``http``, ``https``,
 ``nats``) in ``pyproject.toml``; a third party adds a scheme by declaring one in its own

@@ -2,12 +2,16 @@
 
 Each record becomes one message on ``SUBJECT`` with the body an HTTP target would get for it
 alone (transformed as the target says) and the same headers (``webhook-id`` and, with a
-secret, the Standard Webhooks signature), plus ``Nats-Msg-Id`` equal to ``webhook-id``: a
-record sent again after a crash, a lost acknowledgement or a replay is dropped by the server
-as a duplicate within its stream's duplicate window. A record counts as delivered on the
-JetStream acknowledgement (a duplicate's included). A batch is published at once (one write,
-one flush) and its acknowledgements awaited together; each record settles on its own answer
-(``Outcome.per_record``: a refused message fails alone, an unanswered one is retried alone).
+secret, the Standard Webhooks signature), plus ``Nats-Msg-Id`` equal to ``webhook-id``, which
+for one record is the record's key (``delivery.record_key``: one per runner and record, see
+``eventpush.sinks``): a record sent again after a crash, a lost acknowledgement or a replay is
+dropped by the server as a duplicate within its stream's duplicate window, and the targets of
+several rules writing subjects of one stream never drop each other's messages. A record counts
+as delivered on the JetStream acknowledgement (a duplicate's included: the stream holds that
+id; the outcome names such records in ``Outcome.held`` and the engine warns when a first send
+was one). A batch is published at once (one write, one flush) and its acknowledgements awaited
+together; each record settles on its own answer (``Outcome.per_record``: a refused message
+fails alone, an unanswered one is retried alone).
 A stream whose duplicate window is shorter than the target's retry horizon is warned of once.
 
 Classification: no stream listening on the subject (no responders) is final, as is any
@@ -141,12 +145,13 @@ class _Acks:
     resolved when the last one is in (one future and one deadline per send, not per message),
     or failed by the deadline or the connection closing."""
 
-    __slots__ = ("first", "answers", "left", "done")
+    __slots__ = ("first", "answers", "left", "done", "held")
 
     def __init__(self, first: int, n: int) -> None:
         self.first = first
         self.answers: list = [None] * n
         self.left = n
+        self.held: list[int] | None = None  # indexes acknowledged as duplicates
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
 
 
@@ -225,7 +230,8 @@ class _Connection:
                 continue
             sent.append(i)
             # As NATS.publish writes headers (values on one line), the message id being
-            # webhook-id's value; HTTP's user-agent left out (a consumer has no use for it).
+            # webhook-id's value: this one record's key (the send built one message per
+            # record); HTTP's user-agent left out (a consumer has no use for it).
             lines = "".join(
                 f"{key}: {value.strip().translate(_NEWLINES)}\r\n"
                 for key, value in headers.items()
@@ -273,6 +279,10 @@ class _Connection:
                 reply = json.loads(msg.data)
                 error = reply.get("error")
                 answer = reply["stream"] if error is None else _api_error(error)
+                if reply.get("duplicate"):  # stored already, under this message id
+                    if acks.held is None:
+                        acks.held = []
+                    acks.held.append(i)
             except Exception as exc:  # not a JetStream acknowledgement
                 answer = ValueError(f"unreadable JetStream acknowledgement: {exc}")
         acks.answers[i] = answer
@@ -385,7 +395,10 @@ class NatsSink:
         ]
         failures = [part for part in parts if part[0] != DELIVERED]
         if not failures:
-            return self._outcome(target, DELIVERED, None, started)
+            outcome = self._outcome(target, DELIVERED, None, started)
+            if acks.held is not None:
+                outcome.held, outcome.held_by = acks.held, f"stream {stored}"
+            return outcome
         # The send as a whole: its worst answer (final before retryable), for the breaker.
         kind, error = min(failures, key=lambda f: f[0] != FINAL)
         if len(failures) > 1:
@@ -395,6 +408,8 @@ class NatsSink:
             outcome.per_record = [
                 (k, None if e is None else self._mask(redact(e, target.url))) for k, e in parts
             ]
+        if acks.held is not None:
+            outcome.held, outcome.held_by = acks.held, f"stream {stored}"
         return outcome
 
     async def _check_window(self, target: Target, stream: str) -> None:
