@@ -64,8 +64,8 @@ def add_stream(url: str, name: str = "OUT", subjects: tuple[str, ...] = ("out.>"
     asyncio.run(_add_stream(url, name, list(subjects), **config))
 
 
-async def _messages(url: str, stream: str, **auth) -> list[tuple[str, dict]]:
-    """Every message on ``stream``, in its order: (Nats-Msg-Id, body). Read through an
+async def _messages(url: str, stream: str, **auth) -> list[tuple[str, str, dict]]:
+    """Every message on ``stream``, in its order: (Nats-Msg-Id, subject, body). Read through an
     ephemeral consumer in fetches of thousands (one get_msg per message took 29 s for the
     100,000 of the batched crash test; this takes about 4)."""
     nc = await nats.connect(url, **auth)
@@ -77,14 +77,14 @@ async def _messages(url: str, stream: str, **auth) -> list[tuple[str, dict]]:
         found = []
         while len(found) < total:
             for msg in await sub.fetch(min(total - len(found), 10_000), timeout=30):
-                found.append((msg.headers["Nats-Msg-Id"], json.loads(msg.data)))
+                found.append((msg.headers["Nats-Msg-Id"], msg.subject, json.loads(msg.data)))
         return found
     finally:
         await nc.close()
 
 
 def messages(url: str, stream: str = "OUT", **auth) -> list[tuple[str, dict]]:
-    return asyncio.run(_messages(url, stream, **auth))
+    return [(mid, body) for mid, _, body in asyncio.run(_messages(url, stream, **auth))]
 
 
 def topology(conn, url: str, **target) -> None:
@@ -361,6 +361,55 @@ def test_a_stream_forgetting_ids_sooner_than_the_target_retries_is_warned_of_onc
     ]
 
 
+def crash_run(conn, nats_server, total: int) -> tuple[str, list[str]]:  # noqa: F811
+    """Worker w1 SIGKILLed twice mid-run, then the NATS server SIGKILLed mid-run (down 3 s)
+    and restarted, then stopped (SIGTERM) once ``total`` offsets are committed (the sum over
+    runners and queues): its --json report and every worker's stderr."""
+
+    def committed() -> int:
+        # Committed offsets: what a kill keeps (a count of delivery rows costs 0.2 s at
+        # 100,000 rows, polled every 50 ms; these are a few rows).
+        sql = 'SELECT coalesce(sum("offset" - start_offset), 0) FROM event_push_offset'
+        return rows(conn, sql)[0][0]
+
+    def worker() -> subprocess.Popen:
+        return subprocess.Popen(
+            [EXE, "worker", "run", "w1", "--max-seconds", "600", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    at_kills = [0]
+
+    def kill_mid_run(kill) -> None:
+        """``kill`` once the worker running has committed a tenth of the total more; it must
+        land before the last one is committed, or it tested nothing."""
+        wait_for(lambda: committed() >= at_kills[-1] + total // 10, 300, "a tenth more")
+        kill()
+        at_kills.append(committed())
+        assert at_kills[-1] < total, f"a kill came after the run, not during it: {at_kills}"
+
+    logs = []
+    for _ in range(2):  # two SIGKILLs of the worker
+        proc = worker()
+        kill_mid_run(proc.kill)  # SIGKILL
+        logs.append(proc.communicate(timeout=10)[1])
+    proc = worker()
+    kill_mid_run(nats_server.kill)
+    # Down longer than the target's 2 s timeout: sends under way time out and are retried
+    # (and what nats-py buffered meanwhile is flushed on reconnection: duplicates to drop).
+    time.sleep(3.0)
+    assert proc.poll() is None, "the worker stopped while the broker was down"
+    nats_server.start()
+    wait_for(lambda: committed() >= total, 300, "every event delivered after the restart")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    logs.append(err)
+    return out, logs
+
+
 @pytest.mark.parametrize(
     ("batch_size", "n"),
     [
@@ -397,45 +446,7 @@ def test_crashes_of_worker_and_broker_lose_nothing_and_duplicate_nothing(
         assert rows(conn, "SELECT batch_size FROM event_target") == [(64,)]
     publish(conn, "orders", events(n))
 
-    def committed() -> int:
-        # Committed offsets: what a kill keeps (a count of delivery rows costs 0.2 s at
-        # 100,000 rows, polled every 50 ms; these are three rows).
-        sql = 'SELECT coalesce(sum("offset" - start_offset), 0) FROM event_push_offset'
-        return rows(conn, sql)[0][0]
-
-    def worker() -> subprocess.Popen:
-        return subprocess.Popen(
-            [EXE, "worker", "run", "w1", "--max-seconds", "600", "--json"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-
-    at_kills = [0]
-
-    def kill_mid_run(kill) -> None:
-        """``kill`` once the worker running has committed a tenth of the events more; it must
-        land before the last one is committed, or it tested nothing."""
-        wait_for(lambda: committed() >= at_kills[-1] + n // 10, 300, "a tenth more")
-        kill()
-        at_kills.append(committed())
-        assert at_kills[-1] < n, f"a kill came after the run, not during it: {at_kills}"
-
-    for _ in range(2):  # two SIGKILLs of the worker
-        proc = worker()
-        kill_mid_run(proc.kill)  # SIGKILL
-        proc.communicate(timeout=10)
-    proc = worker()
-    kill_mid_run(nats_server.kill)
-    # Down longer than the target's 2 s timeout: sends under way time out and are retried
-    # (and what nats-py buffered meanwhile is flushed on reconnection: duplicates to drop).
-    time.sleep(3.0)
-    assert proc.poll() is None, "the worker stopped while the broker was down"
-    nats_server.start()
-    wait_for(lambda: committed() >= n, 300, "every event delivered after the restart")
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    out, _logs = crash_run(conn, nats_server, n)
     report = json.loads(out)
     assert report["retried"] > 0, f"the worker never met the dead broker: {report}"
     done = subprocess.run(
@@ -519,24 +530,8 @@ def per_subject(url: str, stream: str = "SINK") -> dict[str, list[str]]:
     return found
 
 
-async def _subject_messages(url: str, stream: str) -> list[tuple[str, dict]]:
-    nc = await nats.connect(url)
-    try:
-        js = nc.jetstream()
-        total = (await js.stream_info(stream)).state.messages
-        config = ConsumerConfig(ack_policy=AckPolicy.NONE, inactive_threshold=60)
-        sub = await js.pull_subscribe("", stream=stream, config=config)
-        found = []
-        while len(found) < total:
-            for msg in await sub.fetch(min(total - len(found), 10_000), timeout=30):
-                found.append((msg.subject, json.loads(msg.data)))
-        return found
-    finally:
-        await nc.close()
-
-
 def subject_messages(url: str, stream: str = "SINK") -> list[tuple[str, dict]]:
-    return asyncio.run(_subject_messages(url, stream))
+    return [(subject, body) for _, subject, body in asyncio.run(_messages(url, stream))]
 
 
 def test_targets_of_several_rules_on_one_stream_each_get_every_event_once_through_crashes(
@@ -554,43 +549,8 @@ def test_targets_of_several_rules_on_one_stream_each_get_every_event_once_throug
     evs = shared_events(n)
     expected = shared_expected(evs)
     publish(conn, "orders", [json.dumps(e) for e in evs])
-    runners = 3  # every runner's offsets move over every event (filtered ones included)
-
-    def committed() -> int:
-        sql = 'SELECT coalesce(sum("offset" - start_offset), 0) FROM event_push_offset'
-        return rows(conn, sql)[0][0]
-
-    def worker() -> subprocess.Popen:
-        return subprocess.Popen(
-            [EXE, "worker", "run", "w1", "--max-seconds", "600", "--json"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-
-    at_kills = [0]
-
-    def kill_mid_run(kill) -> None:
-        wait_for(lambda: committed() >= at_kills[-1] + runners * n // 10, 300, "a tenth more")
-        kill()
-        at_kills.append(committed())
-        assert at_kills[-1] < runners * n, f"a kill came after the run: {at_kills}"
-
-    logs = []  # the workers' stderr
-    for _ in range(2):  # two SIGKILLs of the worker
-        proc = worker()
-        kill_mid_run(proc.kill)
-        logs.append(proc.communicate(timeout=10)[1])
-    proc = worker()
-    kill_mid_run(nats_server.kill)
-    time.sleep(3.0)  # longer than the targets' timeout: sends under way are retried
-    assert proc.poll() is None, "the worker stopped while the broker was down"
-    nats_server.start()
-    wait_for(lambda: committed() >= runners * n, 300, "every event committed after the restart")
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    logs.append(err)
+    # Every runner's offsets move over every event (filtered ones included).
+    out, logs = crash_run(conn, nats_server, 3 * n)
     # What a killed worker sent is sent again by the next at attempt 1, and the stream says
     # duplicate: that is expected, not another writer, so never warned of.
     assert not [line for log in logs for line in log.splitlines() if "already held" in line]

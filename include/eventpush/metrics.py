@@ -312,6 +312,9 @@ BATCH_HELP = {
     "eventpush_audit_expected_records": "Records the last audit expected, per runner",
     "eventpush_audit_missing_records": "Records the last audit found neither delivered nor failed",
     "eventpush_audit_failed_records": "Records the last audit found failed, per runner",
+    "eventpush_audit_absent_records": (
+        "Records the last audit found delivered in the books but not at their destination"
+    ),
     "eventpush_rebalance_spread": "Load spread over workers after the last rebalance (1 = even)",
     "eventpush_alert": "1 while an alert raised by an Airflow callback stands",
     "eventpush_replay_records": (
@@ -359,7 +362,7 @@ Results = dict[str, list[tuple[dict[str, str], float]]]
 def audit_results(result) -> Results:
     """An audit's figures per runner (``sparkjobs.audit.AuditResult``)."""
     out: Results = {}
-    for key in ("expected", "missing", "failed"):
+    for key in ("expected", "missing", "failed", "absent"):
         out[f"eventpush_audit_{key}_records"] = [
             ({"runner": r.runner}, getattr(r, key)) for r in result.runners
         ]

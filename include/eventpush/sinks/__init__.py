@@ -30,6 +30,14 @@ copy but the first at a receiver two targets post to; a batch request's ``webhoo
 digest of its runner and positions and names that request only. The event's own ``id``
 stays in the body for a receiver that wants the event once whatever the target.
 
+**Reading back** (optional): a kind whose destination can be read has
+``await sink.read_back(url, since, found)``, which calls ``found(key)`` for the key of every
+record the destination holds for the target at ``url`` (at least those stored at or after
+``since``, a datetime or None for all; more is harmless) and returns a :class:`Retention`:
+what it read and what the destination's own limits removed (aged out, not lost). It raises
+when the destination cannot be read. ``audit --verify-sinks`` compares it with the books
+(:mod:`eventpush.sinks.readback`); a kind without the method is reported as not readable.
+
 A kind is found through the entry-point group ``eventpush.sinks``: the entry point's name is
 the URL scheme, its value the class. eventpush declares its own (``http``, ``https``,
 ``nats``) in ``pyproject.toml``; a third party adds a scheme by declaring one in its own
@@ -44,6 +52,8 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
 from importlib.metadata import EntryPoint, entry_points
 from typing import Protocol
 
@@ -79,6 +89,27 @@ class Sink(Protocol):
     async def send(self, target: Target, records: list[Record], transform) -> Outcome: ...
 
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Retention:
+    """What a read-back read (``where``, e.g. ``stream ORDERS``) and what the destination's own
+    limits removed: a record delivered before ``kept_from`` (None: no such time) is gone by
+    them, not lost; with ``trimmed`` the destination drops its oldest records (a stream's
+    first sequence has moved on), so a record older, in its runner's queue order, than every
+    record of that queue it still holds was dropped by them too."""
+
+    where: str
+    kept_from: datetime | None = None
+    trimmed: bool = False
+
+
+def readable(url: str) -> bool:
+    """Whether the sink kind of ``url`` can read its destination back (``read_back``)."""
+    try:
+        return callable(getattr(sink_kind(scheme_of(url)), "read_back", None))
+    except InvalidTargetUrlError:
+        return False
 
 
 class SinkConflictError(RuntimeError):
@@ -176,17 +207,21 @@ class Sinks:
         """Attempts with retries inline (as replay does), each in its own trace span: the
         final outcome, with ``records[*].attempts`` updated. Records a sink answers one by one
         (``Outcome.per_record``) are retried alone; the outcome then holds each one's last
-        answer."""
+        answer, and in ``held`` the records the destination held already at the first
+        attempt."""
         start = time.monotonic()
         for r in records:
             r.first_seen = r.first_seen or start
         answers: list[tuple[str, str | None]] = [(RETRY, None)] * len(records)
         todo = list(range(len(records)))  # indexes of the records still to send
+        held = None  # what the first attempt found held already (a retry's says nothing)
         while True:
             sending = [records[i] for i in todo]
             outcome = await tracing.in_deliver_span(
                 target, sending, lambda sending=sending: self.send(target, sending, transform)
             )
+            if held is None:
+                held = (outcome.held or [], outcome.held_by)
             for r in sending:
                 r.attempts += 1
             parts = outcome.per_record or [(outcome.kind, outcome.error)] * len(sending)
@@ -201,6 +236,7 @@ class Sinks:
             await asyncio.sleep(delay)
         if len(set(answers)) > 1:
             outcome.per_record = answers
+        outcome.held, outcome.held_by = (held[0] or None), held[1]
         return outcome
 
     async def close(self) -> None:

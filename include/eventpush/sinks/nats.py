@@ -35,11 +35,14 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import nats
 import nats.errors
 import nats.js.errors
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from eventpush import tracing
 from eventpush.config import ConfigError, redact
@@ -55,7 +58,7 @@ from eventpush.push.delivery import (
     build_request,
 )
 from eventpush.push.targets import AddressPolicy, RefusedAddressError, validate_url
-from eventpush.sinks import transform_failed
+from eventpush.sinks import Retention, transform_failed
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,9 @@ RECONNECT_WAIT_S = 0.25
 MAX_RECONNECTS = 20
 CLOSE_TIMEOUT_S = 2.0
 MSG_ID = "Nats-Msg-Id"
+# A read-back (``read_back``): messages per fetch, and how long one fetch or request may take.
+READ_BATCH = 10_000
+READ_TIMEOUT_S = 30.0
 # nats-py's own defaults, named because the hot path of ``send`` depends on them.
 MAX_PENDING_ACKS = 4000
 PENDING_BYTES = 2 * 1024 * 1024
@@ -412,6 +418,97 @@ class NatsSink:
             outcome.held, outcome.held_by = acks.held, f"stream {stored}"
         return outcome
 
+    async def read_back(
+        self, url: str, since: datetime | None, found: Callable[[str], object]
+    ) -> Retention:
+        """The message id of every message on the target's subject stored at or after
+        ``since`` (all without), through one ephemeral pull consumer on the stream that
+        takes the subject: filtered to it, headers only (no bodies cross the wire), no
+        acknowledgements, fetched READ_BATCH at a time, up to what it had pending when it was
+        made (what the books call delivered was stored before). Raises what the broker says
+        (no stream for the subject, no connection) for the caller to report.
+
+        What the stream's limits removed: ``kept_from`` is now minus its ``max_age`` and,
+        once its first sequence has moved on, the time of its oldest message (with
+        ``max_msgs_per_subject``, of the subject's); ``trimmed`` when its first sequence has
+        moved on or it keeps a number per subject. A purge or a deletion of the stream's
+        head looks the same: counted as expired, not absent."""
+        where = _where(url)
+        subject = where.path
+        conn = await self._connection(where.host, where.port)
+        js = conn.js
+        stream = await js.find_stream_name_by_subject(subject)
+        raw = await conn.client.request(f"$JS.API.STREAM.INFO.{stream}", b"", READ_TIMEOUT_S)
+        info = json.loads(raw.data)
+        if "error" in info:
+            raise _api_error(info["error"])
+        config, state = info["config"], info["state"]
+        if since is None:
+            policy = {"deliver_policy": DeliverPolicy.ALL}
+        else:
+            policy = {"deliver_policy": DeliverPolicy.BY_START_TIME, "opt_start_time": since}
+        consumer = ConsumerConfig(
+            filter_subject=subject,
+            ack_policy=AckPolicy.NONE,
+            headers_only=True,
+            mem_storage=True,
+            inactive_threshold=READ_TIMEOUT_S * 4,
+            **policy,
+        )
+        pull = await js.pull_subscribe(subject, stream=stream, config=consumer)
+        kept: list[datetime] = []
+        per_subject = config.get("max_msgs_per_subject", -1) > 0
+        trimmed = state.get("first_seq", 1) > 1 or per_subject
+        first_ts = state.get("first_ts")
+        if state.get("first_seq", 1) > 1 and state.get("messages") and first_ts:
+            kept.append(_nats_time(first_ts))
+        if config.get("max_age"):
+            kept.append(datetime.now(UTC) - timedelta(microseconds=config["max_age"] // 1000))
+        # The messages come in on an inbox of our own, each handed to a callback: nats-py's
+        # fetch awaits a future per message, about seven times the cost of this.
+        client, loop = conn.client, asyncio.get_running_loop()
+        batch: dict = {"received": 0, "due": 0, "done": loop.create_future()}
+
+        async def arrived(msg) -> None:
+            headers = msg.headers
+            if headers and "Status" in headers:  # the pull request ended short (408, 404...)
+                if not batch["done"].done():
+                    why = f"{headers.get('Status')} {headers.get('Description', '')}".strip()
+                    batch["done"].set_exception(RuntimeError(f"stream {stream} read: {why}"))
+                return
+            if batch["received"] == 0 and per_subject:  # the subject's oldest message held
+                with contextlib.suppress(Exception):  # no metadata: the limit stays unknown
+                    kept.append(msg.metadata.timestamp)
+            batch["received"] += 1
+            key = headers.get(MSG_ID) if headers else None
+            if key is not None:
+                found(key)
+            if batch["received"] >= batch["due"] and not batch["done"].done():
+                batch["done"].set_result(None)
+
+        inbox = client.new_inbox()
+        sub = await client.subscribe(inbox, cb=arrived)
+        try:
+            info = await pull.consumer_info()
+            left = info.num_pending
+            request = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{info.name}"
+            while left > 0:
+                want = min(left, READ_BATCH)
+                batch["due"] = batch["received"] + want
+                batch["done"] = loop.create_future()
+                expires = int(READ_TIMEOUT_S * 1e9)
+                body = json.dumps({"batch": want, "expires": expires}).encode()
+                await client.publish(request, body, reply=inbox)
+                async with asyncio.timeout(READ_TIMEOUT_S + 5):
+                    await batch["done"]
+                left -= want
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            with contextlib.suppress(Exception):
+                await pull.unsubscribe()
+        return Retention(f"stream {stream}", max(kept) if kept else None, trimmed)
+
     async def _check_window(self, target: Target, stream: str) -> None:
         """Warn, once per target and stream, when the stream forgets message ids sooner than
         the target may send a record again: a record whose acknowledgement was lost and that
@@ -538,6 +635,16 @@ def retry_horizon_s(target: Target) -> float:
     )
     timeouts = target.max_attempts * target.timeout_ms / 1000
     return min(waits + timeouts, target.max_age_s + target.timeout_ms / 1000)
+
+
+def _nats_time(text: str) -> datetime:
+    """A NATS server time (RFC 3339 with up to nanoseconds, ``Z``) as an aware datetime."""
+    head, _, rest = text.partition(".")
+    if not rest:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    digits = "".join(c for c in rest if c.isdigit())
+    zone = rest[len(digits) :].replace("Z", "+00:00") or "+00:00"
+    return datetime.fromisoformat(f"{head}.{digits[:6].ljust(6, '0')}{zone}")
 
 
 def _auth_refused(exc: BaseException) -> bool:
