@@ -143,3 +143,21 @@ def test_verify_sinks_finds_deleted_messages_absent_and_a_replay_brings_them_bac
         by_name = {x.runner: x for x in again.runners}
         assert by_name["orders/all/js"].absent == 0 and again.unaccounted() == 0
         assert by_name["orders/all/kept"].expired == N - 10
+
+
+def test_an_absent_record_the_stream_still_holds_fails_as_not_restored():
+    """A replayed absent record whose first send the stream answers as a duplicate (it
+    remembers the deleted message's id within its duplicate window) stored nothing: it fails,
+    saying why; a record replayed for another reason keeps its answer."""
+    from eventpush.push.delivery import DELIVERED, FINAL, Outcome
+    from eventpush.sparkjobs.replay import not_restored
+
+    batch = [{"absent": True}, {"absent": False}, {"absent": True}]
+    outcome = Outcome(DELIVERED, None, None, 1.0, held=[0, 1], held_by="stream SINK")
+    not_restored(batch, outcome)
+    assert outcome.kind == DELIVERED  # the send as a whole: its other records went through
+    assert [kind for kind, _ in outcome.per_record] == [FINAL, DELIVERED, DELIVERED]
+    assert outcome.per_record[0][1].startswith("stream SINK still holds this record's key")
+    every = Outcome(DELIVERED, None, None, 1.0, held=[0], held_by="stream SINK")
+    not_restored([{"absent": True}], every)
+    assert every.kind == FINAL and "replay it again once the window has passed" in every.error
