@@ -43,9 +43,9 @@ from common import machine  # noqa: E402
 from nats.js.api import AckPolicy, ConsumerConfig  # noqa: E402
 from nats_support import NatsServer, nats_server_binary  # noqa: E402
 
-from eventpush.push.delivery import record_key  # noqa: E402
-from eventpush.push.targets import address_policy  # noqa: E402
+from eventpush.addresses import address_policy  # noqa: E402
 from eventpush.sinks import readback  # noqa: E402
+from eventpush.sinks.contract import record_key  # noqa: E402
 
 QUEUES = 4
 RUNNER = 7

@@ -12,7 +12,7 @@ from eventpush import catalog
 from eventpush.demo.receiver import Receiver
 from eventpush.publish import publish
 from eventpush.push import run_worker
-from eventpush.push.delivery import record_key
+from eventpush.sinks.contract import record_key
 from eventpush.sparkjobs.audit import run_audit
 from eventpush.sparkjobs.bus_events import BusEventsReader
 from eventpush.sparkjobs.replay import ReplayRequest, run_replay

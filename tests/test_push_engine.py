@@ -16,7 +16,7 @@ from eventpush import catalog
 from eventpush.demo.receiver import Receiver
 from eventpush.publish import publish
 from eventpush.push import WorkerBusyError, controls, engine, run_worker
-from eventpush.push.delivery import record_key
+from eventpush.sinks.contract import record_key
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 

@@ -26,7 +26,7 @@ from eventpush.demo.receiver import Receiver, ReceiverProcess
 from eventpush.publish import publish
 from eventpush.push import controls, run_worker
 from eventpush.push.cursor import UNCOMMITTED_SPANS
-from eventpush.push.delivery import record_key
+from eventpush.sinks.contract import record_key
 
 EXE = str(Path(sys.executable).with_name("eventpush"))
 RSS_CEILING = 300 * 2**20

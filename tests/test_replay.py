@@ -10,7 +10,7 @@ from batch_support import events, make_runner, publish_lines, simulate_push, spa
 from click.testing import CliRunner
 
 from eventpush.demo.receiver import Receiver
-from eventpush.push.delivery import record_key
+from eventpush.sinks.contract import record_key
 from eventpush.sparkjobs.audit import run_audit
 from eventpush.sparkjobs.replay import ReplayRequest, ReplayRequestError, check_request, run_replay
 

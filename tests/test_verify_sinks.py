@@ -20,7 +20,7 @@ from eventpush.cli.batch import audit
 from eventpush.demo.receiver import Receiver
 from eventpush.publish import publish
 from eventpush.push import run_worker
-from eventpush.push.delivery import record_key
+from eventpush.sinks.contract import record_key
 from eventpush.sparkjobs.audit import run_audit
 from eventpush.sparkjobs.replay import ReplayRequest, run_replay
 
@@ -149,7 +149,7 @@ def test_an_absent_record_the_stream_still_holds_fails_as_not_restored():
     """A replayed absent record whose first send the stream answers as a duplicate (it
     remembers the deleted message's id within its duplicate window) stored nothing: it fails,
     saying why; a record replayed for another reason keeps its answer."""
-    from eventpush.push.delivery import DELIVERED, FINAL, Outcome
+    from eventpush.sinks.contract import DELIVERED, FINAL, Outcome
     from eventpush.sparkjobs.replay import not_restored
 
     batch = [{"absent": True}, {"absent": False}, {"absent": True}]

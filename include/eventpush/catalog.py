@@ -17,9 +17,11 @@ import psycopg2.extras
 from psycopg2 import sql
 
 from eventpush import sources
+from eventpush.addresses import InvalidTargetUrlError
 from eventpush.db import Connection, transaction
-from eventpush.push.policy import DEFAULTS, LIMITS, defaults_for
-from eventpush.push.targets import InvalidTargetUrlError, validate_url
+from eventpush.errors import CatalogError
+from eventpush.policy import DEFAULTS, LIMITS, defaults_for
+from eventpush.sinks import validate_url
 
 # fullmatch, never match with "$": "$" also matches before a trailing newline ("bus\n").
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -28,10 +30,6 @@ MAX_QUEUES = 1024
 # Mirrored by the CHECK constraints of migration 0002_bus_account_region.
 ACCOUNT_RE = re.compile(r"^[0-9]{12}$")
 REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9]{1,2}$")
-
-
-class CatalogError(ValueError):
-    """A refused catalog change, said in one line."""
 
 
 def check_name(kind: str, name: str) -> str:

@@ -22,6 +22,7 @@ import msgspec
 
 from eventpush import tracing
 from eventpush.db import Connection
+from eventpush.sources import bus_named, kind_for
 from eventpush.tracing import TRACEPARENT_FIELD
 
 MAX_EVENT_BYTES = 256 * 1024  # EventBridge's PutEvents entry limit
@@ -189,32 +190,6 @@ def parse_events(
     return list(iter_events(lines, queues, partition_key))
 
 
-class CopySource:
-    """A file-like COPY source that formats rows as psycopg2 reads them, so parsing in Python
-    overlaps with the server's work, and memory stays bounded whatever the input size."""
-
-    def __init__(self, chunks: Iterator[str]) -> None:
-        self._chunks = chunks
-        self._buf = ""
-        self.error: BaseException | None = None
-
-    def read(self, size: int = -1) -> str:
-        try:
-            while size < 0 or len(self._buf) < size:
-                chunk = next(self._chunks, None)
-                if chunk is None:
-                    break
-                self._buf += chunk
-        except BaseException as exc:
-            self.error = exc  # psycopg2 wraps it; publish re-raises the original
-            raise
-        if size < 0:
-            out, self._buf = self._buf, ""
-        else:
-            out, self._buf = self._buf[:size], self._buf[size:]
-        return out
-
-
 def publish(
     conn: Connection, bus: str, lines: Iterable[str], partition_key: str | None = None
 ) -> PublishResult:
@@ -234,8 +209,6 @@ def _publish(
     partition_key: str | None,
     traceparent: str | None,
 ) -> PublishResult:
-    from eventpush.sources import bus_named, kind_for
-
     found = bus_named(conn, bus)
     events = iter_events(lines, found.queues, partition_key, traceparent)
     placed = kind_for(found.source_url).publish(conn, found, events)

@@ -21,13 +21,16 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from eventpush.airflow.connection import CONN_ID
+from eventpush.airflow.connection import CONN_ID, database_url
 from eventpush.airflow.triggers import (
     DEFAULT_POLL_S,
     DEFAULT_TIMEOUT_S,
     WorkerWorkTrigger,
     worker_has_work,
 )
+from eventpush.db import connection, transaction
+from eventpush.metrics import metrics_port
+from eventpush.quality.push_slice import snapshot
 
 # Named only: a URI with a scheme would load every provider's URI handlers (about 0.6 s) in
 # each task process that parses a DAG file using it.
@@ -47,7 +50,6 @@ MIN_SLICE_S = 5.0
 
 def push_workers(url: str) -> list[str]:
     """The enabled workers that have runners: what the push DAG maps over."""
-    from eventpush.db import connection, transaction
 
     with connection(url) as conn, transaction(conn) as cur:
         cur.execute(PUSH_WORKERS_SQL)
@@ -62,10 +64,8 @@ def push_slice(worker: str, url: str, budget_s: float) -> dict:
     an event published during the slice is pushed within milliseconds rather than in the next
     slice. Raises the engine's ``WorkerBusyError`` when another process holds the lease.
     """
-    from eventpush.db import connection
-    from eventpush.metrics import metrics_port
+    # Deferred: the push runtime (pyreqwest, uvloop, the engine) loads only when a worker runs.
     from eventpush.push import run_worker
-    from eventpush.quality.push_slice import snapshot
 
     with connection(url) as conn:
         before = snapshot(conn, worker)
@@ -149,8 +149,6 @@ class PushSliceOperator(BaseOperator):
         return started + float(self.slice_seconds) - time.time()
 
     def execute(self, context: Any) -> dict:
-        from eventpush.airflow.connection import database_url
-
         if worker_has_work(database_url(self.conn_id), self.worker):
             return self._push(context)
         wait = min(float(self.wait_timeout), self.window_left(context))
@@ -173,7 +171,7 @@ class PushSliceOperator(BaseOperator):
         return self._push(context)
 
     def _push(self, context: Any) -> dict:
-        from eventpush.airflow.connection import database_url
+        # Deferred: the push runtime (pyreqwest, uvloop, the engine) loads only when a worker runs.
         from eventpush.push import WorkerBusyError
 
         budget = max(MIN_SLICE_S, self.window_left(context))

@@ -38,9 +38,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from eventpush.airflow.connection import database_url
 from eventpush.charts import line_chart
 from eventpush.config import setting
-from eventpush.db import transaction
+from eventpush.db import connection, transaction
+from eventpush.push.controls import ControlError, adjust, set_paused
+from eventpush.status import read_status
 
 DAG_ID = "eventpush_push"
 POLL_S = 5  # how often the dashboard re-reads its figures
@@ -50,7 +53,6 @@ _url_cache: dict[str, tuple[float, str]] = {}
 
 def _url() -> str:
     """The eventpush database (Airflow connection or env), resolved at most every 30 s."""
-    from eventpush.airflow.connection import database_url
 
     hit = _url_cache.get("url")
     if hit and time.monotonic() - hit[0] < URL_CACHE_S:
@@ -61,8 +63,6 @@ def _url() -> str:
 
 
 def _conn():
-    from eventpush.db import connection
-
     return connection(_url())
 
 
@@ -126,7 +126,6 @@ def _iso(value: Any) -> Any:
 
 def progress(conn) -> dict:
     """``read_status`` with each item's runtime controls and its latest latency metrics."""
-    from eventpush.status import read_status
 
     status = read_status(conn)
     with transaction(conn) as cur:
@@ -483,11 +482,12 @@ class Adjustment(Target):
 
 def create_app():
     """The FastAPI app the plugin mounts at ``/eventpush``."""
+    # Deferred: Airflow's SDK is loaded only when an Airflow process calls this.
     from airflow.api_fastapi.core_api.security import requires_access_dag
+
+    # Deferred: FastAPI is loaded only by the webserver that mounts the plugin's app.
     from fastapi import Depends, FastAPI, HTTPException, Query
     from fastapi.responses import HTMLResponse
-
-    from eventpush.push.controls import ControlError, adjust, set_paused
 
     read = [Depends(requires_access_dag("GET", param_dag_id=DAG_ID))]
     write = [Depends(requires_access_dag("PUT", param_dag_id=DAG_ID))]

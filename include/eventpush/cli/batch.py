@@ -8,12 +8,14 @@ Exit codes are in ``cli_common``.
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import click
 from rich.table import Table
 
 from eventpush.cli.common import EXIT_MISSING, err, fail, handles_errors, out, print_json
+from eventpush.config import database_url
+from eventpush.quality.batch import CheckFailed
 
 
 class IsoTime(click.ParamType):
@@ -42,6 +44,7 @@ def check_window(since: datetime | None, until: datetime | None) -> None:
 
 
 def _spark():
+    # Deferred: the Spark jobs are loaded only by the batch commands.
     from eventpush.sparkjobs.session import get_spark
 
     return get_spark()
@@ -62,7 +65,7 @@ def _spark():
 def audit(bus, since, until, verify_sinks, as_json) -> None:
     """Per runner: expected, delivered, failed, missing, pending, duplicated. Exit 1 on missing
     (with --verify-sinks: or absent, or a readable destination that could not be read)."""
-    from eventpush.config import database_url
+    # Deferred: the Spark jobs are loaded only by the batch commands.
     from eventpush.sparkjobs.audit import run_audit
 
     check_window(since, until)
@@ -112,10 +115,8 @@ def audit(bus, since, until, verify_sinks, as_json) -> None:
 @handles_errors
 def rebalance(window_minutes, dry_run, as_json) -> None:
     """Balance runners over enabled workers by load and capacity; applied at once."""
-    from datetime import timedelta
 
-    from eventpush.config import database_url
-    from eventpush.quality.batch import CheckFailed
+    # Deferred: the Spark jobs are loaded only by the batch commands.
     from eventpush.sparkjobs.rebalance import StaleProposalError, run_rebalance
 
     url = database_url()
@@ -182,8 +183,7 @@ def replay(
 
     --what all needs --since (a window of at most EVENTPUSH_REPLAY_MAX_WINDOW_HOURS) or
     --everything; a run selects at most EVENTPUSH_REPLAY_MAX_COUNT records."""
-    from eventpush.config import database_url
-    from eventpush.quality.batch import CheckFailed
+    # Deferred: the Spark jobs are loaded only by the batch commands.
     from eventpush.sparkjobs.replay import ReplayRequest, check_bounds, run_replay
 
     req = ReplayRequest(

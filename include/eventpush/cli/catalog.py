@@ -11,7 +11,7 @@ from eventpush import catalog
 from eventpush.cli.common import fail, handles_errors, out
 from eventpush.config import redact_url
 from eventpush.db import connection
-from eventpush.push.policy import DEFAULTS, SCHEME_DEFAULTS
+from eventpush.policy import DEFAULTS, SCHEME_DEFAULTS
 
 
 @click.group()
@@ -23,6 +23,7 @@ def db() -> None:
 @handles_errors
 def db_migrate() -> None:
     """Create or upgrade the schema (idempotent)."""
+    # Deferred: alembic is loaded only by a migration.
     from eventpush.schema import migrate
 
     before, after = migrate()

@@ -14,6 +14,9 @@ import sys
 import click
 from rich.console import Console
 
+from eventpush.config import ConfigError
+from eventpush.db import StoreError
+
 EXIT_MISSING = 1
 EXIT_INPUT = 2
 EXIT_STORE = 3
@@ -34,8 +37,7 @@ def handles_errors(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        from eventpush.config import ConfigError
-        from eventpush.db import StoreError
+        # Deferred: the Spark jobs are loaded only by the batch commands.
         from eventpush.sparkjobs.session import SparkSetupError
 
         try:

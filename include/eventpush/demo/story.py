@@ -28,6 +28,7 @@ from rich.table import Table
 from eventpush import catalog
 from eventpush.config import allow_loopback_receiver
 from eventpush.demo.receiver import ReceiverProcess
+from eventpush.demo.report import write_report
 from eventpush.publish import publish
 
 REPO = Path(__file__).resolve().parents[3]
@@ -127,6 +128,7 @@ def demo_database() -> str:
         cur.execute(f'CREATE DATABASE "{DEMO_DB}"')
     admin.close()
     url = f"{admin_url.rsplit('/', 1)[0]}/{DEMO_DB}"
+    # Deferred: alembic is loaded only by a migration.
     from eventpush.schema import migrate
 
     migrate(url)
@@ -296,8 +298,6 @@ def main() -> None:
         stats = receiver.stats()
     finally:
         receiver.stop()
-
-    from eventpush.demo.report import write_report
 
     path = write_report(
         Path(args.report), final, first_audit, second_audit, timings, stats, args.events

@@ -24,6 +24,7 @@ import gc
 import logging
 import os
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -32,13 +33,16 @@ from dataclasses import asdict, dataclass
 from eventpush import metrics as metrics_mod
 from eventpush import sinks, sources
 from eventpush.config import database_url
+from eventpush.db import is_transient
+from eventpush.dbslot import DbSlot
+from eventpush.errors import first_line
 from eventpush.metrics import WorkerMetrics, metrics_host
 from eventpush.push import store
 from eventpush.push.committing import Committer
 from eventpush.push.controls import WorkerSettings, worker_settings
 from eventpush.push.lanes import Lanes, Runner, wait_for_event
 from eventpush.push.reading import BusSignals, WindowCache
-from eventpush.push.slots import DbSlot, first_line
+from eventpush.rules.patterns import RuleIndex
 from eventpush.sources import Bus, Reader
 
 log = logging.getLogger("eventpush.push")
@@ -414,8 +418,6 @@ class Engine:
     # --- reading --------------------------------------------------------------------------
 
     def _rules(self, bus_id: int):
-        from eventpush.rules.patterns import RuleIndex
-
         index = self.indexes.get(bus_id)
         if index is None:
             index = self.indexes[bus_id] = RuleIndex(
@@ -513,6 +515,7 @@ class Engine:
     # --- heartbeat ------------------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
+        # Deferred: psutil is loaded only by the heartbeat that samples the process.
         import psutil
 
         proc = psutil.Process()
@@ -522,8 +525,6 @@ class Engine:
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
     async def _beat(self, proc) -> None:
-        import statistics
-
         runner_stats, lanes, all_latencies = [], {}, []
         for runner in list(self.runners.values()):
             p50, p99 = runner.percentiles()
@@ -563,7 +564,7 @@ class Engine:
             await self.aux.call(store.heartbeat, self.wid, metrics, runner_stats, give_up_s=5)
             await self._refresh_lag()
         except Exception as exc:
-            if not store.is_transient(exc):
+            if not is_transient(exc):
                 raise
             log.warning("heartbeat failed: %s", first_line(exc))
 

@@ -34,14 +34,16 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 
 from eventpush import tracing
-from eventpush.push import delivery
+from eventpush.backoff import finite
 from eventpush.push.committing import Committer
 from eventpush.push.controls import WorkerSettings
 from eventpush.push.cursor import UNCOMMITTED_SPANS, QueueCursor
-from eventpush.push.delivery import Outcome, Record, Target
 from eventpush.push.limits import CircuitBreaker, Limiter, Pass
 from eventpush.push.reading import BusSignals, WindowCache
-from eventpush.push.slots import finite
+from eventpush.rules.patterns import compile_pattern
+from eventpush.rules.transforms import compile_transform
+from eventpush.sinks import contract, retry
+from eventpush.sinks.contract import Outcome, Record, Target
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +59,6 @@ class Runner:
     """One rule-target pair being pushed by this worker, at one assignment generation."""
 
     def __init__(self, target: Target, offsets: dict[int, int], settings: tuple) -> None:
-        from eventpush.rules.patterns import compile_pattern
-        from eventpush.rules.transforms import compile_transform
-
         self.target = target
         self.id = target.runner_id
         self.generation = settings[1]
@@ -131,9 +130,9 @@ class Runner:
 def retry_delay(target: Target, attempts: int, retry_after_s: float | None) -> float:
     """Seconds before the next attempt, always finite: the policy's backoff when what the
     target asked for is no number."""
-    delay = delivery.backoff_s(target, attempts, retry_after_s)
+    delay = retry.backoff_s(target, attempts, retry_after_s)
     if delay is None or not math.isfinite(delay) or delay < 0:
-        delay = delivery.backoff_s(target, attempts)
+        delay = retry.backoff_s(target, attempts)
     return finite(delay, target.backoff_ms / 1000, 0.0, MAX_RETRY_DELAY_S)
 
 
@@ -400,7 +399,7 @@ class Lanes:
     def _unavailable(runner: Runner) -> Outcome:
         last = runner.last_outcome
         return Outcome(
-            delivery.FINAL,
+            contract.FINAL,
             last.http_status if last else None,
             f"target unavailable (circuit open) past max age {runner.target.max_age_s} s; "
             f"last error: {last.error if last else 'none'}",
@@ -460,7 +459,7 @@ class Lanes:
         # A request that never left (transform failed, address refused) says nothing about the
         # target's health.
         kind = outcome.kind
-        runner.breaker.record(granted, reached=outcome.reached, failed=kind == delivery.RETRY)
+        runner.breaker.record(granted, reached=outcome.reached, failed=kind == contract.RETRY)
         if self.attempts is not None:
             self.attempts.add(runner.target.runner, kind, outcome.latency_ms / 1000, retry)
         return outcome
@@ -514,13 +513,13 @@ class Lanes:
         """A retry goes on the timer heap (unless out of attempts or age); anything else is
         finished. A batch whose records were answered one by one settles per answer."""
         if outcome.per_record is not None:
-            for part, records in delivery.by_answer(batch, outcome):
+            for part, records in contract.by_answer(batch, outcome):
                 self._settle(runner, records, part)
             return
-        if outcome.kind == delivery.RETRY:
+        if outcome.kind == contract.RETRY:
             now = time.monotonic()
             delay = retry_delay(runner.target, batch[0].attempts, outcome.retry_after_s)
-            if not delivery.out_of_attempts(runner.target, batch[0], now, delay):
+            if not retry.out_of_attempts(runner.target, batch[0], now, delay):
                 entry = (now + delay, next(self.seq), batch)
                 heapq.heappush(runner.delayed, entry)
                 if runner.delayed[0] is entry:  # due before what the clock sleeps towards
@@ -566,18 +565,18 @@ class Lanes:
                     runner.limiter.release()
                     self.pool.release()
                     runner.wake.set()
-                if outcome.kind != delivery.RETRY:
+                if outcome.kind != contract.RETRY:
                     break
                 now = time.monotonic()
                 delay = retry_delay(runner.target, batch[0].attempts, outcome.retry_after_s)
-                if delivery.out_of_attempts(runner.target, batch[0], now, delay):
+                if retry.out_of_attempts(runner.target, batch[0], now, delay):
                     break
                 await asyncio.sleep(delay)
             if runner.fenced:
                 return
             # Each record on its own answer when it has one (a retryable one among finals:
             # failed); one group otherwise.
-            for part, records in delivery.by_answer(batch, outcome):
+            for part, records in contract.by_answer(batch, outcome):
                 self.finish(runner, records, part)
 
     # --- outcomes -------------------------------------------------------------------------
@@ -595,7 +594,7 @@ class Lanes:
                 cursors[r.queue_id].finish(r.offset, r.message_id)
         self.committer.add(runner.target, batch, outcome)
         runner.inflight -= n
-        if outcome.kind == delivery.DELIVERED:
+        if outcome.kind == contract.DELIVERED:
             self.report.delivered += n
             runner.latencies.append(outcome.latency_ms)
         else:

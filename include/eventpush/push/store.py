@@ -25,17 +25,14 @@ from typing import NamedTuple
 import psycopg2
 import psycopg2.extras
 
-from eventpush.db import Connection, StoreError, connect, copy_text, transaction
-from eventpush.push.delivery import Target, load_targets
+from eventpush.config import setting
+from eventpush.db import Connection, copy_text, transaction
+from eventpush.sinks.contract import Target
+from eventpush.sources import broker_name
 
 DEFAULT_BROKER = "eventpush"  # the column default: a bus on eventpush's own PostgreSQL store
 LEASE_NAMESPACE = 0x45_50  # first key of the advisory lock; the worker id is the second
 RUNNER_NAMESPACE = 0x45_51  # a runner's claim; the runner id is the second key
-# SQLSTATE classes worth waiting out: connection exceptions, invalid transaction state (25006
-# read-only after a failover), transaction rollback (40001 serialization, 40P01 deadlock),
-# insufficient resources, operator intervention (57P01 admin shutdown), system errors.
-TRANSIENT_CLASSES = frozenset({"08", "25", "40", "53", "57", "58"})
-NOTIFY_CHANNEL = "eventpush_publish"
 
 
 class WorkerBusyError(RuntimeError):
@@ -56,14 +53,6 @@ class FencedError(RuntimeError):
     def __init__(self, runner_ids: frozenset[int]) -> None:
         super().__init__(f"runners {sorted(runner_ids)} are no longer assigned to this worker")
         self.runner_ids = runner_ids
-
-
-def is_transient(exc: BaseException) -> bool:
-    """A database error that goes away by waiting and reconnecting (of any class)."""
-    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError | StoreError):
-        return True
-    code = getattr(exc, "pgcode", None)
-    return bool(code) and code[:2] in TRANSIENT_CLASSES
 
 
 # Tuples, not frozen dataclasses: one is made per record delivered, on the event loop, and a
@@ -214,6 +203,24 @@ def read_assignment(conn: Connection, wid: int, worker: str) -> tuple[dict, dict
     return runners, controls
 
 
+TARGET_SQL = """
+SELECT r.id, r.name, b.name, b.id, ru.name, ru.pattern::text, t.name, t.url, t.secret,
+       t.transform_kind, t.transform_spec, t.max_attempts, t.backoff_ms, t.max_age_s,
+       t.timeout_ms, t.batch_size, t.concurrency, t.ordered, b.account, b.region, b.source_url
+FROM event_target_runner r
+JOIN event_target t ON t.id = r.target_id
+JOIN event_rule ru ON ru.id = t.rule_id
+JOIN event_bus b ON b.id = ru.bus_id
+"""
+
+
+def load_targets(cur, where: str = "TRUE", params: tuple = ()) -> list[Target]:
+    """Targets joined with their runner, rule and bus; ``where`` is a fixed SQL condition
+    over aliases r, t, ru, b with its values in ``params``."""
+    cur.execute(f"{TARGET_SQL} WHERE {where} ORDER BY r.id", params)
+    return [Target(*row[:-1], broker=broker_name(row[-1])) for row in cur.fetchall()]
+
+
 def read_targets(conn: Connection, runner_ids: list[int]) -> list[Target]:
     with transaction(conn) as cur:
         return load_targets(cur, "r.id = ANY(%s)", (runner_ids,))
@@ -230,18 +237,6 @@ def read_offsets(conn: Connection, runner_ids: list[int]) -> dict[int, dict[int,
         for rid, qid, offset in cur.fetchall():
             out.setdefault(rid, {})[qid] = offset
     return out
-
-
-def read_window(conn: Connection, bus_id: int, queue_id: int, start: int, stop: int) -> list:
-    """Events of one queue with start <= offset < stop: (offset, message_id, body text)."""
-    with transaction(conn) as cur:
-        cur.execute(
-            'SELECT "offset", message_id, body::text FROM bus_event '
-            'WHERE bus_id = %s AND queue_id = %s AND "offset" >= %s AND "offset" < %s '
-            'ORDER BY "offset"',
-            (bus_id, queue_id, start, stop),
-        )
-        return cur.fetchall()
 
 
 @dataclass
@@ -393,7 +388,6 @@ def heartbeat(conn: Connection, wid: int, metrics: dict, runner_stats: list[tupl
     heartbeat also drops its runners' rows older than ``EVENTPUSH_METRIC_RETENTION_HOURS``
     (48 by default): a few rows at a time through the (runner_id, ts) index, so the table
     stays bounded without a job of its own."""
-    from eventpush.config import setting
 
     retention_hours = setting("EVENTPUSH_METRIC_RETENTION_HOURS", 48)
     with transaction(conn) as cur:
@@ -426,15 +420,6 @@ def heartbeat(conn: Connection, wid: int, metrics: dict, runner_stats: list[tupl
                 "AND ts < now() - make_interval(hours => %s)",
                 ([stats[0] for stats in runner_stats], retention_hours),
             )
-
-
-def listen(url: str) -> Connection:
-    """A connection listening for publish notifications (payload: the bus id)."""
-    conn = connect(url)
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute(f"LISTEN {NOTIFY_CHANNEL}")
-    return conn
 
 
 def commit_status(conn: Connection, xid: int) -> str | None:

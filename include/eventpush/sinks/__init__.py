@@ -7,16 +7,21 @@ every target of that kind through it:
   policy every connection it makes must pass, checked on the resolved address;
 - ``await sink.send(target, records, transform)`` makes **one attempt** at one record or a
   batch (``len(records) <= target.batch_size``) and classifies it as an
-  :class:`~eventpush.push.delivery.Outcome`: ``DELIVERED``, ``RETRY`` (with
+  :class:`~eventpush.sinks.contract.Outcome`: ``DELIVERED``, ``RETRY`` (with
   ``retry_after_s`` when the target asked for a delay) or ``FINAL``. It never raises for
   trouble with the target, and it never changes ``records`` (attempt counts, retries, rows
   and offsets stay the engine's);
 - ``await sink.close()`` lets everything go;
-- ``Kind.validate_url(url, policy)`` checks a target URL when the target is created (the
-  built-in kinds are checked by :func:`eventpush.push.targets.validate_url`).
+- ``Kind.validate_url(url, policy)`` checks a target URL when the target is created, its
+  host through the address policy (:func:`eventpush.addresses.check_host`);
+  :func:`validate_url` hands a URL to its kind's.
+
+The contract's types (:class:`Target`, :class:`Record`, :class:`Outcome`, the answers) are in
+:mod:`eventpush.sinks.contract`, the retry arithmetic in :mod:`eventpush.sinks.retry`; neither
+imports the push runtime.
 
 **The idempotency key.** Every record a runner sends has one key,
-:func:`eventpush.push.delivery.record_key` (``msg_<runner id>.<queue>.<offset>``): the same
+:func:`eventpush.sinks.contract.record_key` (``msg_<runner id>.<queue>.<offset>``): the same
 for every retry, for the worker that takes the runner over after a crash and for every
 replay of that record to that target, so a destination that drops repeated keys drops the
 copies those make; and never the same for two runners, so two targets writing one
@@ -24,19 +29,20 @@ destination (two subjects of one JetStream stream, two rules posting to one URL)
 like copies of each other. A sink that hands a destination its own idempotency field uses
 this key, per record, also inside a batch (JetStream's ``Nats-Msg-Id``: one message and one
 key per record). HTTP's ``webhook-id`` is the record's key too
-(:func:`~eventpush.push.delivery.webhook_id`): Standard Webhooks receivers drop a
+(:func:`~eventpush.sinks.contract.webhook_id`): Standard Webhooks receivers drop a
 ``webhook-id`` they have seen, so an id per event, shared by its targets, would lose every
 copy but the first at a receiver two targets post to; a batch request's ``webhook-id`` is a
 digest of its runner and positions and names that request only. The event's own ``id``
 stays in the body for a receiver that wants the event once whatever the target.
 
-**Reading back** (optional): a kind whose destination can be read has
-``await sink.read_back(url, since, found)``, which calls ``found(key)`` for the key of every
-record the destination holds for the target at ``url`` (at least those stored at or after
-``since``, a datetime or None for all; more is harmless) and returns a :class:`Retention`:
-what it read and what the destination's own limits removed (aged out, not lost). It raises
-when the destination cannot be read. ``audit --verify-sinks`` compares it with the books
-(:mod:`eventpush.sinks.readback`); a kind without the method is reported as not readable.
+**Reading back** (optional): a kind whose destination can be read has ``await
+sink.read_back(url, since, found)``, which calls ``found(key)`` for the key of every record the
+destination holds for the target at ``url`` (at least those stored at or after ``since``, a
+datetime or None for all; more is harmless) and returns a
+:class:`~eventpush.sinks.contract.Retention`: what it read and what the destination's own
+limits removed (aged out, not lost). It raises when the destination cannot be read. ``audit
+--verify-sinks`` compares it with the books (:mod:`eventpush.sinks.readback`); a kind without
+the method is reported as not readable.
 
 A kind is found through the entry-point group ``eventpush.sinks``: the entry point's name is
 the URL scheme, its value the class. eventpush declares its own (``http``, ``https``,
@@ -52,23 +58,19 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from datetime import datetime
 from importlib.metadata import EntryPoint, entry_points
-from typing import Protocol
 
 from eventpush import tracing
-from eventpush.push.delivery import (
-    FINAL,
-    RETRY,
-    Outcome,
-    Record,
-    Target,
-    backoff_s,
-    out_of_attempts,
+from eventpush.addresses import (
+    AddressPolicy,
+    InvalidTargetUrlError,
+    address_policy,
+    scheme_of,
+    split_url,
 )
-from eventpush.push.slots import first_line
-from eventpush.push.targets import AddressPolicy, InvalidTargetUrlError, address_policy
+from eventpush.errors import first_line
+from eventpush.sinks.contract import FINAL, RETRY, Outcome, Record, Sink, Target
+from eventpush.sinks.retry import backoff_s, out_of_attempts
 
 GROUP = "eventpush.sinks"
 BUILTIN = {
@@ -76,32 +78,6 @@ BUILTIN = {
     "https": "eventpush.sinks.http:HttpSink",
     "nats": "eventpush.sinks.nats:NatsSink",
 }
-
-
-class Sink(Protocol):
-    """One open sink kind; see the module docstring for the contract."""
-
-    def __init__(self, policy: AddressPolicy) -> None: ...
-
-    @staticmethod
-    def validate_url(url: str, policy: AddressPolicy | None = None) -> str: ...
-
-    async def send(self, target: Target, records: list[Record], transform) -> Outcome: ...
-
-    async def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Retention:
-    """What a read-back read (``where``, e.g. ``stream ORDERS``) and what the destination's own
-    limits removed: a record delivered before ``kept_from`` (None: no such time) is gone by
-    them, not lost; with ``trimmed`` the destination drops its oldest records (a stream's
-    first sequence has moved on), so a record older, in its runner's queue order, than every
-    record of that queue it still holds was dropped by them too."""
-
-    where: str
-    kept_from: datetime | None = None
-    trimmed: bool = False
 
 
 def readable(url: str) -> bool:
@@ -114,10 +90,6 @@ def readable(url: str) -> bool:
 
 class SinkConflictError(RuntimeError):
     """Two installed packages claim the same URL scheme."""
-
-
-def scheme_of(url: str) -> str:
-    return url.partition(":")[0].strip().lower()
 
 
 @functools.cache
@@ -159,6 +131,24 @@ def sink_kind(scheme: str) -> type[Sink]:
             f"a plug-in adds one through the entry-point group {GROUP!r}"
         )
     return ep.load()
+
+
+def validate_url(url: str, policy: AddressPolicy | None = None) -> str:
+    """A target URL, checked by the sink kind of its scheme; raises InvalidTargetUrlError
+    saying what is wrong."""
+    url, parts, _, where = split_url(url, "target URL")
+    scheme = parts.scheme
+    if scheme:
+        try:
+            kind = sink_kind(scheme)
+        except InvalidTargetUrlError:
+            pass
+        else:
+            return kind.validate_url(url, policy)
+    raise InvalidTargetUrlError(
+        f"target URL {where!r} must use http or https, nats, or a scheme a sink plug-in "
+        f"registers; not {scheme or 'no scheme'!r}"
+    )
 
 
 def transform_failed(exc: BaseException) -> Outcome:

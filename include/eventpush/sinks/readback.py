@@ -29,8 +29,8 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 
 from eventpush.config import redact
-from eventpush.push.delivery import record_key
-from eventpush.push.slots import first_line
+from eventpush.errors import first_line
+from eventpush.sinks.contract import record_key
 
 ABSENT = "absent"
 EXPIRED = "expired"

@@ -29,6 +29,7 @@ from datetime import datetime
 from functools import lru_cache
 
 from eventpush.db import connection, transaction
+from eventpush.metrics import audit_results, publish_batch
 from eventpush.rules.patterns import RuleIndex
 from eventpush.sources import sync_heads
 from eventpush.sparkjobs import jdbc
@@ -178,6 +179,7 @@ def with_matching_runners(events, rules: list[tuple[int, int, str]]):
     Arrow-fed batches on the executors. A Spark SQL form of the patterns measured 2-4 times
     slower on cached events, up to 10 times in the job, and was removed (docs/BENCHMARKS.md,
     "Audit: the rule evaluator")."""
+    # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -205,12 +207,14 @@ def classify(
     body, deliveries (count), failure_status, committed, state. With ``from_start`` every
     matching event counts, also those from before a runner began (an archive replay's view);
     with ``delivered_at``, also the time of its last delivery row (for ``verify``)."""
+    # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
 
     db = jdbc.jdbc_database(db_url)
     ranges = scope.ranges
     if from_start:
         ranges = [jdbc.QueueRange(r.bus_id, r.queue_id, 0, r.end) for r in ranges]
+    # Deferred: bus_events imports PySpark at load.
     from eventpush.sparkjobs.bus_events import read_events
 
     events = read_events(spark, db_url, ranges, since, until, slice_size)
@@ -286,7 +290,7 @@ def verify(spark, records, scope: AuditScope, policy=None):
     of the scope has a readable destination."""
     from pyspark.sql import functions as F
 
-    from eventpush.push.targets import address_policy
+    from eventpush.addresses import address_policy
     from eventpush.sinks import readback
 
     urls = readable_runners(scope)
@@ -319,6 +323,7 @@ def summarise(records, scope: AuditScope, checked=False) -> list[RunnerAudit]:
     """Per-runner counts from ``classify``'s frame; every runner of the scope appears. With
     ``checked`` (``verify``'s frame, or None when nothing was readable, for an audit that
     verifies sinks), each runner's absent, expired and sink too."""
+    # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
 
     def count_state(name: str):
@@ -474,7 +479,5 @@ def run_audit(
             report_id = write_report(cur, bus, since, until, runners, verified=verify_sinks)
     result = AuditResult(runners, report_id, since, until, listed)
     if save:  # a saved audit is a result operators watch: textfile / Pushgateway when set
-        from eventpush.metrics import audit_results, publish_batch
-
         publish_batch("audit", audit_results(result))
     return result

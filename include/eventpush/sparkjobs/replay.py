@@ -24,14 +24,28 @@ record that gained a delivery row meanwhile.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from eventpush.db import connection, transaction
+from eventpush.addresses import address_policy
+from eventpush.config import redact
+from eventpush.db import connect, connection, transaction
+from eventpush.metrics import publish_batch, replay_results
+from eventpush.push.committing import outcome_rows
+from eventpush.push.store import copy_deliveries, load_targets
+from eventpush.quality import batch as quality
+from eventpush.rules.transforms import compile_transform
+from eventpush.sinks import Sinks
+from eventpush.sinks.contract import DELIVERED, FINAL, Record, by_answer
+from eventpush.sinks.readback import ABSENT
 from eventpush.sources import sync_heads
+from eventpush.sparkjobs import jdbc
+from eventpush.sparkjobs.audit import KEYS, classify, load_scope, readable_runners, verify
 from eventpush.sparkjobs.forms import (
     FORM_FIELDS,
     MAX_MESSAGE_ID_LENGTH,
@@ -171,7 +185,6 @@ def check_request(req: ReplayRequest, cur) -> list[int]:
         if cur.fetchone() is None:
             where = f" on bus {req.bus!r}" if req.bus else ""
             raise ReplayRequestError(f"unknown rule {req.rule!r}{where}")
-    from eventpush.sparkjobs.audit import load_scope
 
     scope = load_scope(cur, bus=req.bus, rule=req.rule, target=req.target)
     if req.target is not None and not scope.runners:
@@ -198,11 +211,8 @@ OPEN_FAILURES_SQL = (
 
 def select(spark, db_url: str, req: ReplayRequest, runner_ids: list[int], policy=None):
     """The records to replay, one row per (runner, queue, offset), oldest first."""
+    # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
-
-    from eventpush.sinks.readback import ABSENT
-    from eventpush.sparkjobs import jdbc
-    from eventpush.sparkjobs.audit import KEYS, classify, load_scope, readable_runners, verify
 
     if req.what == "failed":
         # The open failure rows are one indexed query: PostgreSQL filters, orders and limits
@@ -281,13 +291,7 @@ def push_partition(
 
 
 async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[str, int]]:
-    import asyncio
-    import time
-
-    from eventpush.db import connect
-    from eventpush.push.delivery import Record, load_targets
-    from eventpush.rules.transforms import compile_transform
-    from eventpush.sinks import Sinks
+    # Deferred: bus_events imports PySpark at load.
     from eventpush.sparkjobs.bus_events import source_bodies
 
     conn = connect(db_url, application_name="eventpush-replay")
@@ -404,8 +408,6 @@ def not_restored(batch: list, outcome) -> None:
     """Absent records the destination answered as held on their first attempt were not
     written again: each fails with the reason (``NOT_RESTORED``), the rest keep their
     answers."""
-    from eventpush.push.delivery import FINAL
-
     answers = outcome.per_record or [(outcome.kind, outcome.error)] * len(batch)
     why = NOT_RESTORED.format(where=outcome.held_by or "the destination")
     for i in outcome.held:
@@ -463,11 +465,8 @@ def _write_outcomes(cur, outcomes: list, replay_id: int, counts: dict) -> None:
     """Delivery rows (origin ``replay``), and failure rows marked ``replayed`` or ``dead``, for
     finished requests, built by the engine's own row builder and written by its COPY writer,
     so live and replay rows cannot drift apart."""
+    # Deferred: psycopg2's extras are loaded only by the executors that write rows.
     import psycopg2.extras
-
-    from eventpush.push.committing import outcome_rows
-    from eventpush.push.delivery import DELIVERED, by_answer
-    from eventpush.push.store import copy_deliveries
 
     delivered, failed = [], []  # delivery rows; (failure row, the runner's broker_name)
     brokers = {}  # runner -> its delivery rows' broker_name
@@ -537,10 +536,6 @@ def finish_run(db_url: str, result: ReplayResult, error: str | None = None) -> N
 
 def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -> ReplayResult:
     """Check, select, GX-check the selection, push (unless dry run), GX-check the result."""
-    from eventpush.config import redact
-    from eventpush.push.targets import address_policy
-    from eventpush.quality import batch as quality
-
     policy = address_policy()  # read on the driver: a bad range fails before anything runs
     with connection(db_url) as conn, transaction(conn) as cur:
         runner_ids = check_request(req, cur)
@@ -579,7 +574,6 @@ def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -
         finish_run(db_url, result, error=error or type(exc).__name__)
         raise
     finish_run(db_url, result)
-    from eventpush.metrics import publish_batch, replay_results
 
     publish_batch("replay", replay_results(result))
     return result
