@@ -10,13 +10,17 @@ triggered without a logical date; a time without an offset is UTC).
 2. **audit_job**: `spark_jobs/audit.py` through SparkSubmitOperator (connection
    `spark_default`): per runner, the events its rule matches in the window against delivery
    rows, failure rows and committed offsets: expected, delivered, failed, pending, missing,
-   duplicates. Writes an `event_audit_report` row.
+   duplicates. With the form's `verify_sinks` (off by default), readable destinations
+   (JetStream) are read back too: `absent` (delivered in the books, not in the stream: fails
+   the run like a missing record) and `expired` (aged out by the stream's own limits). Writes
+   an `event_audit_report` row.
 3. **report**: reads that report back.
 4. **check**: a Great Expectations suite: no runner has a missing record and the counts add
    up. Any missing record fails the run, and the task's failure callback raises the
    `audit_missing` alert: an `ALERT eventpush audit_missing: ...` log line and
    `eventpush_alert{alert="audit_missing"} 1` (cleared by the next passing check).
-5. **publish_gaps**: when records are missing (and only then), emits an event on the asset
+5. **publish_gaps**: when records are missing or absent (and only then), emits an event on
+   the asset
    `eventpush://audit/gaps` whose extra holds the report id, the window, the bus, the number
    missing and the runners that miss records, with how many each. `eventpush_replay_gaps`,
    scheduled on that asset, replays them when the Airflow Variable `eventpush_replay_gaps` is
@@ -80,6 +84,13 @@ GAPS = Asset(GAPS_URI)
             title="Until",
             description="window end (ISO 8601), exclusive; empty: the run's data interval",
         ),
+        "verify_sinks": Param(
+            False,
+            type="boolean",
+            title="Verify destinations",
+            description="also read JetStream destinations back: records the books call "
+            "delivered but the stream does not hold are absent (and fail the audit)",
+        ),
         "replay_missing": Param(
             False,
             type="boolean",
@@ -97,7 +108,7 @@ def eventpush_audit() -> None:
 
         from eventpush.airflow.connection import database_url
         from eventpush.db import connection, transaction
-        from eventpush.sparkjobs.forms import FormError, audit_window
+        from eventpush.sparkjobs.forms import FormError, audit_flag, audit_window
 
         context = get_current_context()
         try:
@@ -108,6 +119,7 @@ def eventpush_audit() -> None:
                 context.get("data_interval_start"),
                 context.get("data_interval_end"),
             )
+            verify = audit_flag(dict(context["params"]), "verify_sinks")
         except FormError as exc:
             raise AirflowFailException(f"audit request refused: {exc}") from None
         since, until = since_at.isoformat(), until_at.isoformat()
@@ -117,6 +129,7 @@ def eventpush_audit() -> None:
                 if cur.fetchone() is None:
                     raise AirflowFailException(f"unknown bus {bus!r}")
         args = ["--since", since, "--until", until] + (["--bus", bus] if bus else [])
+        args += ["--verify-sinks"] if verify else []
         return {"since": since, "until": until, "bus": bus, "args": args}
 
     spec = window()
@@ -130,7 +143,8 @@ def eventpush_audit() -> None:
 
         with connection(database_url()) as conn, transaction(conn) as cur:
             cur.execute(
-                "SELECT id, expected, missing, runners FROM event_audit_report "
+                "SELECT id, expected, missing, coalesce(absent, 0), runners "
+                "FROM event_audit_report "
                 "WHERE window_start = %s AND window_end = %s AND bus IS NOT DISTINCT FROM %s "
                 "ORDER BY id DESC LIMIT 1",
                 (spec["since"], spec["until"], spec["bus"]),
@@ -138,9 +152,15 @@ def eventpush_audit() -> None:
             row = cur.fetchone()
         if row is None:
             raise RuntimeError("the audit job wrote no report for this window")
-        report_id, expected, missing, runners = row
-        print(f"audit report {report_id}: {expected} expected, {missing} missing")
-        return {**spec, "report_id": report_id, "missing": missing, "runners": runners}
+        report_id, expected, missing, absent, runners = row
+        print(f"audit report {report_id}: {expected} expected, {missing} missing, {absent} absent")
+        return {
+            **spec,
+            "report_id": report_id,
+            "missing": missing,
+            "absent": absent,
+            "runners": runners,
+        }
 
     @task(on_failure_callback=alerts.audit_failed, on_success_callback=alerts.audit_passed)
     def check(report: dict[str, Any]) -> dict[str, Any]:
@@ -159,7 +179,7 @@ def eventpush_audit() -> None:
 
         from eventpush.airflow.gaps import gap_extra
 
-        if not report["missing"]:
+        if not report["missing"] and not report.get("absent"):
             raise AirflowSkipException("nothing missing: no gap event")
         context = get_current_context()
         extra = gap_extra(report, bool(context["params"].get("replay_missing")))

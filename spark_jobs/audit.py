@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--since", type=iso)
     parser.add_argument("--until", type=iso)
     parser.add_argument("--master", help="default: as spark-submit set it")
+    parser.add_argument("--verify-sinks", action="store_true", help="read destinations back")
     args = parser.parse_args(argv)
 
     from eventpush.config import database_url
@@ -29,7 +30,14 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = get_spark(args.master, app_name="eventpush-audit")
     bus = args.bus or None  # the DAG passes "" for "every bus"
-    result = run_audit(spark, database_url(), bus=bus, since=args.since, until=args.until)
+    result = run_audit(
+        spark,
+        database_url(),
+        bus=bus,
+        since=args.since,
+        until=args.until,
+        verify_sinks=args.verify_sinks,
+    )
     print(json.dumps(result.to_json()))
     spark.stop()
     return 0

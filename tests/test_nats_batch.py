@@ -12,6 +12,7 @@ from eventpush import catalog
 from eventpush.demo.receiver import Receiver
 from eventpush.publish import publish
 from eventpush.push import run_worker
+from eventpush.sinks.contract import record_key
 from eventpush.sparkjobs.audit import run_audit
 from eventpush.sparkjobs.bus_events import BusEventsReader
 from eventpush.sparkjobs.replay import ReplayRequest, run_replay
@@ -46,8 +47,12 @@ def test_audit_and_replay_of_a_nats_bus(db_url, conn, spark, nats_server):  # no
         replay = run_replay(spark, db_url, ReplayRequest(what="missing", bus="orders"))
         assert (replay.selected, replay.delivered, replay.failed) == (4, 4, 0)
         again = rx.state.requests[before:]
+        with conn.cursor() as cur:
+            cur.execute("SELECT id FROM event_target_runner")
+            [(runner_id,)] = cur.fetchall()
+        conn.commit()
         assert sorted(r.headers["webhook-id"] for r in again) == sorted(
-            f"msg_{m}" for _, _, m in deleted
+            record_key(runner_id, q, o) for q, o, _ in deleted
         )
         assert all(json.loads(r.body)["detail"]["n"] >= 10 for r in again)
 

@@ -29,8 +29,10 @@ from eventpush import catalog
 from eventpush.addresses import InvalidTargetUrlError, address_policy
 from eventpush.publish import publish
 from eventpush.push import run_worker
+from eventpush.push.controls import WorkerSettings
+from eventpush.push.cursor import UNCOMMITTED_SPANS
 from eventpush.sinks import validate_url
-from eventpush.sinks.contract import DELIVERED, RETRY, Record, Target
+from eventpush.sinks.contract import DELIVERED, RETRY, Record, Target, record_key
 from eventpush.sinks.nats import NatsSink
 
 EXE = str(Path(sys.executable).with_name("eventpush"))
@@ -63,8 +65,8 @@ def add_stream(url: str, name: str = "OUT", subjects: tuple[str, ...] = ("out.>"
     asyncio.run(_add_stream(url, name, list(subjects), **config))
 
 
-async def _messages(url: str, stream: str, **auth) -> list[tuple[str, dict]]:
-    """Every message on ``stream``, in its order: (Nats-Msg-Id, body). Read through an
+async def _messages(url: str, stream: str, **auth) -> list[tuple[str, str, dict]]:
+    """Every message on ``stream``, in its order: (Nats-Msg-Id, subject, body). Read through an
     ephemeral consumer in fetches of thousands (one get_msg per message took 29 s for the
     100,000 of the batched crash test; this takes about 4)."""
     nc = await nats.connect(url, **auth)
@@ -76,14 +78,14 @@ async def _messages(url: str, stream: str, **auth) -> list[tuple[str, dict]]:
         found = []
         while len(found) < total:
             for msg in await sub.fetch(min(total - len(found), 10_000), timeout=30):
-                found.append((msg.headers["Nats-Msg-Id"], json.loads(msg.data)))
+                found.append((msg.headers["Nats-Msg-Id"], msg.subject, json.loads(msg.data)))
         return found
     finally:
         await nc.close()
 
 
 def messages(url: str, stream: str = "OUT", **auth) -> list[tuple[str, dict]]:
-    return asyncio.run(_messages(url, stream, **auth))
+    return [(mid, body) for mid, _, body in asyncio.run(_messages(url, stream, **auth))]
 
 
 def topology(conn, url: str, **target) -> None:
@@ -101,6 +103,18 @@ def rows(conn, sql: str, params: tuple = ()) -> list[tuple]:
         out = cur.fetchall()
     conn.commit()
     return out
+
+
+def keys_of(conn) -> dict[str, str]:
+    """event id -> its record key (Nats-Msg-Id) for the one runner of ``topology``."""
+    return {
+        mid: record_key(rid, q, o)
+        for rid, q, o, mid in rows(
+            conn,
+            'SELECT r.id, e.queue_id, e."offset", e.message_id '
+            "FROM bus_event e CROSS JOIN event_target_runner r",
+        )
+    }
 
 
 def wait_for(check, timeout: float, what: str) -> None:
@@ -160,7 +174,8 @@ def test_every_event_lands_once_with_its_webhook_id(conn, nats_server):  # noqa:
     report = run_worker("w1", until_idle=True, max_seconds=60)
     assert (report.delivered, report.failed) == (300, 0)
     found = messages(nats_server.url)
-    assert sorted(mid for mid, _ in found) == sorted(f"msg_ev-{i}" for i in range(300))
+    assert sorted(mid for mid, _ in found) == sorted(keys_of(conn).values())
+    assert all(mid == keys_of(conn)[body["id"]] for mid, body in found)
     assert sorted(body["detail"]["n"] for _, body in found) == list(range(300))
     assert rows(conn, "SELECT count(*), count(http_status) FROM event_push_delivery") == [(300, 0)]
     assert rows(conn, "SELECT count(*) FROM event_push_failure") == [(0,)]
@@ -173,7 +188,8 @@ def test_batches_publish_one_message_per_record(conn, nats_server):  # noqa: F81
     report = run_worker("w1", until_idle=True, max_seconds=60)
     assert (report.delivered, report.failed) == (95, 0)
     found = messages(nats_server.url)
-    assert sorted(mid for mid, _ in found) == sorted(f"msg_ev-{i}" for i in range(95))
+    assert sorted(mid for mid, _ in found) == sorted(keys_of(conn).values())
+    assert len(found) == 95
 
 
 def test_a_message_the_stream_refuses_fails_alone_in_its_batch(conn, nats_server):  # noqa: F811
@@ -223,7 +239,8 @@ def test_no_stream_is_final_and_replay_delivers_once_a_stream_exists(conn, nats_
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     assert (result["selected"], result["delivered"], result["failed"]) == (5, 5, 0)
-    assert sorted(mid for mid, _ in messages(nats_server.url)) == [f"msg_ev-{i}" for i in range(5)]
+    assert sorted(mid for mid, _ in messages(nats_server.url)) == sorted(keys_of(conn).values())
+    assert len(keys_of(conn)) == 5
     assert rows(conn, "SELECT DISTINCT status FROM event_push_failure") == [("replayed",)]
     # A replay sent again lands nowhere new: the server drops it by Nats-Msg-Id.
     since = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
@@ -302,7 +319,7 @@ def test_an_acknowledgement_that_never_comes_is_retryable_and_each_send_keeps_it
             await listener.close()
 
     asyncio.run(main())
-    assert sorted(mid for mid, _ in messages(url)) == ["msg_ev-0", "msg_ev-3", "msg_ev-6"]
+    assert sorted(mid for mid, _ in messages(url)) == ["msg_1.0.0", "msg_1.0.3", "msg_1.0.6"]
 
 
 def test_a_stream_forgetting_ids_sooner_than_the_target_retries_is_warned_of_once(
@@ -345,6 +362,55 @@ def test_a_stream_forgetting_ids_sooner_than_the_target_retries_is_warned_of_onc
     ]
 
 
+def crash_run(conn, nats_server, total: int) -> tuple[str, list[str]]:  # noqa: F811
+    """Worker w1 SIGKILLed twice mid-run, then the NATS server SIGKILLed mid-run (down 3 s)
+    and restarted, then stopped (SIGTERM) once ``total`` offsets are committed (the sum over
+    runners and queues): its --json report and every worker's stderr."""
+
+    def committed() -> int:
+        # Committed offsets: what a kill keeps (a count of delivery rows costs 0.2 s at
+        # 100,000 rows, polled every 50 ms; these are a few rows).
+        sql = 'SELECT coalesce(sum("offset" - start_offset), 0) FROM event_push_offset'
+        return rows(conn, sql)[0][0]
+
+    def worker() -> subprocess.Popen:
+        return subprocess.Popen(
+            [EXE, "worker", "run", "w1", "--max-seconds", "600", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    at_kills = [0]
+
+    def kill_mid_run(kill) -> None:
+        """``kill`` once the worker running has committed a tenth of the total more; it must
+        land before the last one is committed, or it tested nothing."""
+        wait_for(lambda: committed() >= at_kills[-1] + total // 10, 300, "a tenth more")
+        kill()
+        at_kills.append(committed())
+        assert at_kills[-1] < total, f"a kill came after the run, not during it: {at_kills}"
+
+    logs = []
+    for _ in range(2):  # two SIGKILLs of the worker
+        proc = worker()
+        kill_mid_run(proc.kill)  # SIGKILL
+        logs.append(proc.communicate(timeout=10)[1])
+    proc = worker()
+    kill_mid_run(nats_server.kill)
+    # Down longer than the target's 2 s timeout: sends under way time out and are retried
+    # (and what nats-py buffered meanwhile is flushed on reconnection: duplicates to drop).
+    time.sleep(3.0)
+    assert proc.poll() is None, "the worker stopped while the broker was down"
+    nats_server.start()
+    wait_for(lambda: committed() >= total, 300, "every event delivered after the restart")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    logs.append(err)
+    return out, logs
+
+
 @pytest.mark.parametrize(
     ("batch_size", "n"),
     [
@@ -381,45 +447,7 @@ def test_crashes_of_worker_and_broker_lose_nothing_and_duplicate_nothing(
         assert rows(conn, "SELECT batch_size FROM event_target") == [(64,)]
     publish(conn, "orders", events(n))
 
-    def committed() -> int:
-        # Committed offsets: what a kill keeps (a count of delivery rows costs 0.2 s at
-        # 100,000 rows, polled every 50 ms; these are three rows).
-        sql = 'SELECT coalesce(sum("offset" - start_offset), 0) FROM event_push_offset'
-        return rows(conn, sql)[0][0]
-
-    def worker() -> subprocess.Popen:
-        return subprocess.Popen(
-            [EXE, "worker", "run", "w1", "--max-seconds", "600", "--json"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-
-    at_kills = [0]
-
-    def kill_mid_run(kill) -> None:
-        """``kill`` once the worker running has committed a tenth of the events more; it must
-        land before the last one is committed, or it tested nothing."""
-        wait_for(lambda: committed() >= at_kills[-1] + n // 10, 300, "a tenth more")
-        kill()
-        at_kills.append(committed())
-        assert at_kills[-1] < n, f"a kill came after the run, not during it: {at_kills}"
-
-    for _ in range(2):  # two SIGKILLs of the worker
-        proc = worker()
-        kill_mid_run(proc.kill)  # SIGKILL
-        proc.communicate(timeout=10)
-    proc = worker()
-    kill_mid_run(nats_server.kill)
-    # Down longer than the target's 2 s timeout: sends under way time out and are retried
-    # (and what nats-py buffered meanwhile is flushed on reconnection: duplicates to drop).
-    time.sleep(3.0)
-    assert proc.poll() is None, "the worker stopped while the broker was down"
-    nats_server.start()
-    wait_for(lambda: committed() >= n, 300, "every event delivered after the restart")
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    out, _logs = crash_run(conn, nats_server, n)
     report = json.loads(out)
     assert report["retried"] > 0, f"the worker never met the dead broker: {report}"
     done = subprocess.run(
@@ -433,7 +461,8 @@ def test_crashes_of_worker_and_broker_lose_nothing_and_duplicate_nothing(
     events_on_stream = [body["id"] for _, body in found]
     assert len(events_on_stream) == len(set(events_on_stream)), "a duplicate reached the stream"
     assert sorted(events_on_stream) == sorted(f"ev-{i}" for i in range(n)), "an event is missing"
-    assert all(mid == f"msg_{body['id']}" for mid, body in found)
+    keys = keys_of(conn)
+    assert all(mid == keys[body["id"]] for mid, body in found)
     assert rows(conn, "SELECT count(*) FROM event_push_failure") == [(0,)]
     # One row per offset: a redelivery after a kill is logged only by the worker that
     # committed it (its offsets with its rows), never twice.
@@ -441,6 +470,159 @@ def test_crashes_of_worker_and_broker_lose_nothing_and_duplicate_nothing(
         conn,
         'SELECT count(*), count(DISTINCT (queue_id, "offset")) FROM event_push_delivery',
     ) == [(n, n)]
+
+
+# --- several targets writing one stream ------------------------------------------------------
+
+SHARED_RULES = {  # rule -> (pattern, subject): one stream captures sink.>
+    "big": ({"detail": {"amount": [{"numeric": [">=", 500]}]}}, "sink.big"),
+    "eu": ({"detail": {"region": ["eu"]}}, "sink.eu"),
+    "vip": ({"detail": {"vip": [True]}}, "sink.vip"),
+}
+
+
+def shared_events(n: int) -> list[dict]:
+    """Events matching one, two or all three rules: amount >= 500 every 4th, region eu two in
+    three, vip every 7th (so some match all three, some two, some one, a few none)."""
+    return [
+        {
+            "id": f"ev-{i}",
+            "source": "shop",
+            "detail-type": "o",
+            "detail": {
+                "n": i,
+                "amount": 900 if i % 4 == 0 else 10,
+                "region": "eu" if i % 3 else "us",
+                "vip": i % 7 == 0,
+            },
+        }
+        for i in range(n)
+    ]
+
+
+def shared_expected(evs: list[dict]) -> dict[str, list[str]]:
+    """subject -> the event ids each subject must hold, once each."""
+    from eventpush.patterns import compile_pattern
+
+    out: dict[str, list[str]] = {}
+    for pattern, subject in SHARED_RULES.values():
+        compiled = compile_pattern(pattern)
+        out[subject] = sorted(e["id"] for e in evs if compiled.matches(e))
+    return out
+
+
+def shared_topology(conn, url: str, **target) -> None:
+    catalog.create_bus(conn, "orders", 3)
+    spec = {"max_attempts": 50, "backoff_ms": 100, **target}
+    for rule, (pattern, subject) in SHARED_RULES.items():
+        catalog.create_rule(conn, "orders", rule, pattern)
+        catalog.create_target(
+            conn, "orders", rule, catalog.TargetSpec(name="js", url=f"{url}/{subject}", **spec)
+        )
+    catalog.create_worker(conn, "w1")
+    catalog.assign(conn)
+
+
+def per_subject(url: str, stream: str = "SINK") -> dict[str, list[str]]:
+    """subject -> the event ids on it, in the stream's order (duplicates kept)."""
+    found: dict[str, list[str]] = {}
+    for subject, body in subject_messages(url, stream):
+        found.setdefault(subject, []).append(body["id"])
+    return found
+
+
+def subject_messages(url: str, stream: str = "SINK") -> list[tuple[str, dict]]:
+    return [(subject, body) for _, subject, body in asyncio.run(_messages(url, stream))]
+
+
+def test_targets_of_several_rules_on_one_stream_each_get_every_event_once_through_crashes(
+    conn,
+    nats_server,  # noqa: F811
+):
+    """Three rules, each with a JetStream target on its own subject of ONE stream (sink.>),
+    events matching one, two or all three of them; the worker SIGKILLed twice and the broker
+    once mid-run: every subject holds every event its rule matched, exactly once. (With one
+    message id per event, shared by its targets, the stream dropped all but the first
+    subject's copy as duplicates, and the books called them delivered.)"""
+    # As many sends as the one-target crash test (about 21,000 over 3 runners): the kills
+    # must land before the last offset is committed, also on a loaded machine.
+    n = 20_000
+    add_stream(nats_server.url, name="SINK", subjects=("sink.>",))
+    shared_topology(conn, nats_server.url, timeout_ms=2000, concurrency=8)
+    evs = shared_events(n)
+    expected = shared_expected(evs)
+    publish(conn, "orders", [json.dumps(e) for e in evs])
+    # Every runner's offsets move over every event (filtered ones included).
+    out, logs = crash_run(conn, nats_server, 3 * n)
+    # What a killed worker sent is sent again by the next at attempt 1, and the stream says
+    # duplicate: that is expected, not another writer, so never warned of.
+    assert not [line for log in logs for line in log.splitlines() if "already held" in line]
+    assert json.loads(out)["already_held"] == 0
+    found = per_subject(nats_server.url)
+    counts = {s: (len(found.get(s, [])), len(ids)) for s, ids in expected.items()}
+    print(f"per subject (on the stream, expected): {counts}")
+    assert rows(conn, "SELECT count(*) FROM event_push_failure") == [(0,)]
+    for subject, ids in expected.items():
+        got = found.get(subject, [])
+        assert len(got) == len(set(got)), f"{subject}: a duplicate reached the stream"
+        assert sorted(got) == ids, f"{subject}: {len(set(ids) - set(got))} events missing"
+
+
+def test_a_first_send_the_stream_already_holds_is_counted_and_warned_of_once(
+    conn,
+    db_url,
+    nats_server,  # noqa: F811
+    caplog,
+):
+    """Another writer put messages with this runner's record keys on the stream before the
+    runner sent them: the stream acknowledges the runner's first sends as duplicates. They
+    stay delivered (the stream holds those ids) but are counted in
+    eventpush_sink_duplicates_total and warned of once, naming the stream; the records the
+    stream did not hold are not counted."""
+    from eventpush.push import engine
+
+    add_stream(nats_server.url, name="SINK", subjects=("sink.>",))
+    catalog.create_bus(conn, "orders", 1)
+    catalog.create_rule(conn, "orders", "all", {"source": ["shop"]})
+    spec = catalog.TargetSpec(name="js", url=f"{nats_server.url}/sink.a", batch_size=4)
+    catalog.create_target(conn, "orders", "all", spec)
+    catalog.create_worker(conn, "w1")
+    catalog.assign(conn)
+    # Past the span a previous owner of the runner may have sent (UNCOMMITTED_SPANS buffer
+    # spans from the committed offset the runner starts at): duplicates there are resends.
+    n = UNCOMMITTED_SPANS * WorkerSettings().buffer_span + 10
+    publish(conn, "orders", events(n))
+    [(runner_id,)] = rows(conn, "SELECT id FROM event_target_runner")
+    taken = [2, n - 9, n - 6, n - 5]  # offsets whose keys the other writer used first
+
+    async def other_writer() -> None:
+        nc = await nats.connect(nats_server.url)
+        try:
+            js = nc.jetstream()
+            for offset in taken:
+                key = record_key(runner_id, 0, offset)
+                await js.publish("sink.a", b"{}", headers={"Nats-Msg-Id": key})
+        finally:
+            await nc.close()
+
+    asyncio.run(other_writer())
+    worker = engine.Engine("w1", db_url, until_idle=True, max_seconds=60, metrics_port=0)
+    with caplog.at_level(logging.WARNING, logger="eventpush.push.lanes"):
+        report = asyncio.run(worker.run())
+    # The first is within the span a previous owner may have sent: not counted.
+    assert (report.delivered, report.failed, report.already_held) == (n, 0, 3)
+    counted = worker.metrics.registry.get_sample_value(
+        "eventpush_sink_duplicates_total", {"runner": "orders/all/js", "destination": "stream SINK"}
+    )
+    assert counted == 3
+    warnings = [r.getMessage() for r in caplog.records if "already held" in r.getMessage()]
+    assert len(warnings) == 1 and "stream SINK" in warnings[0], warnings
+    assert "orders/all/js" in warnings[0]
+    # The stream holds the other writer's four and the runner's others, one per key.
+    held = messages(nats_server.url, "SINK")
+    assert sorted(mid for mid, _ in held) == sorted(
+        record_key(runner_id, 0, offset) for offset in range(n)
+    )
 
 
 # --- the address policy ----------------------------------------------------------------------

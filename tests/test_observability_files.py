@@ -34,6 +34,7 @@ def defined_names() -> set[str]:
     worker.commit_seconds.observe(0.01)
     worker.runner_state({"b/r/t": (0, False)})
     worker.lag("b/r/t", 0, 0, 0.0)
+    worker.already_held("b/r/t", "stream S", 1)
     registries = [worker.registry]
     audit = AuditResult([RunnerAudit("b/r/t", 1, 1, 0, 0, 0, 0)], 1, None, None)
     proposal = SimpleNamespace(proposal=SimpleNamespace(moves=1, spread=1.0))

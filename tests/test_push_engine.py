@@ -16,6 +16,7 @@ from eventpush import catalog
 from eventpush.demo.receiver import Receiver
 from eventpush.publish import publish
 from eventpush.push import WorkerBusyError, controls, engine, run_worker
+from eventpush.sinks.contract import record_key
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -182,10 +183,17 @@ def test_only_matching_events_are_delivered_and_signed(conn, rx):
     got = sorted(json.loads(r.body)["detail"]["n"] for r in rx.state.requests)
     assert got == list(range(10, 25))
     hook = Webhook(SECRET)
+    with conn.cursor() as cur:  # the record key: runner, queue and offset
+        cur.execute(
+            'SELECT e.message_id, r.id, e.queue_id, e."offset" '
+            "FROM bus_event e CROSS JOIN event_target_runner r"
+        )
+        keys = {mid: record_key(rid, q, o) for mid, rid, q, o in cur.fetchall()}
+    conn.commit()
     for r in rx.state.requests:
         headers = {k: v for k, v in r.headers.items() if k.startswith("webhook")}
         assert hook.verify(r.body, headers)["detail"]["n"] >= 10
-        assert r.headers["webhook-id"] == f"msg_{json.loads(r.body)['id']}"
+        assert r.headers["webhook-id"] == keys[json.loads(r.body)["id"]]
     assert committed_everything(conn)
 
 

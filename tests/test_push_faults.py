@@ -26,6 +26,7 @@ from eventpush.demo.receiver import Receiver, ReceiverProcess
 from eventpush.publish import publish
 from eventpush.push import controls, run_worker
 from eventpush.push.cursor import UNCOMMITTED_SPANS
+from eventpush.sinks.contract import record_key
 
 EXE = str(Path(sys.executable).with_name("eventpush"))
 RSS_CEILING = 300 * 2**20
@@ -308,8 +309,10 @@ def test_a_runner_moved_between_running_workers_has_one_sender_per_queue(conn):
             assert w.peak < RSS_CEILING
         arrivals = [r.headers["webhook-id"] for r in sorted(rx.state.requests, key=lambda r: r.at)]
     where = {
-        f"msg_{mid}": (q, o)
-        for q, o, mid in sql(conn, 'SELECT queue_id, "offset", message_id FROM bus_event')
+        record_key(rid, q, o): (q, o)
+        for rid, q, o in sql(
+            conn, 'SELECT r.id, queue_id, "offset" FROM bus_event CROSS JOIN event_target_runner r'
+        )
     }
     for queue in (0, 1):
         offsets = [where[h][1] for h in arrivals if where[h][0] == queue]

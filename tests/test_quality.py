@@ -49,6 +49,12 @@ def test_audit_suite_passes_clean_and_fails_on_missing(db_url, conn):
     assert got[1][3][0]["expectation"] == "expect_column_values_to_be_between"
 
 
+def test_audit_suite_fails_on_records_absent_from_their_destination(db_url):
+    # delivered in the books (so the counts add up), not in the stream: a loss all the same
+    with pytest.raises(quality.CheckFailed, match="absent"):
+        quality.check_audit([audit_row(absent=3, expired=2)], "absent", db_url)
+
+
 def test_replay_suites(db_url, conn):
     selection = pd.DataFrame(
         {

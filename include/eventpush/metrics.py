@@ -16,7 +16,10 @@ Prometheus conventions: counters end in ``_total``, durations are ``_seconds``.
 - ``eventpush_lag_events{runner}``: published and not yet committed;
 - ``eventpush_lag_seconds{runner}``: age of the oldest event not yet committed (0: none);
 - ``eventpush_breaker_open{runner}``: 1 while the target's circuit breaker is open;
-- ``eventpush_event_loop_lag_seconds{worker}``: how late the event loop ran a 0.25 s timer.
+- ``eventpush_event_loop_lag_seconds{worker}``: how late the event loop ran a 0.25 s timer;
+- ``eventpush_sink_duplicates_total{runner, destination}``: records whose first send from
+  the runner the destination already held under their key (a JetStream ``duplicate: true``):
+  another writer uses the runner's keys. Anything but 0 deserves a look.
 
 The runner gauges are those of the runners the worker holds now; a runner that moves away
 leaves them. Lag, waiting and the loop lag are refreshed every heartbeat / sample; the
@@ -215,6 +218,12 @@ class WorkerMetrics:
             registry=r,
         )
         self.loop_lag.labels(worker)
+        self.sink_duplicates = Counter(
+            "eventpush_sink_duplicates",
+            "Records whose first send the destination already held under their key",
+            ["runner", "destination"],
+            registry=r,
+        )
         self.held: set[str] = set()  # runners whose gauges are set now
         self.server = None
         self.thread = None
@@ -231,6 +240,10 @@ class WorkerMetrics:
     def attempted(self, runner: str, outcome: str, seconds: float, retry: bool) -> None:
         """One request's outcome (this runs per request: see :class:`AttemptStats`)."""
         self.attempts.add(runner, outcome, seconds, retry)
+
+    def already_held(self, runner: str, destination: str, n: int) -> None:
+        """``n`` first sends ``destination`` already held (see ``Lanes.held_on_first_send``)."""
+        self.sink_duplicates.labels(runner, destination).inc(n)
 
     def runner_state(self, runners: dict[str, tuple[int, bool]]) -> None:
         """runner name -> (in-flight records, breaker open), for the runners held now."""
@@ -302,6 +315,9 @@ BATCH_HELP = {
     "eventpush_audit_expected_records": "Records the last audit expected, per runner",
     "eventpush_audit_missing_records": "Records the last audit found neither delivered nor failed",
     "eventpush_audit_failed_records": "Records the last audit found failed, per runner",
+    "eventpush_audit_absent_records": (
+        "Records the last audit found delivered in the books but not at their destination"
+    ),
     "eventpush_rebalance_spread": "Load spread over workers after the last rebalance (1 = even)",
     "eventpush_alert": "1 while an alert raised by an Airflow callback stands",
     "eventpush_replay_records": (
@@ -346,7 +362,7 @@ Results = dict[str, list[tuple[dict[str, str], float]]]
 def audit_results(result) -> Results:
     """An audit's figures per runner (``sparkjobs.audit.AuditResult``)."""
     out: Results = {}
-    for key in ("expected", "missing", "failed"):
+    for key in ("expected", "missing", "failed", "absent"):
         out[f"eventpush_audit_{key}_records"] = [
             ({"runner": r.runner}, getattr(r, key)) for r in result.runners
         ]

@@ -29,13 +29,19 @@ _FALSE = ("false", "0", "no", "off", "")
 def gap_extra(report: dict, replay_requested: bool) -> dict:
     """The asset event's extra for an audit report: window, bus, totals and the runners that
     miss records, with how many each."""
-    runners = {r["runner"]: int(r["missing"]) for r in report["runners"] if r["missing"]}
+    runners = {
+        r["runner"]: int(r["missing"]) + int(r.get("absent") or 0)
+        for r in report["runners"]
+        if r["missing"] or r.get("absent")
+    }
     return {
         "report_id": report["report_id"],
         "bus": report["bus"],
         "since": report["since"],
         "until": report["until"],
-        "missing": int(report["missing"]),
+        # Absent records (delivered in the books, not at a readable destination) are gaps
+        # too: a ``missing`` replay reads the destinations back and re-pushes them.
+        "missing": int(report["missing"]) + int(report.get("absent") or 0),
         "runners": runners,
         "replay_requested": bool(replay_requested),
     }

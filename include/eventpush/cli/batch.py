@@ -54,32 +54,51 @@ def _spark():
 @click.option("--bus", help="Audit only this bus's runners.")
 @click.option("--since", type=ISO_TIME, help="Window start (event creation time), inclusive.")
 @click.option("--until", type=ISO_TIME, help="Window end, exclusive.")
+@click.option(
+    "--verify-sinks",
+    is_flag=True,
+    help="Also read readable destinations (JetStream) back: records delivered in the books "
+    "but not there are absent (counted as missing in the exit code), aged out ones expired.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @handles_errors
-def audit(bus, since, until, as_json) -> None:
-    """Per runner: expected, delivered, failed, missing, pending, duplicated. Exit 1 on missing."""
+def audit(bus, since, until, verify_sinks, as_json) -> None:
+    """Per runner: expected, delivered, failed, missing, pending, duplicated. Exit 1 on missing
+    (with --verify-sinks: or absent, or a readable destination that could not be read)."""
     # Deferred: the Spark jobs are loaded only by the batch commands.
     from eventpush.sparkjobs.audit import run_audit
 
     check_window(since, until)
     url = database_url()
     with err.status("auditing deliveries with Spark..."):
-        result = run_audit(_spark(), url, bus=bus, since=since, until=until)
+        result = run_audit(
+            _spark(), url, bus=bus, since=since, until=until, verify_sinks=verify_sinks
+        )
     if as_json:
         print_json(result.to_json())
     else:
         table = Table(title=f"audit report {result.report_id}")
         table.add_column("runner")
         keys = ("expected", "delivered", "failed", "missing", "pending", "duplicates")
+        keys += ("absent", "expired") if verify_sinks else ()
         for key in keys:
             table.add_column(key, justify="right")
+        if verify_sinks:
+            table.add_column("destination")
         for r in result.runners:
-            style = "bold red" if r.missing else None
-            table.add_row(r.runner, *(str(getattr(r, k)) for k in keys), style=style)
+            style = "bold red" if r.missing or r.absent else None
+            sink = (r.sink or "",) if verify_sinks else ()
+            table.add_row(r.runner, *(str(getattr(r, k)) for k in keys), *sink, style=style)
         out.print(table)
-        missing = result.totals()["missing"]
-        out.print(f"{missing} missing" if missing else "nothing missing")
-    if result.totals()["missing"]:
+        totals = result.totals()
+        said = [f"{totals['missing']} missing"] if totals["missing"] else []
+        said += [f"{totals['absent']} absent from their destination"] if totals["absent"] else []
+        out.print(", ".join(said) if said else "nothing missing")
+        for runner, records in result.absent_records.items():
+            shown = ", ".join(f"{q}/{o}" for q, o, _ in records[:20])
+            more = f" and {len(records) - 20} more" if len(records) > 20 else ""
+            out.print(f"{runner}: absent (queue/offset) {shown}{more}")
+    if result.unaccounted():
         sys.exit(EXIT_MISSING)
 
 

@@ -24,6 +24,7 @@ class QueueCursor:
         "pulled_db",
         "last_message_id",
         "at_end",
+        "resent_below",
     )
 
     def __init__(self, queue_id: int, committed: int) -> None:
@@ -35,6 +36,10 @@ class QueueCursor:
         self.pulled_db = committed
         self.last_message_id: str | None = None
         self.at_end = False
+        # Records below this offset may have been sent by the runner's previous owner (a
+        # worker that crashed or handed it over): its pulls stopped UNCOMMITTED_SPANS spans
+        # past this committed offset. Set when the runner starts (``Lanes.start``).
+        self.resent_below = committed
 
     def advance(self, offset: int) -> None:
         """Everything before ``offset`` has been read."""

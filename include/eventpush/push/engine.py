@@ -98,6 +98,8 @@ class WorkerReport:
     failed: int = 0
     filtered: int = 0
     retried: int = 0
+    # First sends the destination already held under their key (Lanes.held_on_first_send).
+    already_held: int = 0
     seconds: float = 0.0
 
     def as_dict(self) -> dict:

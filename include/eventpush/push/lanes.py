@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+import logging
 import math
 import statistics
 import time
@@ -45,6 +46,8 @@ from eventpush.rules.patterns import compile_pattern
 from eventpush.rules.transforms import compile_transform
 from eventpush.sinks import contract, retry
 from eventpush.sinks.contract import Outcome, Record, Target
+
+log = logging.getLogger(__name__)
 
 FRESH_PER_RETRY = 4
 ROOM_SHARE = 16  # a blocked feeder wakes once 1/ROOM_SHARE of the runner's records finished
@@ -218,6 +221,7 @@ class Lanes:
         self.metrics = metrics  # eventpush.metrics.WorkerMetrics, or None
         # Its per-request counters, called straight from the hot path.
         self.attempts = metrics.attempts if metrics is not None else None
+        self.warned_held: set[int] = set()  # runners warned of a destination's held keys
 
     # --- life of a runner -----------------------------------------------------------------
 
@@ -225,6 +229,8 @@ class Lanes:
         name = runner.target.runner
         for cursor in runner.cursors.values():
             qid = cursor.queue_id
+            span = UNCOMMITTED_SPANS * self.settings.buffer_span
+            cursor.resent_below = cursor.committed_db + span
             runner.tasks.append(self.spawn(self.feed(runner, cursor), f"feeder {name}#{qid}"))
             if runner.target.ordered:
                 runner.tasks.append(self.spawn(self.ordered(runner, qid), f"sender {name}#{qid}"))
@@ -502,6 +508,8 @@ class Lanes:
             outcome = await tracing.in_deliver_span(
                 runner.target, batch, lambda: send(runner.target, batch, runner.transform)
             )
+        if outcome.held is not None:  # rare: the destination already held some keys
+            self.held_on_first_send(runner, batch, outcome)
         for r in batch:
             r.attempts += 1
         runner.last_outcome = outcome
@@ -512,6 +520,37 @@ class Lanes:
         if self.attempts is not None:
             self.attempts.add(runner.target.runner, kind, outcome.latency_ms / 1000, retry)
         return outcome
+
+    def held_on_first_send(self, runner: Runner, batch: list[Record], outcome: Outcome) -> None:
+        """Records the destination already held under their key on their first send from this
+        runner (attempt 1, and past what a previous owner of the runner may have sent): no
+        copy of ours can be there, so another writer uses the same keys (two installations
+        on one stream, a runner's keys reused). Still delivered (the destination holds that
+        key); counted in ``eventpush_sink_duplicates_total`` and warned of once per target."""
+        cursors = runner.cursors
+        first = [
+            r
+            for r in (batch[i] for i in outcome.held)
+            if r.attempts == 0 and r.offset >= cursors[r.queue_id].resent_below
+        ]
+        if not first:
+            return
+        self.report.already_held += len(first)
+        where = outcome.held_by or "the destination"
+        if self.metrics is not None:
+            self.metrics.already_held(runner.target.runner, where, len(first))
+        if runner.id not in self.warned_held:
+            self.warned_held.add(runner.id)
+            log.warning(
+                "target %s: %s already held %d record(s) sent for the first time (e.g. queue "
+                "%d offset %d): another writer uses this runner's record keys; see "
+                "docs/OPERATIONS.md",
+                runner.target.runner,
+                where,
+                len(first),
+                first[0].queue_id,
+                first[0].offset,
+            )
 
     # --- sending --------------------------------------------------------------------------
 

@@ -151,19 +151,22 @@ def audit_expectations() -> list:
     return [
         E.ExpectColumnValuesToBeUnique(column="runner"),
         E.ExpectColumnValuesToBeBetween(column="missing", min_value=0, max_value=0),
+        E.ExpectColumnValuesToBeBetween(column="absent", min_value=0, max_value=0),
         E.ExpectColumnPairValuesToBeEqual(column_A="expected", column_B="accounted"),
     ]
 
 
 def check_audit(runners, run_label: str, db_url: str | None = None, **kw) -> CheckResult:
-    """No runner has a missing record, and every expected record is accounted for once.
-    ``runners``: RunnerAudit objects or dicts with the audit's keys."""
+    """No runner has a missing record nor one absent from its destination, and every expected
+    record is accounted for once. ``runners``: RunnerAudit objects or dicts with the audit's
+    keys (``absent`` 0 when the report did not verify sinks)."""
     # Deferred: pandas is loaded only by the suites that hand it a frame.
     import pandas as pd
 
     rows = [r if isinstance(r, dict) else r.__dict__ for r in runners]
     columns = ["runner", "expected", "delivered", "failed", "missing", "pending", "duplicates"]
-    df = pd.DataFrame(rows, columns=columns)
+    df = pd.DataFrame(rows, columns=[*columns, "absent"])
+    df["absent"] = df["absent"].fillna(0).astype("int64")
     df["accounted"] = df["delivered"] + df["failed"] + df["missing"] + df["pending"]
     return run_suite("audit", df, audit_expectations(), run_label, db_url, **kw)
 

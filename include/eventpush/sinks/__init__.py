@@ -20,6 +20,30 @@ The contract's types (:class:`Target`, :class:`Record`, :class:`Outcome`, the an
 :mod:`eventpush.sinks.contract`, the retry arithmetic in :mod:`eventpush.sinks.retry`; neither
 imports the push runtime.
 
+**The idempotency key.** Every record a runner sends has one key,
+:func:`eventpush.sinks.contract.record_key` (``msg_<runner id>.<queue>.<offset>``): the same
+for every retry, for the worker that takes the runner over after a crash and for every
+replay of that record to that target, so a destination that drops repeated keys drops the
+copies those make; and never the same for two runners, so two targets writing one
+destination (two subjects of one JetStream stream, two rules posting to one URL) never look
+like copies of each other. A sink that hands a destination its own idempotency field uses
+this key, per record, also inside a batch (JetStream's ``Nats-Msg-Id``: one message and one
+key per record). HTTP's ``webhook-id`` is the record's key too
+(:func:`~eventpush.sinks.contract.webhook_id`): Standard Webhooks receivers drop a
+``webhook-id`` they have seen, so an id per event, shared by its targets, would lose every
+copy but the first at a receiver two targets post to; a batch request's ``webhook-id`` is a
+digest of its runner and positions and names that request only. The event's own ``id``
+stays in the body for a receiver that wants the event once whatever the target.
+
+**Reading back** (optional): a kind whose destination can be read has ``await
+sink.read_back(url, since, found)``, which calls ``found(key)`` for the key of every record the
+destination holds for the target at ``url`` (at least those stored at or after ``since``, a
+datetime or None for all; more is harmless) and returns a
+:class:`~eventpush.sinks.contract.Retention`: what it read and what the destination's own
+limits removed (aged out, not lost). It raises when the destination cannot be read. ``audit
+--verify-sinks`` compares it with the books (:mod:`eventpush.sinks.readback`); a kind without
+the method is reported as not readable.
+
 A kind is found through the entry-point group ``eventpush.sinks``: the entry point's name is
 the URL scheme, its value the class. eventpush declares its own (``http``, ``https``,
 ``nats``) in ``pyproject.toml``; a third party adds a scheme by declaring one in its own
@@ -55,6 +79,14 @@ BUILTIN = {
     "nats": "eventpush.sinks.nats:NatsSink",
     "bus": "eventpush.bus_targets:BusSink",
 }
+
+
+def readable(url: str) -> bool:
+    """Whether the sink kind of ``url`` can read its destination back (``read_back``)."""
+    try:
+        return callable(getattr(sink_kind(scheme_of(url)), "read_back", None))
+    except InvalidTargetUrlError:
+        return False
 
 
 class SinkConflictError(RuntimeError):
@@ -166,17 +198,21 @@ class Sinks:
         """Attempts with retries inline (as replay does), each in its own trace span: the
         final outcome, with ``records[*].attempts`` updated. Records a sink answers one by one
         (``Outcome.per_record``) are retried alone; the outcome then holds each one's last
-        answer."""
+        answer, and in ``held`` the records the destination held already at the first
+        attempt."""
         start = time.monotonic()
         for r in records:
             r.first_seen = r.first_seen or start
         answers: list[tuple[str, str | None]] = [(RETRY, None)] * len(records)
         todo = list(range(len(records)))  # indexes of the records still to send
+        held = None  # what the first attempt found held already (a retry's says nothing)
         while True:
             sending = [records[i] for i in todo]
             outcome = await tracing.in_deliver_span(
                 target, sending, lambda sending=sending: self.send(target, sending, transform)
             )
+            if held is None:
+                held = (outcome.held or [], outcome.held_by)
             for r in sending:
                 r.attempts += 1
             parts = outcome.per_record or [(outcome.kind, outcome.error)] * len(sending)
@@ -191,6 +227,7 @@ class Sinks:
             await asyncio.sleep(delay)
         if len(set(answers)) > 1:
             outcome.per_record = answers
+        outcome.held, outcome.held_by = (held[0] or None), held[1]
         return outcome
 
     async def close(self) -> None:

@@ -93,6 +93,24 @@ class Outcome:
     # differ: (kind, error) per record, in the batch's order; ``kind`` and ``error`` above
     # then say what the send as a whole came to (for the breaker and the metrics).
     per_record: list[tuple[str, str | None]] | None = None
+    # Indexes (in the send's order) of records the destination said it already held under
+    # their key (a JetStream duplicate): delivered all the same; on a first send the engine
+    # counts and warns (two writers share keys). ``held_by`` names the destination.
+    held: list[int] | None = None
+    held_by: str | None = None
+
+
+@dataclass(frozen=True)
+class Retention:
+    """What a read-back read (``where``, e.g. ``stream ORDERS``) and what the destination's own
+    limits removed: a record delivered before ``kept_from`` (None: no such time) is gone by
+    them, not lost; with ``trimmed`` the destination drops its oldest records (a stream's
+    first sequence has moved on), so a record older, in its runner's queue order, than every
+    record of that queue it still holds was dropped by them too."""
+
+    where: str
+    kept_from: datetime | None = None
+    trimmed: bool = False
 
 
 class Sink(Protocol):
@@ -108,10 +126,25 @@ class Sink(Protocol):
     async def close(self) -> None: ...
 
 
+def record_key(runner_id: int, queue_id: int, offset: int) -> str:
+    """A record's idempotency key at its target (the sink contract: ``eventpush.sinks``):
+    ``msg_<runner id>.<queue>.<offset>``. One per runner and record: the same for every
+    retry, every worker that takes the runner over after a crash and every replay of that
+    record to that target (so the destination can drop the copies they make), and never
+    the same for two runners, even when their targets write one destination (two subjects
+    of one JetStream stream, one receiver URL). The event's own id is not in it: the
+    targets of one event would share it, and a publisher may reuse an event id."""
+    return f"msg_{runner_id}.{queue_id}.{offset}"
+
+
 def webhook_id(target: Target, records: list[Record]) -> str:
-    """The idempotency key: the same for every retry and replay of the same records."""
+    """The ``webhook-id`` of one request: the record's key (:func:`record_key`) for one
+    record; for a batch, a digest of the runner and the records' positions, which names that
+    request only (each record of it keeps its own key, which a sink writing records one by
+    one uses)."""
     if len(records) == 1:
-        return f"msg_{records[0].message_id}"
+        r = records[0]
+        return record_key(target.runner_id, r.queue_id, r.offset)
     digest = hashlib.sha256(
         (f"{target.runner_id}:" + ",".join(f"{r.queue_id}.{r.offset}" for r in records)).encode()
     ).hexdigest()[:32]

@@ -2,12 +2,16 @@
 
 Each record becomes one message on ``SUBJECT`` with the body an HTTP target would get for it
 alone (transformed as the target says) and the same headers (``webhook-id`` and, with a
-secret, the Standard Webhooks signature), plus ``Nats-Msg-Id`` equal to ``webhook-id``: a
-record sent again after a crash, a lost acknowledgement or a replay is dropped by the server
-as a duplicate within its stream's duplicate window. A record counts as delivered on the
-JetStream acknowledgement (a duplicate's included). A batch is published at once (one write,
-one flush) and its acknowledgements awaited together; each record settles on its own answer
-(``Outcome.per_record``: a refused message fails alone, an unanswered one is retried alone).
+secret, the Standard Webhooks signature), plus ``Nats-Msg-Id`` equal to ``webhook-id``, which
+for one record is the record's key (``delivery.record_key``: one per runner and record, see
+``eventpush.sinks``): a record sent again after a crash, a lost acknowledgement or a replay is
+dropped by the server as a duplicate within its stream's duplicate window, and the targets of
+several rules writing subjects of one stream never drop each other's messages. A record counts
+as delivered on the JetStream acknowledgement (a duplicate's included: the stream holds that
+id; the outcome names such records in ``Outcome.held`` and the engine warns when a first send
+was one). A batch is published at once (one write, one flush) and its acknowledgements awaited
+together; each record settles on its own answer (``Outcome.per_record``: a refused message
+fails alone, an unanswered one is retried alone).
 A stream whose duplicate window is shorter than the target's retry horizon is warned of once.
 
 Classification: no stream listening on the subject (no responders) is final, as is any
@@ -31,11 +35,14 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import nats
 import nats.errors
 import nats.js.errors
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from eventpush import tracing
 from eventpush.addresses import AddressPolicy, RefusedAddressError
@@ -50,7 +57,7 @@ from eventpush.nats_client import (
     validate_target_url,
 )
 from eventpush.sinks import transform_failed
-from eventpush.sinks.contract import DELIVERED, FINAL, RETRY, Outcome, Record, Target
+from eventpush.sinks.contract import DELIVERED, FINAL, RETRY, Outcome, Record, Retention, Target
 from eventpush.sinks.request import build_request
 from eventpush.sinks.retry import BACKOFF_CAP_S
 
@@ -62,6 +69,9 @@ RECONNECT_WAIT_S = 0.25
 MAX_RECONNECTS = 20
 CLOSE_TIMEOUT_S = 2.0
 MSG_ID = "Nats-Msg-Id"
+# A read-back (``read_back``): messages per fetch, and how long one fetch or request may take.
+READ_BATCH = 10_000
+READ_TIMEOUT_S = 30.0
 # nats-py's own defaults, named because the hot path of ``send`` depends on them.
 MAX_PENDING_ACKS = 4000
 PENDING_BYTES = 2 * 1024 * 1024
@@ -142,12 +152,13 @@ class _Acks:
     resolved when the last one is in (one future and one deadline per send, not per message),
     or failed by the deadline or the connection closing."""
 
-    __slots__ = ("first", "answers", "left", "done")
+    __slots__ = ("first", "answers", "left", "done", "held")
 
     def __init__(self, first: int, n: int) -> None:
         self.first = first
         self.answers: list = [None] * n
         self.left = n
+        self.held: list[int] | None = None  # indexes acknowledged as duplicates
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
 
 
@@ -226,7 +237,8 @@ class _Connection:
                 continue
             sent.append(i)
             # As NATS.publish writes headers (values on one line), the message id being
-            # webhook-id's value; HTTP's user-agent left out (a consumer has no use for it).
+            # webhook-id's value: this one record's key (the send built one message per
+            # record); HTTP's user-agent left out (a consumer has no use for it).
             lines = "".join(
                 f"{key}: {value.strip().translate(_NEWLINES)}\r\n"
                 for key, value in headers.items()
@@ -274,6 +286,10 @@ class _Connection:
                 reply = json.loads(msg.data)
                 error = reply.get("error")
                 answer = reply["stream"] if error is None else _api_error(error)
+                if reply.get("duplicate"):  # stored already, under this message id
+                    if acks.held is None:
+                        acks.held = []
+                    acks.held.append(i)
             except Exception as exc:  # not a JetStream acknowledgement
                 answer = ValueError(f"unreadable JetStream acknowledgement: {exc}")
         acks.answers[i] = answer
@@ -386,7 +402,10 @@ class NatsSink:
         ]
         failures = [part for part in parts if part[0] != DELIVERED]
         if not failures:
-            return self._outcome(target, DELIVERED, None, started)
+            outcome = self._outcome(target, DELIVERED, None, started)
+            if acks.held is not None:
+                outcome.held, outcome.held_by = acks.held, f"stream {stored}"
+            return outcome
         # The send as a whole: its worst answer (final before retryable), for the breaker.
         kind, error = min(failures, key=lambda f: f[0] != FINAL)
         if len(failures) > 1:
@@ -396,7 +415,100 @@ class NatsSink:
             outcome.per_record = [
                 (k, None if e is None else self._mask(redact(e, target.url))) for k, e in parts
             ]
+        if acks.held is not None:
+            outcome.held, outcome.held_by = acks.held, f"stream {stored}"
         return outcome
+
+    async def read_back(
+        self, url: str, since: datetime | None, found: Callable[[str], object]
+    ) -> Retention:
+        """The message id of every message on the target's subject stored at or after
+        ``since`` (all without), through one ephemeral pull consumer on the stream that
+        takes the subject: filtered to it, headers only (no bodies cross the wire), no
+        acknowledgements, fetched READ_BATCH at a time, up to what it had pending when it was
+        made (what the books call delivered was stored before). Raises what the broker says
+        (no stream for the subject, no connection) for the caller to report.
+
+        What the stream's limits removed: ``kept_from`` is now minus its ``max_age`` and,
+        once its first sequence has moved on, the time of its oldest message (with
+        ``max_msgs_per_subject``, of the subject's); ``trimmed`` when its first sequence has
+        moved on or it keeps a number per subject. A purge or a deletion of the stream's
+        head looks the same: counted as expired, not absent."""
+        where = _where(url)
+        subject = where.path
+        conn = await self._connection(where.host, where.port)
+        js = conn.js
+        stream = await js.find_stream_name_by_subject(subject)
+        raw = await conn.client.request(f"$JS.API.STREAM.INFO.{stream}", b"", READ_TIMEOUT_S)
+        info = json.loads(raw.data)
+        if "error" in info:
+            raise _api_error(info["error"])
+        config, state = info["config"], info["state"]
+        if since is None:
+            policy = {"deliver_policy": DeliverPolicy.ALL}
+        else:
+            policy = {"deliver_policy": DeliverPolicy.BY_START_TIME, "opt_start_time": since}
+        consumer = ConsumerConfig(
+            filter_subject=subject,
+            ack_policy=AckPolicy.NONE,
+            headers_only=True,
+            mem_storage=True,
+            inactive_threshold=READ_TIMEOUT_S * 4,
+            **policy,
+        )
+        pull = await js.pull_subscribe(subject, stream=stream, config=consumer)
+        kept: list[datetime] = []
+        per_subject = config.get("max_msgs_per_subject", -1) > 0
+        trimmed = state.get("first_seq", 1) > 1 or per_subject
+        first_ts = state.get("first_ts")
+        if state.get("first_seq", 1) > 1 and state.get("messages") and first_ts:
+            kept.append(_nats_time(first_ts))
+        if config.get("max_age"):
+            kept.append(datetime.now(UTC) - timedelta(microseconds=config["max_age"] // 1000))
+        # The messages come in on an inbox of our own, each handed to a callback: nats-py's
+        # fetch awaits a future per message, about seven times the cost of this.
+        client, loop = conn.client, asyncio.get_running_loop()
+        batch: dict = {"received": 0, "due": 0, "done": loop.create_future()}
+
+        async def arrived(msg) -> None:
+            headers = msg.headers
+            if headers and "Status" in headers:  # the pull request ended short (408, 404...)
+                if not batch["done"].done():
+                    why = f"{headers.get('Status')} {headers.get('Description', '')}".strip()
+                    batch["done"].set_exception(RuntimeError(f"stream {stream} read: {why}"))
+                return
+            if batch["received"] == 0 and per_subject:  # the subject's oldest message held
+                with contextlib.suppress(Exception):  # no metadata: the limit stays unknown
+                    kept.append(msg.metadata.timestamp)
+            batch["received"] += 1
+            key = headers.get(MSG_ID) if headers else None
+            if key is not None:
+                found(key)
+            if batch["received"] >= batch["due"] and not batch["done"].done():
+                batch["done"].set_result(None)
+
+        inbox = client.new_inbox()
+        sub = await client.subscribe(inbox, cb=arrived)
+        try:
+            info = await pull.consumer_info()
+            left = info.num_pending
+            request = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{info.name}"
+            while left > 0:
+                want = min(left, READ_BATCH)
+                batch["due"] = batch["received"] + want
+                batch["done"] = loop.create_future()
+                expires = int(READ_TIMEOUT_S * 1e9)
+                body = json.dumps({"batch": want, "expires": expires}).encode()
+                await client.publish(request, body, reply=inbox)
+                async with asyncio.timeout(READ_TIMEOUT_S + 5):
+                    await batch["done"]
+                left -= want
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            with contextlib.suppress(Exception):
+                await pull.unsubscribe()
+        return Retention(f"stream {stream}", max(kept) if kept else None, trimmed)
 
     async def _check_window(self, target: Target, stream: str) -> None:
         """Warn, once per target and stream, when the stream forgets message ids sooner than
@@ -523,6 +635,16 @@ def retry_horizon_s(target: Target) -> float:
     )
     timeouts = target.max_attempts * target.timeout_ms / 1000
     return min(waits + timeouts, target.max_age_s + target.timeout_ms / 1000)
+
+
+def _nats_time(text: str) -> datetime:
+    """A NATS server time (RFC 3339 with up to nanoseconds, ``Z``) as an aware datetime."""
+    head, _, rest = text.partition(".")
+    if not rest:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    digits = "".join(c for c in rest if c.isdigit())
+    zone = rest[len(digits) :].replace("Z", "+00:00") or "+00:00"
+    return datetime.fromisoformat(f"{head}.{digits[:6].ljust(6, '0')}{zone}")
 
 
 def _auth_refused(exc: BaseException) -> bool:

@@ -15,6 +15,13 @@ one of:
 ``duplicates`` counts delivery rows beyond the first for one record. The per-record frame
 (``classify``) is also what a replay of audit gaps selects from. Runners of deleted targets
 are audited as well (their books stay), marked ``deleted``.
+
+With ``verify_sinks``, the destinations that can be read back (a sink kind with
+``read_back``: JetStream) are read, on the executors, one partition per target URL
+(``verify``, by :mod:`eventpush.sinks.readback`): each ``delivered`` record whose key the
+destination does not hold is ``absent`` (counted with ``missing`` in the exit code, listed by
+queue and offset) or ``expired`` (aged out by the destination's own limits), apart. ``sink``
+says per runner what was read, that it could not be read, or that its kind cannot be.
 """
 
 from __future__ import annotations
@@ -33,6 +40,11 @@ from eventpush.sparkjobs import jdbc
 STATES = ("delivered", "failed", "pending", "missing")
 PATTERN_VERSIONS = ("history", "current")
 NO_END = 2**62  # the newest version's segment runs on for good
+KEYS = ("runner_id", "queue_id", "offset")  # one record of one runner
+
+
+# Absent records listed per runner in a report (the counts are always whole).
+ABSENT_LISTED = 1000
 
 
 @dataclass(frozen=True)
@@ -43,6 +55,7 @@ class AuditRunner:
     bus: str
     pattern: str  # its rule's pattern now
     deleted: bool = False
+    url: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,12 @@ class RunnerAudit:
     pending: int
     duplicates: int
     deleted: bool = False  # the runner of a deleted target (its books, kept)
+    # With verify_sinks: records delivered in the books that the destination does not hold
+    # (absent) or has aged out (expired); ``sink`` says what was read ("stream ORDERS"),
+    # "not readable (http)" or "error: ..."; None when the sinks were not verified.
+    absent: int = 0
+    expired: int = 0
+    sink: str | None = None
 
 
 @dataclass(frozen=True)
@@ -76,13 +95,37 @@ class AuditResult:
     since: datetime | None
     until: datetime | None
 
+    # runner name -> the absent records, (queue_id, offset, message_id), at most ABSENT_LISTED
+    absent_records: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict)
+
     def totals(self) -> dict[str, int]:
         keys = ("expected", "delivered", "failed", "missing", "pending", "duplicates")
+        keys += ("absent", "expired")
         return {k: sum(getattr(r, k) for r in self.runners) for k in keys}
 
+    def unaccounted(self) -> int:
+        """What fails the audit: records missing from the books or absent from their
+        destination, and runners whose readable destination could not be read."""
+        unread = sum(1 for r in self.runners if r.sink is not None and r.sink.startswith("error"))
+        return self.totals()["missing"] + self.totals()["absent"] + unread
+
     def to_json(self) -> dict:
+        listed = self.absent_records
         return {
-            "runners": [asdict(r) for r in self.runners],
+            "runners": [
+                asdict(r)
+                | (
+                    {
+                        "absent_records": [
+                            {"queue_id": q, "offset": o, "message_id": m}
+                            for q, o, m in listed.get(r.runner, [])
+                        ]
+                    }
+                    if r.sink is not None
+                    else {}
+                )
+                for r in self.runners
+            ],
             "totals": self.totals(),
             "report_id": self.report_id,
             "since": self.since.isoformat() if self.since else None,
@@ -116,7 +159,7 @@ def load_scope(
     ``live_only``), with offsets, queue ranges and the pattern versions that judged their
     events (``current``: the rule's pattern now, for every offset)."""
     cur.execute(
-        "SELECT r.id, r.name, b.id, b.name, ru.pattern::text, r.deleted_at IS NOT NULL "
+        "SELECT r.id, r.name, b.id, b.name, ru.pattern::text, r.deleted_at IS NOT NULL, t.url "
         "FROM event_target_runner r "
         "JOIN event_target t ON t.id = r.target_id JOIN event_rule ru ON ru.id = t.rule_id "
         "JOIN event_bus b ON b.id = ru.bus_id "
@@ -242,10 +285,12 @@ def classify(
     until: datetime | None = None,
     slice_size: int = jdbc.DEFAULT_SLICE,
     from_start: bool = False,
+    delivered_at: bool = False,
 ):
     """One row per expected record: runner_id, bus_id, queue_id, offset, message_id, ctime,
     body, deliveries (count), failure_status, committed, state. With ``from_start`` every
-    matching event counts, also those from before a runner began (an archive replay's view)."""
+    matching event counts, also those from before a runner began (an archive replay's view);
+    with ``delivered_at``, also the time of its last delivery row (for ``verify``)."""
     # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
 
@@ -288,10 +333,12 @@ def classify(
     if not from_start:
         expected = expected.where(F.col("offset") >= F.col("start_offset"))
     ids = [r.runner_id for r in scope.runners]
+    columns = 'runner_id, queue_id, "offset"' + (", ctime AS delivered_at" if delivered_at else "")
+    when = [F.max("delivered_at").alias("delivered_at")] if delivered_at else []
     deliveries = (
-        jdbc.read_by_runner(spark, db, "event_push_delivery", 'runner_id, queue_id, "offset"', ids)
+        jdbc.read_by_runner(spark, db, "event_push_delivery", columns, ids)
         .groupBy("runner_id", "queue_id", "offset")
-        .agg(F.count(F.lit(1)).alias("deliveries"))
+        .agg(F.count(F.lit(1)).alias("deliveries"), *when)
     )
     failures = jdbc.read_by_runner(
         spark,
@@ -300,7 +347,7 @@ def classify(
         'runner_id, queue_id, "offset", status AS failure_status',
         ids,
     )
-    keys = ["runner_id", "queue_id", "offset"]
+    keys = list(KEYS)
     joined = expected.join(deliveries, keys, "left").join(failures, keys, "left")
     deliveries_col = F.coalesce(F.col("deliveries"), F.lit(0))
     state = (
@@ -321,11 +368,59 @@ def classify(
         "failure_status",
         "committed",
         state.alias("state"),
+        *(["delivered_at"] if delivered_at else []),
     )
 
 
-def summarise(records, scope: AuditScope) -> list[RunnerAudit]:
-    """Per-runner counts from ``classify``'s frame; every runner of the scope appears."""
+def readable_runners(scope: AuditScope) -> dict[int, str]:
+    """runner id -> target URL, for the runners whose sink kind can read its destination."""
+    from eventpush.sinks import readable
+
+    return {r.runner_id: r.url for r in scope.runners if readable(r.url)}
+
+
+def verify(spark, records, scope: AuditScope, policy=None):
+    """The ``delivered`` records of ``classify``'s frame (made ``delivered_at``) checked at
+    their destinations, on the executors: one partition per target URL (as many as there are
+    cores at most), each reading its URL once through the sink kind's ``read_back``. A frame
+    of ``readback.SCHEMA``: a marker row per runner read (``checked`` or ``error``) and a row
+    per record its destination does not hold (``absent`` or ``expired``); None when no runner
+    of the scope has a readable destination."""
+    from pyspark.sql import functions as F
+
+    from eventpush.addresses import address_policy
+    from eventpush.sinks import readback
+
+    urls = readable_runners(scope)
+    if not urls:
+        return None
+    policy = policy if policy is not None else address_policy()
+    by_runner = spark.createDataFrame(list(urls.items()), "runner_id INT, url STRING")
+    delivered = (
+        records.where(F.col("state") == "delivered")
+        .join(F.broadcast(by_runner), "runner_id")
+        .select(
+            "url",
+            "runner_id",
+            "queue_id",
+            "offset",
+            F.col("ctime").cast("double").alias("ctime"),
+            F.col("delivered_at").cast("double").alias("delivered_at"),
+        )
+    )
+    parts = max(1, min(len(set(urls.values())), spark.sparkContext.defaultParallelism))
+    rows = (
+        delivered.repartition(parts, "url")
+        .sortWithinPartitions("url")
+        .rdd.mapPartitions(readback.check_partition(policy))
+    )
+    return spark.createDataFrame(rows, readback.SCHEMA)
+
+
+def summarise(records, scope: AuditScope, checked=False) -> list[RunnerAudit]:
+    """Per-runner counts from ``classify``'s frame; every runner of the scope appears. With
+    ``checked`` (``verify``'s frame, or None when nothing was readable, for an audit that
+    verifies sinks), each runner's absent, expired and sink too."""
     # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
 
@@ -342,20 +437,89 @@ def summarise(records, scope: AuditScope) -> list[RunnerAudit]:
         .collect()
     )
     by_id = {row["runner_id"]: row for row in rows}
+    sinks = _sink_states(checked, scope) if checked is not False else {}
     out = []
     for r in scope.runners:
         row = by_id.get(r.runner_id)
         counts = {k: int(row[k] or 0) if row else 0 for k in ("expected", *STATES, "duplicates")}
-        out.append(RunnerAudit(runner=r.name, **counts, deleted=r.deleted))
+        out.append(
+            RunnerAudit(runner=r.name, **counts, deleted=r.deleted, **sinks.get(r.runner_id, {}))
+        )
     return out
 
 
-def write_report(cur, bus: str | None, since, until, runners: list[RunnerAudit]) -> int:
+def _sink_states(checked, scope: AuditScope) -> dict[int, dict]:
+    """runner id -> absent, expired and sink, from ``verify``'s frame."""
+    from pyspark.sql import functions as F
+
+    from eventpush.sinks import readback, scheme_of
+
+    out: dict[int, dict] = {}
+    readable = readable_runners(scope)
+    for r in scope.runners:
+        if r.runner_id in readable:
+            # Read, but with nothing delivered in the window there was nothing to look for.
+            out[r.runner_id] = {"sink": "verified: nothing delivered in the window"}
+        else:
+            out[r.runner_id] = {"sink": f"not readable ({scheme_of(r.url)})"}
+    if checked is None:
+        return out
+    rows = (
+        checked.groupBy("runner_id", "state")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.first("where").alias("where"),
+            F.first("error").alias("error"),
+        )
+        .collect()
+    )
+    for row in rows:
+        state, entry = row["state"], out[row["runner_id"]]
+        if state == readback.CHECKED:
+            entry["sink"] = f"verified: {row['where']}"
+        elif state == readback.ERROR:
+            entry["sink"] = f"error: {row['error']}"
+        else:
+            entry[state] = int(row["n"])
+    return out
+
+
+def absent_listing(checked, records, scope: AuditScope) -> dict[str, list[tuple[int, int, str]]]:
+    """runner name -> its absent records (queue_id, offset, message_id), the first
+    ABSENT_LISTED of each by queue and offset."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from eventpush.sinks import readback
+
+    if checked is None:
+        return {}
+    order = Window.partitionBy("runner_id").orderBy("queue_id", "offset")
+    rows = (
+        checked.where(F.col("state") == readback.ABSENT)
+        .join(records.select(*KEYS, "message_id"), list(KEYS))
+        .withColumn("n", F.row_number().over(order))
+        .where(F.col("n") <= ABSENT_LISTED)
+        .select("runner_id", "queue_id", "offset", "message_id")
+        .collect()
+    )
+    names = {r.runner_id: r.name for r in scope.runners}
+    out: dict[str, list[tuple[int, int, str]]] = {}
+    for row in sorted(rows, key=lambda r: (r["runner_id"], r["queue_id"], r["offset"])):
+        out.setdefault(names[row["runner_id"]], []).append(
+            (int(row["queue_id"]), int(row["offset"]), row["message_id"])
+        )
+    return out
+
+
+def write_report(
+    cur, bus: str | None, since, until, runners: list[RunnerAudit], verified: bool = False
+) -> int:
     totals = AuditResult(runners, None, since, until).totals()
     cur.execute(
         "INSERT INTO event_audit_report (bus, window_start, window_end, expected, delivered, "
-        "failed, missing, pending, duplicates, runners) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+        "failed, missing, pending, duplicates, runners, absent, expired) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
         (
             bus,
             since,
@@ -367,6 +531,8 @@ def write_report(cur, bus: str | None, since, until, runners: list[RunnerAudit])
             totals["pending"],
             totals["duplicates"],
             json.dumps([asdict(r) for r in runners]),
+            totals["absent"] if verified else None,
+            totals["expired"] if verified else None,
         ),
     )
     return cur.fetchone()[0]
@@ -380,8 +546,10 @@ def run_audit(
     until: datetime | None = None,
     save: bool = True,
     slice_size: int = jdbc.DEFAULT_SLICE,
+    verify_sinks: bool = False,
 ) -> AuditResult:
-    """Audit every runner (of ``bus``, if given) over ``[since, until)``; saves the report."""
+    """Audit every runner (of ``bus``, if given) over ``[since, until)``; saves the report.
+    With ``verify_sinks``, readable destinations are read back too (``verify``)."""
     with connection(db_url) as conn:
         sync_heads(conn)  # a broker's bus: read up to its heads as they are now
     with connection(db_url) as conn, transaction(conn) as cur:
@@ -390,13 +558,26 @@ def run_audit(
             if cur.fetchone() is None:
                 raise ValueError(f"unknown bus {bus!r}")
         scope = load_scope(cur, bus=bus)
-    records = classify(spark, db_url, scope, since, until, slice_size)
-    runners = summarise(records, scope) if scope.runners else []
+    records = classify(spark, db_url, scope, since, until, slice_size, delivered_at=verify_sinks)
+    listed: dict = {}
+    if verify_sinks and scope.runners:
+        # Read once: the counts, the check and the listing all use the frame.
+        records = records.persist()
+        checked = verify(spark, records, scope)
+        if checked is not None:
+            checked = checked.persist()
+        runners = summarise(records, scope, checked)
+        listed = absent_listing(checked, records, scope)
+        records.unpersist()
+        if checked is not None:
+            checked.unpersist()
+    else:
+        runners = summarise(records, scope) if scope.runners else []
     report_id = None
     if save:
         with connection(db_url) as conn, transaction(conn) as cur:
-            report_id = write_report(cur, bus, since, until, runners)
-    result = AuditResult(runners, report_id, since, until)
+            report_id = write_report(cur, bus, since, until, runners, verified=verify_sinks)
+    result = AuditResult(runners, report_id, since, until, listed)
     if save:  # a saved audit is a result operators watch: textfile / Pushgateway when set
         publish_batch("audit", audit_results(result))
     return result

@@ -48,7 +48,7 @@ def replay_limits() -> ReplayLimits:
     )
 
 
-AUDIT_FORM_FIELDS = ("bus", "since", "until", "replay_missing")
+AUDIT_FORM_FIELDS = ("bus", "since", "until", "replay_missing", "verify_sinks")
 
 
 class FormError(ValueError):
@@ -76,6 +76,17 @@ def check_form_keys(*forms: dict | None, known: tuple[str, ...]) -> None:
             f"unknown field{'s' if len(unknown) > 1 else ''} {names} in the request; "
             f"known: {', '.join(known)}"
         )
+
+
+def audit_flag(params: dict, key: str) -> bool:
+    """A yes/no field of the audit's form (``verify_sinks``): a JSON boolean, off when empty;
+    anything else is refused rather than guessed."""
+    value = params.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise FormError(f"{key} must be true or false, got {value!r}")
+    return value
 
 
 def audit_window(

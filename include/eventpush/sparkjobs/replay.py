@@ -9,7 +9,11 @@ records per second, and message ids are few and short (they travel as spark-subm
 arguments). Spark selects the records: ``failed`` reads the open failure rows
 (status ``failed``, window on when they failed), ``missing`` takes the audit's gaps, ``all``
 every event of the window the rule matches (from the start of the bus, as an archive replay
-does). The executors then push them with the engine's delivery code (signing, inline
+does). ``missing`` also reads readable destinations back (``audit.verify``): a record the
+books call delivered that its destination does not hold (``absent``) is re-pushed too; one
+the destination still answers as held (a deleted message whose id a stream remembers within
+its duplicate window) is not restored and counts as failed (replay it once the window has
+passed). The executors then push them with the engine's delivery code (signing, inline
 retries, the stable ``webhook-id``), each partition writing its delivery rows (origin
 ``replay``) and failure-row updates in one transaction.
 
@@ -37,10 +41,11 @@ from eventpush.push.store import copy_deliveries, load_targets
 from eventpush.quality import batch as quality
 from eventpush.rules.transforms import compile_transform
 from eventpush.sinks import Sinks
-from eventpush.sinks.contract import DELIVERED, Record, by_answer
+from eventpush.sinks.contract import DELIVERED, FINAL, Record, by_answer
+from eventpush.sinks.readback import ABSENT
 from eventpush.sources import sync_heads
 from eventpush.sparkjobs import jdbc
-from eventpush.sparkjobs.audit import classify, load_scope
+from eventpush.sparkjobs.audit import KEYS, classify, load_scope, readable_runners, verify
 from eventpush.sparkjobs.forms import (
     FORM_FIELDS,
     MAX_MESSAGE_ID_LENGTH,
@@ -203,18 +208,24 @@ def check_request(req: ReplayRequest, cur) -> list[int]:
     return [r.runner_id for r in scope.runners]
 
 
-SELECTION_COLUMNS = ["runner_id", "bus_id", "queue_id", "offset", "message_id", "ctime"]
-PUSH_COLUMNS = ["runner_id", "bus_id", "queue_id", "offset", "message_id"]
+# ``absent``: delivered in the books, not held by its destination (a ``missing`` replay).
+SELECTION_COLUMNS = ["runner_id", "bus_id", "queue_id", "offset", "message_id", "ctime", "absent"]
+PUSH_COLUMNS = ["runner_id", "bus_id", "queue_id", "offset", "message_id", "absent"]
+NOT_RESTORED = (
+    "{where} still holds this record's key (a removed message whose id it remembers within "
+    "its duplicate window): not restored; replay it again once the window has passed"
+)
 
 OPEN_FAILURES_SQL = (
-    'SELECT f.runner_id, ru.bus_id, f.queue_id, f."offset", f.message_id, f.ctime '
+    'SELECT f.runner_id, ru.bus_id, f.queue_id, f."offset", f.message_id, f.ctime, '
+    "FALSE AS absent "
     "FROM event_push_failure f JOIN event_target_runner r ON r.id = f.runner_id "
     "JOIN event_target t ON t.id = r.target_id JOIN event_rule ru ON ru.id = t.rule_id "
     "WHERE f.status = 'failed' AND f.runner_id = ANY(%(runners)s)"
 )
 
 
-def select(spark, db_url: str, req: ReplayRequest, runner_ids: list[int]):
+def select(spark, db_url: str, req: ReplayRequest, runner_ids: list[int], policy=None):
     """The records to replay, one row per (runner, queue, offset), oldest first."""
     # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
@@ -229,9 +240,28 @@ def select(spark, db_url: str, req: ReplayRequest, runner_ids: list[int]):
         sync_heads(conn)  # a broker's bus: read up to its heads as they are now
     with connection(db_url) as conn, transaction(conn) as cur:
         scope = load_scope(cur, runner_ids=runner_ids, pattern_version=req.pattern_version)
-    rows = classify(spark, db_url, scope, req.since, req.until, from_start=req.what == "all")
-    if req.what == "missing":
-        rows = rows.where(F.col("state") == "missing")
+    readable = req.what == "missing" and bool(readable_runners(scope))
+    rows = classify(
+        spark,
+        db_url,
+        scope,
+        req.since,
+        req.until,
+        from_start=req.what == "all",
+        delivered_at=readable,
+    )
+    if readable:
+        rows = rows.persist()
+        checked = verify(spark, rows, scope, policy)
+        absent = checked.where(F.col("state") == ABSENT).select(*KEYS, F.lit(True).alias("absent"))
+        rows = rows.join(absent, list(KEYS), "left").where(
+            (F.col("state") == "missing") | F.col("absent").isNotNull()
+        )
+        rows = rows.withColumn("absent", F.coalesce(F.col("absent"), F.lit(False)))
+    elif req.what == "missing":
+        rows = rows.where(F.col("state") == "missing").withColumn("absent", F.lit(False))
+    else:
+        rows = rows.withColumn("absent", F.lit(False))
     if req.message_ids:
         rows = rows.where(F.col("message_id").isin(list(req.message_ids)))
     rows = rows.select(*SELECTION_COLUMNS).orderBy("ctime", "runner_id", "queue_id", "offset")
@@ -320,13 +350,17 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
             target = targets[batch[0]["runner_id"]]
             records = [record(row) for row in batch]
             outcome = await sinks.deliver(target, records, transforms[target.runner_id])
+            if outcome.held and any(batch[i]["absent"] for i in outcome.held):
+                not_restored(batch, outcome)
             pending.append((target, records, outcome))
 
         todo: dict[int, list] = {}
         skipped = 0
         for row in rows:
             key = (row["runner_id"], row["queue_id"], row["offset"])
-            if key in already or key not in bodies or row["runner_id"] not in targets:
+            # An absent record has its delivery row: the destination lost it, not the books.
+            done = key in already and not row["absent"]
+            if done or key not in bodies or row["runner_id"] not in targets:
                 skipped += 1
             else:
                 todo.setdefault(row["runner_id"], []).append(row)
@@ -384,6 +418,20 @@ async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[
     finally:
         conn.close()
     return [("delivered", counts["delivered"]), ("failed", counts["failed"]), ("skipped", skipped)]
+
+
+def not_restored(batch: list, outcome) -> None:
+    """Absent records the destination answered as held on their first attempt were not
+    written again: each fails with the reason (``NOT_RESTORED``), the rest keep their
+    answers."""
+    answers = outcome.per_record or [(outcome.kind, outcome.error)] * len(batch)
+    why = NOT_RESTORED.format(where=outcome.held_by or "the destination")
+    for i in outcome.held:
+        if batch[i]["absent"]:
+            answers[i] = (FINAL, why)
+    outcome.per_record = answers
+    if len(set(answers)) == 1:
+        outcome.kind, outcome.error = answers[0]
 
 
 def int_array(values) -> str:
@@ -513,7 +561,7 @@ def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -
         # One read of the selection to the driver (its keys are few columns, and the check
         # and the counts need them all), then one Spark job that pushes it: no cache, no
         # shuffle to spread it, no reduce stage for three counts.
-        keys = select(spark, db_url, req, runner_ids).select(*PUSH_COLUMNS).toPandas()
+        keys = select(spark, db_url, req, runner_ids, policy).select(*PUSH_COLUMNS).toPandas()
         result.selected = len(keys)
         names = _runner_names(db_url, runner_ids)
         counts = keys["runner_id"].value_counts().to_dict() if len(keys) else {}
