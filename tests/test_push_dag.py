@@ -374,3 +374,17 @@ def test_the_push_sensor_pokes_and_times_out_like_any_sensor(conn, airflow_conn_
     op = PushSliceSensor(**poking, mode="poke", poke_interval=0.2, timeout=1, soft_fail=True)
     with pytest.raises(AirflowSkipException):
         op.execute(context)
+
+
+def test_a_one_off_run_until_idle_ends_when_the_work_is_done(push_dag, conn, airflow_conn_env):
+    with Receiver() as rx:
+        seed(conn, f"{rx.url}/ok", workers=("w1",))
+        publish(conn, "orders", order_events(5))
+        started = time.monotonic()
+        run = push_dag.test(run_conf={"slice_seconds": 600, "until_idle": True})
+        took = time.monotonic() - started
+        assert len(rx.state.delivered("/ok")) == 5
+    states = _states(run)
+    assert str(run.state) == "success", states
+    assert states["push"] == ["success"], states
+    assert took < 300  # the work's few seconds, not the 600 s window (nor its hand-over)
