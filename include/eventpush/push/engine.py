@@ -229,8 +229,6 @@ class Engine:
         self.lease = DbSlot(
             self.url, take, application_name=hand_over.application_name, **LEASE_KEEPALIVE
         )
-        # Take the lease now or fail (waiting out a database that is slow to answer).
-        await self.lease.call(lambda c: None, give_up_s=STARTUP_GIVE_UP_S)
         self.sinks = sinks.Sinks()
         settings = WorkerSettings()
         self.cache = WindowCache(
@@ -256,13 +254,25 @@ class Engine:
             metrics=self.metrics,
         )
         self.lanes.runners = self.runners
-        background = [
-            self._spawn(self._committing(), "committer"),
+        self.background = background = []
+        # Everything that needs no lease is ready before it is taken (the source's reader
+        # listening, the rule engine imported), so a successor that waited for the lease
+        # pushes at once: its LISTEN also hears eventpush publish elsewhere.
+        self._open_source(sources.POSTGRES)
+        import eventpush.rules.patterns  # noqa: F401  (first used once runners are known)
+
+        try:
+            # Take the lease now or fail (waiting out a database that is slow to answer).
+            await self.lease.call(lambda c: None, give_up_s=STARTUP_GIVE_UP_S)
+        except BaseException:
+            await self._close_early(background)
+            raise
+        self.committing = self._spawn(self._committing(), "committer")
+        background += [
+            self.committing,
             self._spawn(self._heartbeat(), "heartbeat"),
             self._spawn(self._sampler(), "metrics sampler"),
         ]
-        self.background = background
-        self._open_source(sources.POSTGRES)  # its LISTEN also hears eventpush publish elsewhere
         try:
             try:
                 await self._refresh()
@@ -281,6 +291,18 @@ class Engine:
         if self.fatal is not None:
             raise self.fatal
         return self.report
+
+    async def _close_early(self, background: list[asyncio.Task]) -> None:
+        """Undo what was set up before the lease, which could not be taken."""
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        for reader in self.sources.values():
+            with contextlib.suppress(Exception):
+                await reader.close()
+        for slot in (self.lease, self.aux):
+            await slot.settle(timeout=FINAL_COMMIT_GIVE_UP_S)
+            slot.close()
 
     async def _supervise(self, started: float) -> None:
         last_progress = 0.0
@@ -331,9 +353,10 @@ class Engine:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        committer, *others = background
-        for task in others:
-            task.cancel()
+        committer = self.committing
+        for task in background:
+            if task is not committer:
+                task.cancel()
         # A commit under way is let finish; if it will not, it is cancelled and stays
         # pending with its transaction id, and the final commit looks it up first.
         with contextlib.suppress(TimeoutError):
