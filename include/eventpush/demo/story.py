@@ -227,9 +227,9 @@ def main() -> None:
     url = demo_database()
     console.print(f"demo database: [cyan]{DEMO_DB}[/] (migrated)")
     env = airflow_env(url)
+    receiver = ReceiverProcess(args.port)
     # Airflow starts (and migrates its metadata database) while the shop is set up.
     runs = DagRuns(env, Path(env["AIRFLOW_HOME"]) / "demo-dag-runs.log")
-    receiver = ReceiverProcess(args.port)
     try:
         conn = psycopg2.connect(url)
         catalog.create_bus(conn, "commerce", 4, "orders and payments of the demo shop")
