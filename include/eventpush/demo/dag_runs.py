@@ -67,7 +67,7 @@ class DagRuns:
 def _run(folder: Path, dag_id: str, conf: dict) -> dict:
     from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=str(folder / f"{dag_id}.py"), include_examples=False)
+    bag = DagBag(dag_folder=str(folder / f"{dag_id}.py"))
     if bag.import_errors or dag_id not in bag.dags:
         return {"state": "error", "error": f"{dag_id} did not load: {bag.import_errors}"}
     run = bag.dags[dag_id].test(run_conf=conf)
