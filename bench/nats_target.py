@@ -122,7 +122,8 @@ def install_engine_only() -> None:
     (reading, matching, lanes, committing), the floor under any sink."""
     global ENGINE_ONLY
     from eventpush import sinks
-    from eventpush.push.delivery import DELIVERED, Outcome, build_request
+    from eventpush.sinks.contract import DELIVERED, Outcome
+    from eventpush.sinks.http import build_request
     from eventpush.sinks.nats import NatsSink
 
     class EngineOnlySink(NatsSink):
@@ -146,8 +147,8 @@ async def sink_alone(
     engine's senders, each sending ``batch`` records at a time until all are sent; no
     PostgreSQL, no lanes."""
     from eventpush import tracing
-    from eventpush.push.delivery import DELIVERED, Record, Target
-    from eventpush.push.targets import address_policy
+    from eventpush.addresses import address_policy
+    from eventpush.sinks.contract import DELIVERED, Record, Target
     from eventpush.sinks.nats import NatsSink
 
     url = f"{server_url}/{subject}"

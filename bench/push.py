@@ -95,18 +95,19 @@ def engine_request(conn) -> tuple[bytes, dict[str, str]]:
     """The request the engine sends for the bus's first events to its first target (one
     event, or a batch of the target's size), with the header the client adds (``accept``)
     and a traceparent: what wrk sends too, so wrk's receiver parses what the engine's does."""
-    from eventpush.push import delivery
+    from eventpush.push import store
+    from eventpush.sinks import contract, http
     from eventpush.tracing import unrecorded_traceparent
 
     with conn.cursor() as cur:
-        target = delivery.load_targets(cur)[0]
+        target = store.load_targets(cur)[0]
         cur.execute(
             'SELECT queue_id, "offset", message_id, body::text FROM bus_event '
             'ORDER BY queue_id, "offset" LIMIT %s',
             (target.batch_size,),
         )
-        records = [delivery.Record(q, o, m, json.loads(raw), raw) for q, o, m, raw in cur]
-    body, headers = delivery.build_request(target, records, None)
+        records = [contract.Record(q, o, m, json.loads(raw), raw) for q, o, m, raw in cur]
+    body, headers = http.build_request(target, records, None)
     return body, {**headers, "accept": "*/*", "traceparent": unrecorded_traceparent({})}
 
 
@@ -299,11 +300,11 @@ async def _client_loop(kind: str, url: str, n: int, in_flight: int) -> tuple[flo
 
     import aiohttp
 
-    from eventpush.push import delivery
+    from eventpush.sinks import contract, http
 
     body = json.dumps({"source": "shop.orders", "detail": {"order": 1}}).encode()
     headers = {"content-type": "application/json", "webhook-id": "msg_x"}
-    target = delivery.Target(1, "b/r/t", "b", 1, "r", "{}", "t", url)
+    target = contract.Target(1, "b/r/t", "b", 1, "r", "{}", "t", url)
     if kind == "aiohttp":
         session = aiohttp.ClientSession()
 
@@ -311,10 +312,10 @@ async def _client_loop(kind: str, url: str, n: int, in_flight: int) -> tuple[flo
             async with session.post(url, data=body, headers=headers) as resp:
                 await resp.read()
     else:  # the engine's own attempt: pyreqwest, pinned, streamed with the body cap
-        session = delivery.new_session()
+        session = http.new_session()
 
         async def post() -> None:
-            await delivery.attempt(session, target, body, headers)
+            await http.attempt(session, target, body, headers)
 
     async def one(k: int) -> None:
         for _ in range(k):
@@ -329,14 +330,14 @@ async def _client_loop(kind: str, url: str, n: int, in_flight: int) -> tuple[flo
 
 
 def bench_clients(n: int = 20_000, in_flight: int = 64, rounds: int = 2) -> None:
-    """The delivery client chosen by measurement: aiohttp against delivery.attempt (pyreqwest)
+    """The delivery client chosen by measurement: aiohttp against http.attempt (pyreqwest)
     as bare loops on uvloop, beside wrk, alternated."""
     import uvloop
 
     with ReceiverProcess() as rx:
         for r in range(rounds):
             ceiling = wrk_rate(rx.url + "/ok/wrk")
-            for kind in ("aiohttp", "delivery.attempt"):
+            for kind in ("aiohttp", "http.attempt"):
                 rate, cpu_us, all_us = uvloop.run(
                     _client_loop(kind, rx.url + "/ok/c", n, in_flight)
                 )

@@ -79,7 +79,7 @@ def eventpush_rebalance() -> None:
         with connection(database_url()) as conn, transaction(conn) as cur:
             cur.execute("SELECT count(*) FILTER (WHERE enabled), count(*) FROM event_push_worker")
             enabled, workers = cur.fetchone()
-            cur.execute("SELECT count(*) FROM event_target_runner")
+            cur.execute("SELECT count(*) FROM event_target_runner WHERE deleted_at IS NULL")
             runners = cur.fetchone()[0]
         print(f"{runners} runners, {enabled} of {workers} workers enabled")
         if runners and not enabled:

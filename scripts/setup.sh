@@ -56,7 +56,7 @@ missing_packages() {
   # The Debian packages that $1 needs and are not installed, one a line. demo: Java and the
   # JDBC driver for Spark. airflow (./dev airflow, ./dev cluster): curl for the launcher too.
   # test: also nats-server for the NATS bus tests (each starts its own, with JetStream, on a
-  # free loopback port) and chromium for the dashboard's browser test.
+  # free loopback port), chromium for the dashboard's browser test, wrk for bench/api.py.
   local purpose="$1" missing=()
   command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
   [ -f "$JDBC_JAR" ] || missing+=(libpostgresql-jdbc-java)
@@ -66,6 +66,7 @@ missing_packages() {
   if [ "$purpose" = test ]; then
     command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
     command -v chromium >/dev/null || missing+=(chromium)
+    command -v wrk >/dev/null || missing+=(wrk)  # bench/api.py replays a pre-signed request
   fi
   [ ${#missing[@]} -eq 0 ] || printf '%s\n' "${missing[@]}"
 }
@@ -157,6 +158,23 @@ conn.close()
 PY
 }
 
+setup_secret_key() {
+  # Target secrets are sealed with this key (eventpush.sealed): a file outside the database,
+  # mode 0600 from its first byte, made once for the embedded default and kept.
+  if [ -n "${EVENTPUSH_SECRET_KEY_FILE:-}" ]; then
+    return
+  fi
+  local keyfile="$ROOT/var/secret.key"
+  if [ ! -f "$keyfile" ]; then
+    mkdir -p "$ROOT/var"
+    say "making the secret key for stored secrets in var/secret.key (mode 0600)"
+    PYTHONPATH="$ROOT/include" "$VENV/bin/python" -c \
+      "import sys, pathlib; from eventpush.sealed import write_key_file; write_key_file(pathlib.Path(sys.argv[1]))" \
+      "$keyfile" || die "could not make the secret key file"
+  fi
+  export EVENTPUSH_SECRET_KEY_FILE="$keyfile"
+}
+
 setup_spark_pyenv() {
   # The Python environment shipped to Spark executors on a cluster (spark.archives), packed
   # from requirements-executor.lock into var/spark-pyenv/ and kept while the lock is the same.
@@ -175,6 +193,7 @@ setup_all() {
   setup_venv
   setup_system_packages "${1:-test}"
   setup_postgres
+  setup_secret_key
   setup_spark_pyenv
   export PATH="$VENV/bin:$PATH"
 }

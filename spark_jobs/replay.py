@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate-limit", type=float)
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--everything", action="store_true", help="what=all with no window")
+    parser.add_argument("--pattern-version", choices=["history", "current"], default="history")
     parser.add_argument("--label", default="spark-submit", help="recorded with the run")
     parser.add_argument("--master", help="default: as spark-submit set it")
     args = parser.parse_args(argv)
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         dry_run=args.dry_run,
         label=args.label,
         everything=args.everything,
+        pattern_version=args.pattern_version,
     )
     spark = get_spark(args.master, app_name="eventpush-replay")
     result = run_replay(spark, database_url(), request, run_label=args.label)

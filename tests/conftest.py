@@ -6,9 +6,12 @@ to with the right to create databases; the default is the machine's local Postgr
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +19,8 @@ from pathlib import Path
 import psycopg2
 import pytest
 from nats_support import nats_server  # noqa: F401  (a fixture for every test module)
+
+from eventpush.sealed import write_key_file
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN_URL = os.environ.get("EVENTPUSH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -28,6 +33,14 @@ RUN_ID = uuid.uuid4().hex[:8]
 TEST_ALLOW_CIDRS = "127.0.0.1/32,::1/128"
 os.environ["EVENTPUSH_ALLOW_CIDRS"] = TEST_ALLOW_CIDRS
 os.environ.pop("EVENTPUSH_DENY_CIDRS", None)
+
+# Stored secrets are sealed with a key of this run's own (eventpush.sealed), in a private
+# directory removed at exit; every worker and CLI subprocess inherits it.
+_KEY_DIR = tempfile.mkdtemp(prefix="eventpush-test-key-")
+atexit.register(shutil.rmtree, _KEY_DIR, True)
+SECRET_KEY_FILE = Path(_KEY_DIR) / "secret.key"
+os.environ["EVENTPUSH_SECRET_KEY_FILE"] = str(SECRET_KEY_FILE)
+write_key_file(SECRET_KEY_FILE)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from eventpush.push.delivery import DELIVERED, FINAL, RETRY, Outcome
-from eventpush.push.targets import InvalidTargetUrlError
+from eventpush.addresses import InvalidTargetUrlError
+from eventpush.sinks.contract import DELIVERED, FINAL, RETRY, Outcome
 
 SENT: list[tuple[str, list[str], list[bytes]]] = []  # (runner, message ids, bodies)
 

@@ -142,7 +142,7 @@ def test_every_dotted_name_in_the_doc_exists() -> None:
 
 def test_resolve_tells_real_names_from_made_up_ones() -> None:
     assert resolve("eventpush.push.store.commit") is None
-    assert resolve("eventpush.push.delivery.Target.runner_id") is None
+    assert resolve("eventpush.sinks.contract.Target.runner_id") is None
     assert resolve("eventpush.push.store.no_such_function") is not None
     assert resolve("eventpush.no_such_module") is not None
     assert resolve("eventpush.migrations.env") is None

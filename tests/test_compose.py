@@ -119,7 +119,26 @@ def test_only_the_api_server_is_published_and_on_loopback_only(compose):
             published[name] = spec
             # host_ip:host_port:container_port; without the host ip Docker binds 0.0.0.0.
             assert spec.count(":") == 2 and spec.startswith("127.0.0.1:"), (name, spec)
-    assert set(published) == {"airflow-apiserver"}
+    assert set(published) == {"airflow-apiserver", "eventpush-api"}
+
+
+def test_the_eventbridge_api_is_its_own_service(compose):
+    """``eventpush api`` in the eventpush image, after the schema is migrated, on the
+    database and with the key its sealed access keys open with; healthy on /healthz."""
+    services = compose["services"]
+    api = services["eventpush-api"]
+    assert api["image"] == services["airflow-worker"]["image"]
+    assert api["entrypoint"] == ["eventpush"] and api["command"][0] == "api"
+    command = api["command"]
+    assert command[command.index("--port") + 1] == "8090"
+    assert api["ports"] == ["127.0.0.1:8090:8090"]
+    assert "/healthz" in " ".join(api["healthcheck"]["test"])
+    assert ":${EVENTPUSH_DB_PASSWORD:?" in api["environment"]["EVENTPUSH_DATABASE_URL"]
+    assert api["environment"]["EVENTPUSH_SECRET_KEY_FILE"] == "/run/secrets/eventpush_secret_key"
+    assert api["secrets"] == ["eventpush_secret_key"]
+    init = services["airflow-init"]["command"][-1]
+    assert "eventpush db migrate" in init
+    assert api["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"
 
 
 def test_spark_authenticates_master_workers_and_submitter(compose):

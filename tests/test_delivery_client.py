@@ -16,7 +16,7 @@ import socket
 import pytest
 
 from eventpush.demo.receiver import Receiver
-from eventpush.push import delivery
+from eventpush.sinks import contract, http
 
 NAME = "hooks.rebind.test"
 
@@ -44,31 +44,31 @@ def receivers():
 def test_a_name_stays_pinned_to_its_checked_address_and_is_checked_again_later(receivers):
     port, allowed, denied = receivers
     answer = {"address": "127.0.0.1"}
-    target = delivery.Target(1, "b/r/t", "b", 1, "r", "{}", "t", f"http://{NAME}:{port}/ok")
+    target = contract.Target(1, "b/r/t", "b", 1, "r", "{}", "t", f"http://{NAME}:{port}/ok")
 
     async def getaddrinfo(host, port, *args, **kwargs):
         assert host == NAME
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answer["address"], port))]
 
-    async def run() -> list[delivery.Outcome]:
+    async def run() -> list[contract.Outcome]:
         asyncio.get_running_loop().getaddrinfo = getaddrinfo
         outcomes = []
-        async with delivery.new_session() as session:
-            outcomes.append(await delivery.attempt(session, target, b"{}", {}))
+        async with http.new_session() as session:
+            outcomes.append(await http.attempt(session, target, b"{}", {}))
             # The name now points at a forbidden address: within the pin's lifetime every
             # request still goes to the address that was checked (a rebinding gains nothing).
             answer["address"] = "127.0.0.2"
-            outcomes.append(await delivery.attempt(session, target, b"{}", {}))
+            outcomes.append(await http.attempt(session, target, b"{}", {}))
             # Once the pin expires the name is resolved and checked again: refused.
             for route in session._routes.values():
                 route.expires = 0.0
-            outcomes.append(await delivery.attempt(session, target, b"{}", {}))
+            outcomes.append(await http.attempt(session, target, b"{}", {}))
         return outcomes
 
     first, rebound, expired = asyncio.run(run())
-    assert (first.kind, first.http_status) == (delivery.DELIVERED, 200)
-    assert (rebound.kind, rebound.http_status) == (delivery.DELIVERED, 200)
-    assert (expired.kind, expired.http_status, expired.reached) == (delivery.FINAL, None, False)
+    assert (first.kind, first.http_status) == (contract.DELIVERED, 200)
+    assert (rebound.kind, rebound.http_status) == (contract.DELIVERED, 200)
+    assert (expired.kind, expired.http_status, expired.reached) == (contract.FINAL, None, False)
     assert expired.error.startswith("refused address: address 127.0.0.2")
     assert allowed.state.count["/ok"] == 2
     assert sum(denied.state.count.values()) == 0
@@ -76,7 +76,7 @@ def test_a_name_stays_pinned_to_its_checked_address_and_is_checked_again_later(r
 
 def test_a_name_with_any_denied_address_is_refused_before_connecting(receivers):
     port, allowed, denied = receivers
-    target = delivery.Target(1, "b/r/t", "b", 1, "r", "{}", "t", f"http://{NAME}:{port}/ok")
+    target = contract.Target(1, "b/r/t", "b", 1, "r", "{}", "t", f"http://{NAME}:{port}/ok")
 
     async def getaddrinfo(host, port, *args, **kwargs):
         return [
@@ -84,11 +84,11 @@ def test_a_name_with_any_denied_address_is_refused_before_connecting(receivers):
             for address in ("127.0.0.1", "127.0.0.2")
         ]
 
-    async def run() -> delivery.Outcome:
+    async def run() -> contract.Outcome:
         asyncio.get_running_loop().getaddrinfo = getaddrinfo
-        async with delivery.new_session() as session:
-            return await delivery.attempt(session, target, b"{}", {})
+        async with http.new_session() as session:
+            return await http.attempt(session, target, b"{}", {})
 
     outcome = asyncio.run(run())
-    assert (outcome.kind, outcome.reached) == (delivery.FINAL, False)
+    assert (outcome.kind, outcome.reached) == (contract.FINAL, False)
     assert sum(allowed.state.count.values()) + sum(denied.state.count.values()) == 0

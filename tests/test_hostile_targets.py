@@ -241,19 +241,19 @@ def test_the_delivery_client_refuses_before_connecting(denied_rx, host):
     embedded IPv6 form, is refused before its socket connects, and says it never got there."""
     import asyncio
 
-    from eventpush.push import delivery
+    from eventpush.sinks import contract, http
 
     port = denied_rx.url.rsplit(":", 1)[1]
-    target = delivery.Target(
+    target = contract.Target(
         1, "b/r/t", "b", 1, "r", "{}", "t", f"http://{host}:{port}/ok?token=TOKENSECRET"
     )
 
     async def send():
-        async with delivery.new_session() as session:
-            return await delivery.attempt(session, target, b"{}", {})
+        async with http.new_session() as session:
+            return await http.attempt(session, target, b"{}", {})
 
     outcome = asyncio.run(send())
-    assert (outcome.kind, outcome.http_status, outcome.reached) == (delivery.FINAL, None, False)
+    assert (outcome.kind, outcome.http_status, outcome.reached) == (contract.FINAL, None, False)
     assert outcome.error.startswith("refused address: address ")
     assert "TOKENSECRET" not in outcome.error
     assert sum(denied_rx.state.count.values()) == 0

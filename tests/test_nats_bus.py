@@ -206,7 +206,8 @@ def test_worker_pushes_events_from_outside_and_from_eventpush(conn, nats_server)
 def test_delivery_and_failure_rows_name_the_nats_broker(conn, nats_server):
     """broker_name on the delivery and failure rows of a NATS bus's runners, live and replayed,
     is the bus's source kind (not the column default of eventpush's own store)."""
-    from eventpush.push.delivery import DELIVERED, FINAL, Outcome, Record, load_targets
+    from eventpush.push.store import load_targets
+    from eventpush.sinks.contract import DELIVERED, FINAL, Outcome, Record
     from eventpush.sparkjobs.replay import _write_outcomes
 
     with Receiver() as rx:

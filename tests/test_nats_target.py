@@ -26,10 +26,11 @@ from nats_support import (
 )
 
 from eventpush import catalog
+from eventpush.addresses import InvalidTargetUrlError, address_policy
 from eventpush.publish import publish
 from eventpush.push import run_worker
-from eventpush.push.delivery import DELIVERED, RETRY, Record, Target
-from eventpush.push.targets import InvalidTargetUrlError, address_policy, validate_url
+from eventpush.sinks import validate_url
+from eventpush.sinks.contract import DELIVERED, RETRY, Record, Target
 from eventpush.sinks.nats import NatsSink
 
 EXE = str(Path(sys.executable).with_name("eventpush"))

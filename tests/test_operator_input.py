@@ -94,9 +94,14 @@ def _create_target(cli, *extra: str, input: str | None = None):
 
 
 def _stored_secret(conn) -> str | None:
+    """The stored secret, opened: the column itself holds only a sealed token."""
+    from eventpush import sealed
+
     with conn.cursor() as cur:
         cur.execute("SELECT secret FROM event_target WHERE name = 't'")
-        return cur.fetchone()[0]
+        token = cur.fetchone()[0]
+    assert token is None or (token.startswith(sealed.TOKEN_PREFIX) and "whsec_" not in token)
+    return sealed.unseal_or_none(token)
 
 
 @pytest.fixture

@@ -77,6 +77,28 @@ def test_writes_need_an_editor(api, conn):
     assert r.json()["controls"] == {"pool_core": 4, "pool_max": 8}
 
 
+def test_the_catalog_reads_for_readers_and_rules_switch_for_editors(api, conn):
+    seed(conn, "http://127.0.0.1:9/ok?token=abc")
+    r = api("GET", "catalog")
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert [b["name"] for b in doc["buses"]] == ["orders"]
+    assert [(x["name"], x["state"], x["targets"]) for x in doc["rules"]] == [
+        ("orders-rule", "ENABLED", 2)
+    ]
+    assert {t["url"] for t in doc["targets"]} == {"http://127.0.0.1:9/ok?***"}
+    assert "abc" not in r.text and "secret_fingerprint" not in r.text
+    body = {"bus": "orders", "name": "orders-rule"}
+    assert api("POST", "rule/disable", user=None, json=body).status_code == 401
+    assert api("POST", "rule/disable", user="viewer", json=body).status_code == 403
+    r = api("POST", "rule/disable", user="editor", json=body)
+    assert r.status_code == 200 and (r.json()["state"], r.json()["version"]) == ("DISABLED", 2)
+    r = api("POST", "rule/enable", user="editor", json={"bus": "orders", "name": "nope"})
+    assert r.status_code == 404 and "unknown rule 'nope'" in r.json()["detail"]
+    page = api("GET", "dashboard")
+    assert page.status_code == 200 and "ruleSwitch(" in page.text and "DISABLED" in page.text
+
+
 @pytest.mark.parametrize(
     ("body", "status", "says"),
     [

@@ -338,10 +338,12 @@ def test_the_next_slice_takes_over_the_moment_the_previous_one_lets_go(conn, db_
         first.start()
         wait_for(lambda: slice_due(db_url, "w1") == HAND_OVER, what="the first slice's lease")
         # the next slice starts while the first pushes, and waits for the lease
-        second = threading.Thread(target=run, args=(1, 6.0, 0.0))
+        second = threading.Thread(target=run, args=(1, 10.0, 0.0))
         second.start()
         n = 0
-        while time.monotonic() - started < 4.5:  # a steady stream across the hand-over
+        # a steady stream across the hand-over, and on for a second after it
+        while time.monotonic() - started < 4.5 or not ended[0] or time.monotonic() < ended[0] + 1:
+            assert time.monotonic() - started < 30, "the first slice never handed over"
             event = {"source": "app.orders", "detail-type": "t", "detail": {"n": n}}
             publish(conn, "orders", [json.dumps(event)])
             n += 1

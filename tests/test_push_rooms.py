@@ -12,17 +12,18 @@ import psycopg2
 import pytest
 import uvloop
 
-from eventpush import catalog
-from eventpush.push import delivery, store
+from eventpush import catalog, db
+from eventpush.backoff import finite
+from eventpush.policy import DEFAULTS, LIMITS, SCHEME_DEFAULTS
+from eventpush.push import store
 from eventpush.push.committing import outcome_rows
 from eventpush.push.cursor import UNCOMMITTED_SPANS, QueueCursor
-from eventpush.push.delivery import Outcome, Record, Target
 from eventpush.push.engine import WorkerReport
 from eventpush.push.lanes import MAX_RETRY_DELAY_S, Lanes, Runner, retry_delay, wait_for_event
 from eventpush.push.limits import CircuitBreaker, Limiter
-from eventpush.push.policy import DEFAULTS, LIMITS, SCHEME_DEFAULTS
 from eventpush.push.reading import WINDOW, WindowCache
-from eventpush.push.slots import finite
+from eventpush.sinks import contract
+from eventpush.sinks.contract import Outcome, Record, Target
 from eventpush.sources import Chunk
 
 TARGET = Target(1, "orders/r/t", "orders", 1, "r", "{}", "t", "http://127.0.0.1:9/x")
@@ -110,9 +111,9 @@ def test_retry_delays_are_always_finite_and_bounded(after):
 
 def test_one_function_builds_delivery_and_failure_rows():
     batch = [Record(0, 7, "m7", {}, "{}", attempts=2), Record(1, 9, "m9", {}, "{}", attempts=2)]
-    [d, _] = outcome_rows(TARGET, batch, Outcome(delivery.DELIVERED, 200, None, 12.5))
+    [d, _] = outcome_rows(TARGET, batch, Outcome(contract.DELIVERED, 200, None, 12.5))
     assert d == store.DeliveryRow(1, "orders/r/t", "orders", 0, 7, "m7", 2, 200, 12.5)
-    [_, f] = outcome_rows(TARGET, batch, Outcome(delivery.FINAL, 410, "HTTP 410", 1.0))
+    [_, f] = outcome_rows(TARGET, batch, Outcome(contract.FINAL, 410, "HTTP 410", 1.0))
     assert f == store.FailureRow(1, "orders/r/t", "orders", 1, 9, "m9", 2, 410, "HTTP 410")
 
 
@@ -270,10 +271,10 @@ def test_transient_errors_are_told_by_class(conn):
         raise AssertionError(f"{code} not raised")
 
     for code in ("25006", "40001", "40P01", "57P01", "08006", "53300"):
-        assert store.is_transient(raised(code)), code
+        assert db.is_transient(raised(code)), code
     for code in ("23505", "42P01", "22P02"):
-        assert not store.is_transient(raised(code)), code
-    assert not store.is_transient(ValueError("x"))
+        assert not db.is_transient(raised(code)), code
+    assert not db.is_transient(ValueError("x"))
 
 
 def test_the_lease_connection_keeps_alive_and_a_runner_starts_once(conn, db_url):

@@ -11,9 +11,10 @@ import pytest
 import sink_plugin
 
 from eventpush import catalog, sinks
+from eventpush.addresses import InvalidTargetUrlError
 from eventpush.publish import publish
 from eventpush.push import run_worker
-from eventpush.push.targets import InvalidTargetUrlError, validate_url
+from eventpush.sinks import validate_url
 
 
 def install(site: Path, dist: str, **schemes: str) -> None:
@@ -149,7 +150,7 @@ def test_inline_retries_resend_only_the_records_answered_retry(site):
     # own last answer.
     import asyncio
 
-    from eventpush.push.delivery import DELIVERED, FINAL, Record, Target
+    from eventpush.sinks.contract import DELIVERED, FINAL, Record, Target
 
     install(site, "eventpush_answering_sink", answering="sink_plugin:AnsweringSink")
     sink_plugin.SENT.clear()

@@ -100,7 +100,7 @@ def test_the_archive_is_built_once_and_runs_without_this_venv(tmp_path):
     # it comes from the checkout), nothing from this venv.
     code = (
         "import sys, pyarrow, pandas; "
-        "import eventpush.push, eventpush.push.delivery, eventpush.rules.transforms, "
+        "import eventpush.push, eventpush.sinks.contract, eventpush.rules.transforms, "
         "eventpush.sinks.http, eventpush.sinks.nats, eventpush.sources.nats, "
         "eventpush.sparkjobs.replay, eventpush.sparkjobs.audit, "
         "eventpush.sparkjobs.rebalance; print(sys.prefix)"

@@ -8,16 +8,15 @@ from email.utils import format_datetime
 
 import pytest
 
-from eventpush.config import ConfigError, redact, redact_url
-from eventpush.push import delivery
-from eventpush.push.targets import (
+from eventpush.addresses import (
     AddressPolicy,
     InvalidTargetUrlError,
     address_policy,
     check_address,
     embedded_ipv4,
-    validate_url,
 )
+from eventpush.config import ConfigError, redact, redact_url
+from eventpush.sinks import contract, http, retry, validate_url
 
 
 @pytest.mark.parametrize(
@@ -224,7 +223,7 @@ def test_a_bad_range_is_one_clear_line(monkeypatch):
         "EVENTPUSH_ALLOW_CIDRS: '10.0.0.0/33' is not a CIDR range (e.g. 127.0.0.1/32 or ::1/128)"
     )
     with pytest.raises(ConfigError, match="EVENTPUSH_ALLOW_CIDRS"):
-        delivery.new_session()  # a worker or replay refuses to start, before any request
+        http.new_session()  # a worker or replay refuses to start, before any request
 
 
 @pytest.mark.parametrize(
@@ -257,7 +256,7 @@ def test_redact_finds_urls_and_the_targets_secrets_in_any_spelling():
     assert redact("HTTP 301: moved", "https://h/in?code=301") == "HTTP 301: moved"
 
 
-BOUNDS = (0.0, delivery.RETRY_AFTER_CAP_S)
+BOUNDS = (0.0, retry.RETRY_AFTER_CAP_S)
 NOW = datetime.now(UTC)
 
 
@@ -275,26 +274,26 @@ NOW = datetime.now(UTC)
         ("0", 0.0),
         ("7", 7.0),
         ("1.5", 1.5),
-        ("9" * 400, delivery.RETRY_AFTER_CAP_S),
-        ("100000000", delivery.RETRY_AFTER_CAP_S),
+        ("9" * 400, retry.RETRY_AFTER_CAP_S),
+        ("100000000", retry.RETRY_AFTER_CAP_S),
         (format_datetime(NOW - timedelta(days=3), usegmt=True), 0.0),
-        (format_datetime(NOW.replace(year=9999), usegmt=True), delivery.RETRY_AFTER_CAP_S),
+        (format_datetime(NOW.replace(year=9999), usegmt=True), retry.RETRY_AFTER_CAP_S),
         ("Mon, 01 Jan 99999 00:00:00 GMT", None),
-        ("Fri, 31 Dec 9999 23:59:59 -0000", delivery.RETRY_AFTER_CAP_S),
+        ("Fri, 31 Dec 9999 23:59:59 -0000", retry.RETRY_AFTER_CAP_S),
     ],
 )
 def test_retry_after_is_finite_and_clamped(value, expected):
-    got = delivery.parse_retry_after(value)
+    got = retry.parse_retry_after(value)
     assert got == expected
-    target = delivery.Target(0, "r", "b", 0, "r", "{}", "t", "http://h/", backoff_ms=50)
-    delay = delivery.backoff_s(target, 3, got)
-    assert math.isfinite(delay) and 0.025 <= delay <= delivery.RETRY_AFTER_CAP_S
+    target = contract.Target(0, "r", "b", 0, "r", "{}", "t", "http://h/", backoff_ms=50)
+    delay = retry.backoff_s(target, 3, got)
+    assert math.isfinite(delay) and 0.025 <= delay <= retry.RETRY_AFTER_CAP_S
 
 
 @pytest.mark.parametrize("raw", [math.nan, math.inf, -math.inf, -5.0, 1e308])
 def test_backoff_never_passes_on_a_non_finite_or_out_of_bounds_delay(raw):
-    target = delivery.Target(0, "r", "b", 0, "r", "{}", "t", "http://h/", backoff_ms=200)
-    delay = delivery.backoff_s(target, 1, raw)
-    assert math.isfinite(delay) and 0.2 <= delay <= delivery.RETRY_AFTER_CAP_S
-    huge_attempts = delivery.backoff_s(target, 10_000)
-    assert math.isfinite(huge_attempts) and huge_attempts <= delivery.BACKOFF_CAP_S
+    target = contract.Target(0, "r", "b", 0, "r", "{}", "t", "http://h/", backoff_ms=200)
+    delay = retry.backoff_s(target, 1, raw)
+    assert math.isfinite(delay) and 0.2 <= delay <= retry.RETRY_AFTER_CAP_S
+    huge_attempts = retry.backoff_s(target, 10_000)
+    assert math.isfinite(huge_attempts) and huge_attempts <= retry.BACKOFF_CAP_S

@@ -14,9 +14,9 @@ import pytest
 from eventpush import catalog
 from eventpush.demo.receiver import Receiver
 from eventpush.publish import publish
-from eventpush.push import delivery, run_worker
+from eventpush.push import run_worker, store
 from eventpush.rules.transforms import DEFAULT_ACCOUNT, DEFAULT_REGION
-from eventpush.sinks import Sinks
+from eventpush.sinks import Sinks, contract
 
 TEMPLATE = {
     "InputPathsMap": {"n": "$.detail.n", "p": "$.detail.p"},
@@ -115,24 +115,24 @@ def test_replay_delivery_path_records_undeliverable_records_as_final(conn, rx):
     transform, the bus's account and region, and a final outcome instead of a crash."""
     setup(conn, rx)
     with conn.cursor() as cur:
-        [target] = delivery.load_targets(cur)
+        [target] = store.load_targets(cur)
     assert (target.bus_account, target.bus_region) == ("111111111111", "eu-west-1")
     from eventpush.rules.transforms import compile_transform
 
     transform = compile_transform(target.transform_kind, target.transform_spec)
 
-    async def push(raw: str) -> delivery.Outcome:
-        record = delivery.Record(0, 0, json.loads(raw)["id"], json.loads(raw), raw)
+    async def push(raw: str) -> contract.Outcome:
+        record = contract.Record(0, 0, json.loads(raw)["id"], json.loads(raw), raw)
         async with Sinks() as sinks:
             outcome = await sinks.deliver(target, [record], transform)
         assert record.attempts == 1
         return outcome
 
     bad = asyncio.run(push(event(1, p={"k": "v"})))
-    assert (bad.kind, bad.http_status, bad.error) == (delivery.FINAL, None, OBJECT_ERROR)
+    assert (bad.kind, bad.http_status, bad.error) == (contract.FINAL, None, OBJECT_ERROR)
     assert rx.state.requests == []
     good = asyncio.run(push(event(0, p="fine")))
-    assert (good.kind, good.http_status) == (delivery.DELIVERED, 200)
+    assert (good.kind, good.http_status) == (contract.DELIVERED, 200)
     assert [r.body for r in rx.state.requests] == [body(0, "fine")]
 
 

@@ -1,15 +1,15 @@
-"""eventpush: push events from buses to HTTP targets, matched by EventBridge patterns.
+"""eventpush: push events from buses (PostgreSQL, NATS JetStream, plug-ins) to targets (HTTP,
+NATS, plug-ins), matched by EventBridge patterns, run by Airflow.
 
-Modules, one job each:
+Layers, top to bottom (docs/ARCHITECTURE.md, "Code map"; checked by tests/test_layers.py):
 
-- ``config``: where the database is.
-- ``db``: connections and transactions on PostgreSQL.
-- ``schema``: applying the versioned migrations (``migrations/``).
-- ``catalog``: buses, rules, targets, runners and workers.
-- ``targets``: target URL validation.
-- ``publish``: parsing and appending events to a bus.
-- ``status``: progress and lag per worker and runner.
-- ``cli``: the ``eventpush`` command.
+- ``cli``, ``demo``: the entry points;
+- ``airflow``, ``sparkjobs``, ``quality``: the Airflow glue, the Spark jobs, their GX suites;
+- ``push`` (the runtime), ``catalog``, ``publish``, ``status``, ``charts``;
+- ``sinks``, ``sources``: their contracts, registries and built-in kinds;
+- ``nats_client``, ``dbslot``: the connections they share;
+- leaves: ``addresses`` (the address policy), ``policy`` (a target's defaults), ``tracing``,
+  ``metrics``, ``schema``, ``backoff``, ``patterns``, ``rules``, ``db``, ``config``, ``errors``.
 """
 
 __version__ = "0.1.0"

@@ -10,6 +10,7 @@ import psycopg2.extensions
 import psycopg2.extras
 
 from eventpush.config import database_url, redact_url
+from eventpush.errors import first_line
 
 Connection = psycopg2.extensions.connection
 
@@ -27,8 +28,7 @@ def connect(
     try:
         conn = psycopg2.connect(url, application_name=application_name, connect_timeout=10, **libpq)
     except psycopg2.OperationalError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StoreError(f"cannot connect to {redact_url(url)}: {first_line}") from None
+        raise StoreError(f"cannot connect to {redact_url(url)}: {first_line(exc)}") from None
     return conn
 
 
@@ -66,3 +66,17 @@ def copy_text(value: object) -> str:
     if "\\" in text or "\t" in text or "\n" in text or "\r" in text:
         return text.translate(_COPY_ESCAPES)
     return text
+
+
+# SQLSTATE classes worth waiting out: connection exceptions, invalid transaction state (25006
+# read-only after a failover), transaction rollback (40001 serialization, 40P01 deadlock),
+# insufficient resources, operator intervention (57P01 admin shutdown), system errors.
+TRANSIENT_CLASSES = frozenset({"08", "25", "40", "53", "57", "58"})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A database error that goes away by waiting and reconnecting (of any class)."""
+    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError | StoreError):
+        return True
+    code = getattr(exc, "pgcode", None)
+    return bool(code) and code[:2] in TRANSIENT_CLASSES

@@ -42,6 +42,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.samples import Sample
 
+from eventpush.config import redact_url
+from eventpush.db import transaction
+from eventpush.errors import first_line
+
 log = logging.getLogger("eventpush.metrics")
 
 DEFAULT_HOST = "127.0.0.1"  # a worker's metrics are nobody else's business unless widened
@@ -68,7 +72,6 @@ GROUP BY o.runner_id
 def read_lag(conn, runner_ids: list[int]) -> dict[int, tuple[int, int, float]]:
     """Per runner: (lag in events, waiting records, lag in seconds). The age is that of the
     first uncommitted event of each queue (a primary-key look-up), the oldest one counting."""
-    from eventpush.db import transaction
 
     if not runner_ids:
         return {}
@@ -257,6 +260,7 @@ class WorkerMetrics:
 
     def serve(self, port: int, host: str | None = None) -> int:
         """Serve ``/metrics`` on host:port (port 0: any free one); returns the port."""
+        # Deferred: prometheus_client is loaded only when metrics are served or pushed.
         from prometheus_client import start_http_server
 
         self.server, self.thread = start_http_server(
@@ -277,7 +281,6 @@ class WorkerMetrics:
 def batch_registry(job: str, results: dict[str, list[tuple[dict[str, str], float]]]) -> object:
     """A registry of gauges for one batch job's results: ``{metric name: [(labels, value)]}``
     plus ``eventpush_batch_last_success_timestamp_seconds{job}``."""
-    import time
 
     registry = CollectorRegistry()
     for name, samples in results.items():
@@ -313,6 +316,7 @@ def publish_batch(job: str, results: dict[str, list[tuple[dict[str, str], float]
     ``EVENTPUSH_METRICS_TEXTFILE_DIR`` (atomically: a temp file renamed over
     ``eventpush_<job>.prom``) and/or ``EVENTPUSH_PUSHGATEWAY_URL`` (grouped by job). Returns
     where it went; a failure to push is logged, never fails the job that did the work."""
+    # Deferred: prometheus_client is loaded only when metrics are served or pushed.
     from prometheus_client import push_to_gateway, write_to_textfile
 
     registry = batch_registry(job, results)
@@ -332,11 +336,7 @@ def publish_batch(job: str, results: dict[str, list[tuple[dict[str, str], float]
             push_to_gateway(gateway, job=f"eventpush_{job}", registry=registry, timeout=10)
             where.append(gateway)
         except Exception as exc:  # the job's result stands; the push is a report of it
-            from eventpush.config import redact_url
-
-            log.error(
-                "push to gateway %s failed: %s", redact_url(gateway), str(exc).splitlines()[0]
-            )
+            log.error("push to gateway %s failed: %s", redact_url(gateway), first_line(exc))
     return where
 
 

@@ -17,18 +17,21 @@ import asyncio
 import contextlib
 import functools
 import os
+import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from eventpush.config import ConfigError
-from eventpush.push.targets import (
+from eventpush.addresses import (
     METADATA_HOSTS,
     AddressPolicy,
+    InvalidTargetUrlError,
     RefusedAddressError,
     address_policy,
+    check_host,
     split_url,
 )
+from eventpush.config import ConfigError
 
 CREDENTIALS_ENV = "EVENTPUSH_NATS_CREDENTIALS"
 DEFAULT_PORT = 4222
@@ -178,3 +181,35 @@ async def connect(url: str, *, name: str = "eventpush", persistent: bool = False
         )
     except RefusedAddressError as exc:
         raise RefusedAddressError(f"NATS server {where.host}:{where.port} refused: {exc}") from None
+
+
+# A NATS subject token: no separators, wildcards or whitespace (a target publishes to one
+# concrete subject).
+_NATS_TOKEN = re.compile(r"[^.*>\s/]+")
+
+
+def validate_target_url(url: str, policy: AddressPolicy | None = None) -> str:
+    """A nats:// target URL, checked: the rules every NATS URL follows (:func:`parse_url`),
+    then a target's own: an explicit port and one concrete subject as the path, and a host
+    the address policy passes. Raises InvalidTargetUrlError saying what is wrong."""
+    url, _, _, where = split_url(url, "target URL")
+    try:
+        nats_url = parse_url(url, "target URL")
+    except NatsUrlError as exc:
+        raise InvalidTargetUrlError(str(exc)) from None
+    if not nats_url.explicit_port:
+        raise InvalidTargetUrlError(
+            f"target URL {where!r} has no port: write nats://HOST:PORT/SUBJECT (NATS uses 4222)"
+        )
+    subject = nats_url.path
+    if not subject:
+        raise InvalidTargetUrlError(
+            f"target URL {where!r} must be nats://HOST:PORT/SUBJECT: one subject as the path, "
+            "no query or fragment"
+        )
+    if not all(_NATS_TOKEN.fullmatch(t) for t in subject.split(".")):
+        raise InvalidTargetUrlError(
+            f"target URL {where!r}: {subject!r} is not a concrete NATS subject (dot-separated "
+            "tokens without '/', '*', '>' or spaces)"
+        )
+    return check_host(url, nats_url.host, where, policy)

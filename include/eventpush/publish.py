@@ -22,6 +22,7 @@ import msgspec
 
 from eventpush import tracing
 from eventpush.db import Connection
+from eventpush.sources import bus_named, kind_for
 from eventpush.tracing import TRACEPARENT_FIELD
 
 MAX_EVENT_BYTES = 256 * 1024  # EventBridge's PutEvents entry limit
@@ -42,7 +43,7 @@ class PublishResult:
 
 
 @dataclass(slots=True)
-class _Prepared:
+class Prepared:
     queue_id: int
     message_id: str
     source: str
@@ -58,18 +59,20 @@ def _uuid4() -> str:
     return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
 
 
-def _fail(line_no: int, why: str) -> MalformedEventError:
-    return MalformedEventError(f"line {line_no}: {why}")
+def _fail(where: int | str, why: str) -> MalformedEventError:
+    """``where`` is a line number (the CLI's input) or a label such as ``entry 3``."""
+    label = f"line {where}" if isinstance(where, int) else where
+    return MalformedEventError(f"{label}: {why}")
 
 
-def _parse_time(value: object, line_no: int) -> str:
+def _parse_time(value: object, where: int | str) -> str:
     """The timestamp for the ``event_time`` column; the event keeps its own spelling."""
     if not isinstance(value, str):
-        raise _fail(line_no, "'time' must be an ISO 8601 string")
+        raise _fail(where, "'time' must be an ISO 8601 string")
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
-        raise _fail(line_no, f"'time' {value[:40]!r} is not ISO 8601") from None
+        raise _fail(where, f"'time' {value[:40]!r} is not ISO 8601") from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return parsed.isoformat()
@@ -94,30 +97,38 @@ def prepare_event(
         event = _decode(line)
     except msgspec.DecodeError as exc:
         raise _fail(line_no, f"not valid JSON ({exc})") from None
+    return complete_event(event, line_no, now_iso, key_path)
+
+
+def complete_event(
+    event: object, where: int | str, now_iso: str, key_path: list[str] | None
+) -> tuple[dict, str, str | None]:
+    """Validate a decoded event and fill in what it may leave out: the completed event, its
+    time and its partition key (the API hands its entries here, the CLI its lines)."""
     if not isinstance(event, dict):
-        raise _fail(line_no, f"an event must be a JSON object, got {type(event).__name__}")
+        raise _fail(where, f"an event must be a JSON object, got {type(event).__name__}")
     for name in ("source", "detail-type"):
         value = event.get(name)
         if not isinstance(value, str) or not value:
-            raise _fail(line_no, f"'{name}' is required and must be a non-empty string")
+            raise _fail(where, f"'{name}' is required and must be a non-empty string")
     detail = event.setdefault("detail", {})
     if not isinstance(detail, dict):
-        raise _fail(line_no, "'detail' must be a JSON object")
+        raise _fail(where, "'detail' must be a JSON object")
     message_id = event.get("id")
     if message_id is None:
         event["id"] = _uuid4()
     elif not isinstance(message_id, str) or not message_id:
-        raise _fail(line_no, "'id' must be a non-empty string")
+        raise _fail(where, "'id' must be a non-empty string")
     if "time" in event:
-        event_time = _parse_time(event["time"], line_no)
+        event_time = _parse_time(event["time"], where)
     else:
         event["time"] = event_time = now_iso
     resources = event.setdefault("resources", [])
     if not isinstance(resources, list) or not all(isinstance(r, str) for r in resources):
-        raise _fail(line_no, "'resources' must be an array of strings")
+        raise _fail(where, "'resources' must be an array of strings")
     for name in ("account", "region"):
         if name in event and not isinstance(event[name], str):
-            raise _fail(line_no, f"'{name}' must be a string")
+            raise _fail(where, f"'{name}' must be a string")
     event.setdefault("version", "0")
     key = _key_of(event, key_path) if key_path else None
     return event, event_time, key
@@ -142,7 +153,7 @@ def iter_events(
     queues: int,
     partition_key: str | None = None,
     traceparent: str | None = None,
-) -> Iterator[_Prepared]:
+) -> Iterator[Prepared]:
     """Each line validated and placed on a queue; MalformedEventError at the first bad one.
     ``traceparent`` is stamped on events that carry none (see ``eventpush.tracing``)."""
     now_iso = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -153,66 +164,49 @@ def iter_events(
             continue
         try:
             event, event_time, key = prepare_event(line, line_no, now_iso, key_path)
-            if traceparent is not None and TRACEPARENT_FIELD not in event:
-                event[TRACEPARENT_FIELD] = traceparent
-            encoded = _encode(event)
-            # PostgreSQL's jsonb has no NUL; the cheap test on the encoding only rarely needs
-            # the exact walk (an escaped backslash before "u0000" also contains the bytes).
-            nul = b"\\u0000" in encoded and _has_nul(event)
         except RecursionError:
             # Exit 2 (refused input), never the traceback's exit 1 ("missing deliveries").
             raise _fail(line_no, "the event is nested too deeply") from None
-        if nul:
-            raise _fail(line_no, "a NUL character (\\u0000) is not allowed in an event")
-        if len(encoded) > MAX_EVENT_BYTES:
-            raise _fail(line_no, f"event is over the {MAX_EVENT_BYTES}-byte limit")
+        if traceparent is not None and TRACEPARENT_FIELD not in event:
+            event[TRACEPARENT_FIELD] = traceparent
         if key is None:
             queue_id = next_queue
             next_queue = (next_queue + 1) % queues
         else:
             queue_id = zlib.crc32(key.encode()) % queues
-        yield _Prepared(
-            queue_id,
-            event["id"],
-            event["source"],
-            event["detail-type"],
-            event_time,
-            encoded.decode(),
-            len(encoded),
-        )
+        yield encode_event(event, event_time, queue_id, line_no)
+
+
+def encode_event(event: dict, event_time: str, queue_id: int, where: int | str) -> Prepared:
+    """A completed event, encoded and checked (no NUL, within the size limit), ready for a
+    source's ``publish`` on ``queue_id``."""
+    try:
+        encoded = _encode(event)
+        # PostgreSQL's jsonb has no NUL; the cheap test on the encoding only rarely needs
+        # the exact walk (an escaped backslash before "u0000" also contains the bytes).
+        nul = b"\\u0000" in encoded and _has_nul(event)
+    except RecursionError:
+        raise _fail(where, "the event is nested too deeply") from None
+    if nul:
+        raise _fail(where, "a NUL character (\\u0000) is not allowed in an event")
+    if len(encoded) > MAX_EVENT_BYTES:
+        raise _fail(where, f"event is over the {MAX_EVENT_BYTES}-byte limit")
+    return Prepared(
+        queue_id,
+        event["id"],
+        event["source"],
+        event["detail-type"],
+        event_time,
+        encoded.decode(),
+        len(encoded),
+    )
 
 
 def parse_events(
     lines: Iterable[str], queues: int, partition_key: str | None = None
-) -> list[_Prepared]:
+) -> list[Prepared]:
     """Every line validated and placed on a queue, or MalformedEventError for the first bad one."""
     return list(iter_events(lines, queues, partition_key))
-
-
-class CopySource:
-    """A file-like COPY source that formats rows as psycopg2 reads them, so parsing in Python
-    overlaps with the server's work, and memory stays bounded whatever the input size."""
-
-    def __init__(self, chunks: Iterator[str]) -> None:
-        self._chunks = chunks
-        self._buf = ""
-        self.error: BaseException | None = None
-
-    def read(self, size: int = -1) -> str:
-        try:
-            while size < 0 or len(self._buf) < size:
-                chunk = next(self._chunks, None)
-                if chunk is None:
-                    break
-                self._buf += chunk
-        except BaseException as exc:
-            self.error = exc  # psycopg2 wraps it; publish re-raises the original
-            raise
-        if size < 0:
-            out, self._buf = self._buf, ""
-        else:
-            out, self._buf = self._buf[:size], self._buf[size:]
-        return out
 
 
 def publish(
@@ -234,8 +228,6 @@ def _publish(
     partition_key: str | None,
     traceparent: str | None,
 ) -> PublishResult:
-    from eventpush.sources import bus_named, kind_for
-
     found = bus_named(conn, bus)
     events = iter_events(lines, found.queues, partition_key, traceparent)
     placed = kind_for(found.source_url).publish(conn, found, events)

@@ -40,6 +40,7 @@ JOIN event_bus b ON b.id = ru.bus_id
 LEFT JOIN event_push_worker w ON w.id = r.worker_id
 LEFT JOIN event_push_offset o ON o.runner_id = r.id
 LEFT JOIN event_bus_queue q ON q.bus_id = b.id AND q.queue_id = o.queue_id
+WHERE r.deleted_at IS NULL
 GROUP BY r.id, w.name, b.name
 ORDER BY r.name
 """

@@ -58,6 +58,7 @@ def _from_environment() -> tuple[TracerProvider, bool]:
     if not enabled_by_environment():
         # Spans still get valid ids (the traceparent a target sees) but are never recorded.
         return TracerProvider(sampler=ALWAYS_OFF, resource=resource), False
+    # Deferred: OpenTelemetry's SDK is loaded only when tracing is switched on.
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 

@@ -15,6 +15,11 @@ from __future__ import annotations
 import logging
 import os
 
+from eventpush.db import connection
+from eventpush.errors import first_line
+from eventpush.metrics import publish_batch
+from eventpush.status import read_status
+
 log = logging.getLogger("eventpush.alerts")
 
 LAG_ALERT_DEFAULT = 100_000
@@ -22,7 +27,6 @@ LAG_ALERT_DEFAULT = 100_000
 
 def raise_alert(alert: str, message: str) -> str:
     """Log the alert line and set ``eventpush_alert{alert}`` to 1; returns the line."""
-    from eventpush.metrics import publish_batch
 
     line = f"ALERT eventpush {alert}: {message}"
     log.error("%s", line)
@@ -31,8 +35,6 @@ def raise_alert(alert: str, message: str) -> str:
 
 
 def clear_alert(alert: str) -> None:
-    from eventpush.metrics import publish_batch
-
     publish_batch(f"alert_{alert}", {"eventpush_alert": [({"alert": alert}, 0)]})
 
 
@@ -68,13 +70,13 @@ def audit_passed(context) -> None:
 
 def push_failed(context) -> None:
     exc = context.get("exception")
-    why = str(exc).splitlines()[0] if exc is not None and str(exc).strip() else "check failed"
+    why = first_line(exc) if exc is not None and str(exc).strip() else "check failed"
     raise_alert("push_check", f"{why}; {_where(context)}")
 
 
 def rebalance_failed(context) -> None:
     exc = context.get("exception")
-    why = str(exc).splitlines()[0] if exc is not None and str(exc).strip() else "failed"
+    why = first_line(exc) if exc is not None and str(exc).strip() else "failed"
     raise_alert("rebalance_check", f"{why}; {_where(context)}")
 
 
@@ -94,9 +96,6 @@ def lag_limit() -> int:
 def push_lag_check(url: str, worker: str) -> str | None:
     """Why ``worker``'s lag (events published and not yet committed, over its runners) is
     past ``EVENTPUSH_ALERT_LAG_EVENTS`` (one line), or None."""
-    from eventpush.db import connection
-    from eventpush.status import read_status
-
     limit = lag_limit()
     with connection(url) as conn:
         runners = [r for r in read_status(conn)["runners"] if r["worker"] == worker]

@@ -58,6 +58,7 @@ def _fallback(conn_id: str, why: str) -> str:
 def database_url(conn_id: str = CONN_ID) -> str:
     """The eventpush database URL for code running under Airflow (tasks, API server)."""
     try:
+        # Deferred: Airflow's SDK is loaded only when an Airflow process calls this.
         from airflow.sdk import BaseHook
 
         conn = BaseHook.get_connection(conn_id)
@@ -73,6 +74,7 @@ def database_url(conn_id: str = CONN_ID) -> str:
 async def adatabase_url(conn_id: str = CONN_ID) -> str:
     """The same, for async code (triggers): the connection is fetched without blocking."""
     try:
+        # Deferred: Airflow's SDK is loaded only when an Airflow process calls this.
         from airflow.sdk import BaseHook
 
         conn = await BaseHook.aget_connection(conn_id)

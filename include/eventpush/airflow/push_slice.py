@@ -29,13 +29,16 @@ from airflow.sdk import Asset
 from airflow.sdk.bases.sensor import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException
 
-from eventpush.airflow.connection import CONN_ID
+from eventpush.airflow.connection import CONN_ID, database_url
 from eventpush.airflow.triggers import (
     DEFAULT_POLL_S,
     ELSEWHERE,
     WorkerWorkTrigger,
     slice_due,
 )
+from eventpush.db import connection, transaction
+from eventpush.metrics import metrics_port
+from eventpush.quality.push_slice import snapshot
 
 # Named only: a URI with a scheme would load every provider's URI handlers (about 0.6 s) in
 # each task process that parses a DAG file using it.
@@ -59,7 +62,6 @@ HAND_OVER_S = 60.0
 
 def push_workers(url: str) -> list[str]:
     """The enabled workers that have runners: what the push DAG maps over."""
-    from eventpush.db import connection, transaction
 
     with connection(url) as conn, transaction(conn) as cur:
         cur.execute(PUSH_WORKERS_SQL)
@@ -86,11 +88,9 @@ def push_slice(
     does not count what the previous slice still pushed. Raises the engine's
     ``WorkerBusyError`` when the lease stays held elsewhere.
     """
-    from eventpush.db import connection
-    from eventpush.metrics import metrics_port
+    # Deferred: the push runtime (pyreqwest, uvloop, the engine) loads only when a worker runs.
     from eventpush.push import HandOver, run_worker
     from eventpush.push.store import SLICE_APP
-    from eventpush.quality.push_slice import snapshot
 
     with connection(url) as conn:
         taken: dict = {}
@@ -235,7 +235,7 @@ class PushSliceSensor(BaseSensorOperator):
         )
 
     def _push(self, context: Any) -> dict:
-        from eventpush.airflow.connection import database_url
+        # Deferred: the push runtime (pyreqwest, uvloop, the engine) loads only when a worker runs.
         from eventpush.push import WorkerBusyError
 
         budget = max(MIN_SLICE_S, self.window_left(context))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+from eventpush.airflow.connection import database_url
 from eventpush.config import FILE_ENV_VAR
 from eventpush.sparkjobs.session import SparkSetupError
 
@@ -34,6 +35,7 @@ class EventpushSparkSubmitOperator(SparkSubmitOperator):
     """``spark-submit`` of one eventpush job, with the package and driver shipped along."""
 
     def execute(self, context):
+        # Deferred: the Spark jobs are loaded only by the batch commands.
         from eventpush.sparkjobs.session import on_loopback, require_airflow_master
 
         master = require_airflow_master(self._conn_id)
@@ -56,7 +58,7 @@ class EventpushSparkSubmitOperator(SparkSubmitOperator):
         (a private directory), and, for a cluster ``master``, at the executors' packed Python
         environment. The provider prints ``--conf``, and on YARN and Kubernetes turns
         ``env_vars`` into ``--conf``: only file paths go there, never a secret."""
-        from eventpush.airflow.connection import database_url
+        # Deferred: the Spark jobs are loaded only by the batch commands.
         from eventpush.sparkjobs.pyenv import cluster_conf
         from eventpush.sparkjobs.session import (
             auth_properties_file,

@@ -25,7 +25,9 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from eventpush.airflow.connection import CONN_ID
+from eventpush.airflow.connection import CONN_ID, adatabase_url
+from eventpush.db import connect, connection
+from eventpush.status import has_work
 
 NOTIFY_CHANNEL = "eventpush_publish"
 DEFAULT_TIMEOUT_S = 300.0
@@ -42,9 +44,6 @@ ELSEWHERE = "elsewhere"  # another process (a standalone worker) holds its lease
 def worker_has_work(url: str, worker: str) -> bool:
     """Whether a running runner of ``worker`` has events past its committed offset or retries
     due (one query)."""
-    from eventpush.db import connection
-    from eventpush.status import has_work
-
     with connection(url) as conn:
         return has_work(conn, worker)
 
@@ -66,8 +65,6 @@ def slice_due(url: str, worker: str) -> str | None:
 
 
 def _listen(url: str):
-    from eventpush.db import connect
-
     conn = connect(url)
     conn.autocommit = True
     with conn.cursor() as cur:
@@ -104,8 +101,6 @@ class WorkerWorkTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from eventpush.airflow.connection import adatabase_url
-
         started = time.monotonic()
         deadline = started + self.timeout
         url = await adatabase_url(self.conn_id)

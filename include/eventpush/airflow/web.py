@@ -12,6 +12,8 @@ Routes (under the plugin's ``/eventpush`` prefix):
 | ``GET api/replays?limit=N`` | latest replays: what was asked, outcome and counts | reader |
 | ``POST api/adjust`` ``{"scope", "name", "changes"}`` | validated runtime adjustment | editor |
 | ``POST api/pause`` / ``api/resume`` ``{"scope", "name"}`` | pause or resume | editor |
+| ``GET api/catalog`` | buses, rules and targets (URL redacted, no secret) | reader |
+| ``POST api/rule/enable`` / ``api/rule/disable`` ``{"bus", "name"}`` | switch a rule | editor |
 | ``GET dashboard`` | charts of lag and throughput, failures, the last audit, replays | reader |
 | ``GET api/dashboard?minutes=M`` | the dashboard's live part as JSON (polled every 5 s) | reader |
 
@@ -38,9 +40,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from eventpush.airflow.connection import database_url
 from eventpush.charts import line_chart
 from eventpush.config import setting
-from eventpush.db import transaction
+from eventpush.db import connection, transaction
+from eventpush.push.controls import ControlError, adjust, set_paused
+from eventpush.status import read_status
 
 DAG_ID = "eventpush_push"
 POLL_S = 5  # how often the dashboard re-reads its figures
@@ -50,7 +55,6 @@ _url_cache: dict[str, tuple[float, str]] = {}
 
 def _url() -> str:
     """The eventpush database (Airflow connection or env), resolved at most every 30 s."""
-    from eventpush.airflow.connection import database_url
 
     hit = _url_cache.get("url")
     if hit and time.monotonic() - hit[0] < URL_CACHE_S:
@@ -61,8 +65,6 @@ def _url() -> str:
 
 
 def _conn():
-    from eventpush.db import connection
-
     return connection(_url())
 
 
@@ -126,7 +128,6 @@ def _iso(value: Any) -> Any:
 
 def progress(conn) -> dict:
     """``read_status`` with each item's runtime controls and its latest latency metrics."""
-    from eventpush.status import read_status
 
     status = read_status(conn)
     with transaction(conn) as cur:
@@ -265,12 +266,14 @@ td.err{text-align:left;max-width:420px;overflow:hidden;text-overflow:ellipsis;wh
 """
 
 SCRIPT = """
-async function control(action, scope, name) {
-  const r = await fetch('api/' + action, {method: 'POST',
-    headers: {'Content-Type': 'application/json'}, body: JSON.stringify({scope, name})});
+async function post(path, body) {
+  const r = await fetch('api/' + path, {method: 'POST',
+    headers: {'Content-Type': 'application/json'}, body: JSON.stringify(body)});
   if (!r.ok) { alert((await r.json()).detail || r.statusText); return; }
   refresh();
 }
+function control(action, scope, name) { return post(action, {scope, name}); }
+function ruleSwitch(verb, bus, name) { return post('rule/' + verb, {bus, name}); }
 // Short polling: the live part is replaced in place, the page (and its scroll) stays.
 async function refresh() {
   try {
@@ -303,6 +306,68 @@ def _table(headers: list[str], rows: list[list[Any]], raw: set[int] = frozenset(
 def _button(action: str, scope: str, name: str) -> str:
     args = html.escape(json.dumps([action, scope, name])[1:-1], quote=True)
     return f'<button onclick="control({args})">{action}</button>'
+
+
+def _rule_button(verb: str, bus: str, name: str) -> str:
+    args = html.escape(json.dumps([verb, bus, name])[1:-1], quote=True)
+    return f'<button onclick="ruleSwitch({args})">{verb}</button>'
+
+
+def catalog_view(conn) -> dict:
+    """Buses, rules and targets as the catalog shows them (no secret: ``secret_set`` only)."""
+    from eventpush import catalog
+
+    targets = []
+    for t in catalog.list_targets(conn):
+        doc = t.to_json()
+        doc.pop("secret_fingerprint")  # the page needs only whether one is set
+        targets.append(doc)
+    return {
+        "buses": [b.to_json() for b in catalog.list_buses(conn)],
+        "rules": [r.to_json() for r in catalog.list_rules(conn)],
+        "targets": targets,
+    }
+
+
+def render_catalog(view: dict) -> str:
+    """The catalog section: rules with enable/disable, targets with their policy."""
+    rules = [
+        [
+            f"{r['bus']}/{r['name']}",
+            f'<span class="{"ok" if r["state"] == "ENABLED" else "bad"}">{r["state"]}</span>',
+            r["version"],
+            r["targets"],
+            json.dumps(r["pattern"], separators=(",", ":")),
+            _rule_button("disable" if r["state"] == "ENABLED" else "enable", r["bus"], r["name"]),
+        ]
+        for r in view["rules"]
+    ]
+    targets = [
+        [
+            t["runner"],
+            t["url"],
+            t["state"],
+            t["version"],
+            f"{t['max_attempts']} x, {t['timeout_ms']} ms, batch {t['batch_size']}, "
+            f"{t['concurrency']} at once" + (", ordered" if t["ordered"] else ""),
+            "yes" if t["secret_set"] else "no",
+        ]
+        for t in view["targets"]
+    ]
+    return (
+        "<h2>Rules</h2>"
+        + (
+            _table(["rule", "state", "version", "targets", "pattern", ""], rules, {1, 5})
+            if rules
+            else '<p class="muted">none</p>'
+        )
+        + "<h2>Targets</h2>"
+        + (
+            _table(["target", "url", "state", "version", "policy", "signed"], targets)
+            if targets
+            else '<p class="muted">none</p>'
+        )
+    )
 
 
 def render_dashboard(conn, minutes: int = 60) -> str:
@@ -440,6 +505,7 @@ records that stand failed now, as the audit counts them</p>{
         if failure_rows
         else '<p class="muted">none</p>'
     }
+{render_catalog(catalog_view(conn))}
 <h2>Last audit</h2>{audit_html}
 <h2>Replays</h2>{
         _table(
@@ -471,17 +537,23 @@ class Target(BaseModel):
     name: str = Field(min_length=1, max_length=200)
 
 
+class RuleName(BaseModel):
+    bus: str = Field(min_length=1, max_length=64)
+    name: str = Field(min_length=1, max_length=64)
+
+
 class Adjustment(Target):
     changes: dict[str, Any]
 
 
 def create_app():
     """The FastAPI app the plugin mounts at ``/eventpush``."""
+    # Deferred: Airflow's SDK is loaded only when an Airflow process calls this.
     from airflow.api_fastapi.core_api.security import requires_access_dag
+
+    # Deferred: FastAPI is loaded only by the webserver that mounts the plugin's app.
     from fastapi import Depends, FastAPI, HTTPException, Query
     from fastapi.responses import HTMLResponse
-
-    from eventpush.push.controls import ControlError, adjust, set_paused
 
     read = [Depends(requires_access_dag("GET", param_dag_id=DAG_ID))]
     write = [Depends(requires_access_dag("PUT", param_dag_id=DAG_ID))]
@@ -547,6 +619,32 @@ def create_app():
     def post_resume(body: Target) -> dict:
         _control(set_paused, body.scope, body.name, False)
         return {"scope": body.scope, "name": body.name, "paused": False}
+
+    @app.get("/api/catalog", dependencies=read)
+    def get_catalog() -> dict:
+        with _conn() as conn:
+            return catalog_view(conn)
+
+    def _switch(body: RuleName, enabled: bool) -> dict:
+        # Deferred like the rest of the catalog: only the webserver serves this.
+        from eventpush.catalog import CatalogError, NotFoundError, set_rule_enabled
+
+        try:
+            with _conn() as conn:
+                return set_rule_enabled(conn, body.bus, body.name, enabled).to_json()
+        except NotFoundError as exc:
+            raise HTTPException(status_code=404, detail=str(exc)) from None
+        except CatalogError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
+
+    # The same write permission as pause and resume.
+    @app.post("/api/rule/enable", dependencies=write)
+    def post_rule_enable(body: RuleName) -> dict:
+        return _switch(body, True)
+
+    @app.post("/api/rule/disable", dependencies=write)
+    def post_rule_disable(body: RuleName) -> dict:
+        return _switch(body, False)
 
     @app.get("/api/dashboard", dependencies=read)
     def get_dashboard(minutes: int = minutes_query) -> dict:

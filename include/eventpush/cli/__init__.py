@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import click
 
+from eventpush.cli import changes  # noqa: F401  (adds list, show, update, delete commands)
+from eventpush.cli.api import api_cmd
 from eventpush.cli.batch import audit, rebalance, replay
 from eventpush.cli.catalog import assign_cmd, bus, db, rule, target
+from eventpush.cli.keys import key
 from eventpush.cli.publish import publish_cmd
+from eventpush.cli.secrets import secrets
 from eventpush.cli.status import status_cmd
 from eventpush.cli.workers import runner, worker
 
@@ -34,6 +38,9 @@ for _command in (
     audit,
     replay,
     rebalance,
+    secrets,
+    key,
+    api_cmd,
 ):
     main.add_command(_command)
 

@@ -8,12 +8,14 @@ Exit codes are in ``cli_common``.
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import click
 from rich.table import Table
 
 from eventpush.cli.common import EXIT_MISSING, err, fail, handles_errors, out, print_json
+from eventpush.config import database_url
+from eventpush.quality.batch import CheckFailed
 
 
 class IsoTime(click.ParamType):
@@ -42,6 +44,7 @@ def check_window(since: datetime | None, until: datetime | None) -> None:
 
 
 def _spark():
+    # Deferred: the Spark jobs are loaded only by the batch commands.
     from eventpush.sparkjobs.session import get_spark
 
     return get_spark()
@@ -55,7 +58,7 @@ def _spark():
 @handles_errors
 def audit(bus, since, until, as_json) -> None:
     """Per runner: expected, delivered, failed, missing, pending, duplicated. Exit 1 on missing."""
-    from eventpush.config import database_url
+    # Deferred: the Spark jobs are loaded only by the batch commands.
     from eventpush.sparkjobs.audit import run_audit
 
     check_window(since, until)
@@ -93,10 +96,8 @@ def audit(bus, since, until, as_json) -> None:
 @handles_errors
 def rebalance(window_minutes, dry_run, as_json) -> None:
     """Balance runners over enabled workers by load and capacity; applied at once."""
-    from datetime import timedelta
 
-    from eventpush.config import database_url
-    from eventpush.quality.batch import CheckFailed
+    # Deferred: the Spark jobs are loaded only by the batch commands.
     from eventpush.sparkjobs.rebalance import StaleProposalError, run_rebalance
 
     url = database_url()
@@ -143,6 +144,13 @@ def rebalance(window_minutes, dry_run, as_json) -> None:
     is_flag=True,
     help="With --what all and no window: re-push every event ever published, on purpose.",
 )
+@click.option(
+    "--pattern-version",
+    type=click.Choice(["history", "current"]),
+    default="history",
+    show_default=True,
+    help="Judge each event by the rule's version in force at its offset, or by its pattern now.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @handles_errors
 def replay(
@@ -157,14 +165,14 @@ def replay(
     rate_limit,
     dry_run,
     everything,
+    pattern_version,
     as_json,
 ) -> None:
     """Re-push failed records, audit gaps, or every matching event of a window.
 
     --what all needs --since (a window of at most EVENTPUSH_REPLAY_MAX_WINDOW_HOURS) or
     --everything; a run selects at most EVENTPUSH_REPLAY_MAX_COUNT records."""
-    from eventpush.config import database_url
-    from eventpush.quality.batch import CheckFailed
+    # Deferred: the Spark jobs are loaded only by the batch commands.
     from eventpush.sparkjobs.replay import ReplayRequest, check_bounds, run_replay
 
     req = ReplayRequest(
@@ -179,6 +187,7 @@ def replay(
         rate_limit=rate_limit,
         dry_run=dry_run,
         everything=everything,
+        pattern_version=pattern_version,
     )
     check_bounds(req)  # before Spark starts: a refused request costs nothing
     url = database_url()

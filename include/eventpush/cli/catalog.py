@@ -11,7 +11,7 @@ from eventpush import catalog
 from eventpush.cli.common import fail, handles_errors, out
 from eventpush.config import redact_url
 from eventpush.db import connection
-from eventpush.push.policy import DEFAULTS, SCHEME_DEFAULTS
+from eventpush.policy import DEFAULTS, SCHEME_DEFAULTS
 
 
 @click.group()
@@ -23,6 +23,7 @@ def db() -> None:
 @handles_errors
 def db_migrate() -> None:
     """Create or upgrade the schema (idempotent)."""
+    # Deferred: alembic is loaded only by a migration.
     from eventpush.schema import migrate
 
     before, after = migrate()
@@ -30,6 +31,21 @@ def db_migrate() -> None:
         out.print(f"schema is up to date (revision {after})")
     else:
         out.print(f"schema migrated from {before or 'empty'} to revision {after}")
+    with connection() as conn:
+        if _ensure_default_bus(conn):
+            out.print(f"bus {DEFAULT_BUS} created (where API events that name no bus go)")
+
+
+DEFAULT_BUS = "default"  # as on AWS: PutEvents entries without EventBusName go there
+
+
+def _ensure_default_bus(conn) -> bool:
+    """Make the bus ``default`` unless it exists; True when it was made."""
+    try:
+        catalog.create_bus(conn, DEFAULT_BUS, 4, "events sent to the API without a bus")
+    except catalog.ConflictError:
+        return False
+    return True
 
 
 # --- bus, rule, target ------------------------------------------------------------------------

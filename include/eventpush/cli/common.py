@@ -14,6 +14,9 @@ import sys
 import click
 from rich.console import Console
 
+from eventpush.config import ConfigError
+from eventpush.db import StoreError
+
 EXIT_MISSING = 1
 EXIT_INPUT = 2
 EXIT_STORE = 3
@@ -34,15 +37,16 @@ def handles_errors(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        from eventpush.config import ConfigError
-        from eventpush.db import StoreError
+        from eventpush.sealed import SecretKeyError
+
+        # Deferred: the Spark jobs are loaded only by the batch commands.
         from eventpush.sparkjobs.session import SparkSetupError
 
         try:
             return func(*args, **kwargs)
         except ValueError as exc:
             fail(str(exc))
-        except (ConfigError, StoreError, SparkSetupError) as exc:
+        except (ConfigError, StoreError, SparkSetupError, SecretKeyError) as exc:
             fail(str(exc), EXIT_STORE)
 
     return wrapper

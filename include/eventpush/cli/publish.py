@@ -7,6 +7,7 @@ from rich.table import Table
 
 from eventpush.cli.common import handles_errors, out, print_json
 from eventpush.db import connection
+from eventpush.publish import publish
 
 
 @click.command("publish")
@@ -17,7 +18,6 @@ from eventpush.db import connection
 @handles_errors
 def publish_cmd(bus_name: str, partition_key: str | None, as_json: bool, file) -> None:
     """Publish JSON events, one a line, from FILE (stdin if none). All or nothing."""
-    from eventpush.publish import publish
 
     with connection() as conn:
         result = publish(conn, bus_name, file, partition_key)

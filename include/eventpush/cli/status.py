@@ -7,6 +7,7 @@ from rich.table import Table
 
 from eventpush.cli.common import handles_errors, out, print_json
 from eventpush.db import connection
+from eventpush.status import read_status
 
 
 @click.command("status")
@@ -14,7 +15,6 @@ from eventpush.db import connection
 @handles_errors
 def status_cmd(as_json: bool) -> None:
     """Progress and lag, per worker and runner."""
-    from eventpush.status import read_status
 
     with connection() as conn:
         doc = read_status(conn)

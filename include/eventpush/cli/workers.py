@@ -3,12 +3,16 @@ pause, resume and adjust a worker or a runner while it runs."""
 
 from __future__ import annotations
 
+import logging
+
 import click
 from rich.table import Table
 
 from eventpush import catalog
 from eventpush.cli.common import EXIT_STORE, fail, handles_errors, out, print_json
 from eventpush.db import connection
+from eventpush.metrics import metrics_port as resolve_metrics_port
+from eventpush.push.controls import adjust, set_paused
 
 
 def _pause_and_resume(group: click.Group, scope: str, pause_note: str) -> None:
@@ -23,8 +27,6 @@ def _pause_and_resume(group: click.Group, scope: str, pause_note: str) -> None:
         @click.argument("name")
         @handles_errors
         def command(name: str) -> None:
-            from eventpush.push.controls import set_paused
-
             with connection() as conn:
                 set_paused(conn, scope, name, paused)
             out.print(f"{scope} {name} {'paused' if paused else 'resumed'}")
@@ -98,9 +100,8 @@ def worker_run(
     metrics_port: int | None,
 ) -> None:
     """Run worker NAME's push loop (SIGTERM or Ctrl-C stops it gracefully)."""
-    import logging
 
-    from eventpush.metrics import metrics_port as resolve_metrics_port
+    # Deferred: the push runtime (pyreqwest, uvloop, the engine) loads only when a worker runs.
     from eventpush.push import (
         LeaseLostError,
         UnknownWorkerError,
@@ -117,6 +118,7 @@ def worker_run(
     live = None
     progress = None
     if out.is_terminal and not as_json:
+        # Deferred: rich's live display is loaded only by the interactive command.
         from rich.live import Live
 
         live = Live(console=out, refresh_per_second=4, transient=True)
@@ -198,8 +200,6 @@ def runner_adjust(name: str, **settings: int | None) -> None:
 
 
 def _adjust(scope: str, name: str, settings: dict) -> None:
-    from eventpush.push.controls import adjust
-
     changes = {k: v for k, v in settings.items() if v is not None}
     with connection() as conn:
         in_force = adjust(conn, scope, name, changes)

@@ -29,9 +29,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -209,11 +212,7 @@ class ReceiverProcess:
     demo and benchmarks: Airflow's task processes reach it, and it does not share our GIL."""
 
     def __init__(self, port: int | None = None) -> None:
-        import sys
-
         if port is None:
-            import socket
-
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
@@ -233,14 +232,10 @@ class ReceiverProcess:
         raise RuntimeError(f"the receiver did not start on port {port}")
 
     def stats(self) -> dict:
-        import urllib.request
-
         with urllib.request.urlopen(self.url + "/_stats", timeout=5) as resp:
             return json.loads(resp.read())
 
     def recover(self, path: str) -> None:
-        import urllib.request
-
         req = urllib.request.Request(self.url + f"/_recover?path={path}", method="POST")
         urllib.request.urlopen(req, timeout=5).close()
 
@@ -261,7 +256,6 @@ class ReceiverProcess:
 
 def main() -> None:
     """``python -m eventpush.demo.receiver [PORT]``: serve in the foreground."""
-    import sys
 
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 8787
     web.run_app(make_app(ReceiverState(keep_bodies=False)), host="127.0.0.1", port=port)

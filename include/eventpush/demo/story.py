@@ -28,6 +28,7 @@ from eventpush import catalog
 from eventpush.config import allow_loopback_receiver
 from eventpush.demo.dag_runs import DagRuns
 from eventpush.demo.receiver import ReceiverProcess
+from eventpush.demo.report import write_report
 from eventpush.publish import publish
 
 REPO = Path(__file__).resolve().parents[3]
@@ -127,6 +128,7 @@ def demo_database() -> str:
         cur.execute(f'CREATE DATABASE "{DEMO_DB}"')
     admin.close()
     url = f"{admin_url.rsplit('/', 1)[0]}/{DEMO_DB}"
+    # Deferred: alembic is loaded only by a migration.
     from eventpush.schema import migrate
 
     migrate(url)
@@ -295,8 +297,6 @@ def main() -> None:
     finally:
         receiver.stop()
         runs.close()
-
-    from eventpush.demo.report import write_report
 
     path = write_report(
         Path(args.report), final, first_audit, second_audit, timings, stats, args.events

@@ -25,14 +25,16 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from eventpush import tracing
-from eventpush.push import delivery, store
-from eventpush.push.delivery import Outcome, Record, Target
-from eventpush.push.slots import DbSlot, first_line
+from eventpush.backoff import Backoff
+from eventpush.db import is_transient
+from eventpush.dbslot import DbSlot
+from eventpush.errors import first_line
+from eventpush.push import store
+from eventpush.sinks import contract
+from eventpush.sinks.contract import Outcome, Record, Target
 
 log = logging.getLogger("eventpush.push")
 
-RETRY_FIRST_S = 0.1
-RETRY_MAX_S = 5.0
 STATUS_POLL_S = 0.2
 
 
@@ -42,7 +44,7 @@ def outcome_rows(
     """The rows one outcome leaves: a delivery row per record, or a failure row per record;
     appended to ``into`` when given (the committer's buffer: no list per send), else to a
     new list."""
-    if outcome.kind == delivery.DELIVERED:
+    if outcome.kind == contract.DELIVERED:
         extra, row = (outcome.http_status, outcome.latency_ms), store.DeliveryRow
     else:
         extra, row = (outcome.http_status, outcome.error or "failed"), store.FailureRow
@@ -80,27 +82,29 @@ class Committer:
         self.on_committed = on_committed
         self.deliveries: list[store.DeliveryRow] = []
         self.failures: list[store.FailureRow] = []
+        self.versions: list[store.VersionRow] = []  # written with the next commit
         self.pending: tuple[store.CommitBatch, list] | None = None
         self.lock = asyncio.Lock()
         self.failing = False
         self.metrics = metrics  # eventpush.metrics.WorkerMetrics, or None
 
     def add(self, target: Target, batch: list[Record], outcome: Outcome) -> None:
-        into = self.deliveries if outcome.kind == delivery.DELIVERED else self.failures
+        into = self.deliveries if outcome.kind == contract.DELIVERED else self.failures
         outcome_rows(target, batch, outcome, into)
 
     def drop(self, runner_id: int) -> None:
         """Forget a runner's uncommitted rows: it moved away, the next owner redelivers."""
         self.deliveries = [d for d in self.deliveries if d.runner_id != runner_id]
         self.failures = [f for f in self.failures if f.runner_id != runner_id]
+        self.versions = [v for v in self.versions if v.runner_id != runner_id]
 
     def has_work(self) -> bool:
-        return bool(self.deliveries or self.failures or self.pending)
+        return bool(self.deliveries or self.failures or self.versions or self.pending)
 
     def _gather(self) -> tuple[store.CommitBatch, list]:
         # One synchronous step: swap the outcome buffers and compute the offsets they allow.
-        deliveries, failures = self.deliveries, self.failures
-        self.deliveries, self.failures = [], []
+        deliveries, failures, versions = self.deliveries, self.failures, self.versions
+        self.deliveries, self.failures, self.versions = [], [], []
         offsets, written, generations, brokers = [], [], {}, {}
         for runner in self.owned():
             generations[runner.id] = runner.generation
@@ -119,7 +123,10 @@ class Committer:
         ):  # rows of a runner no longer ours: never written
             deliveries = [d for d in deliveries if d.runner_id in generations]
             failures = [f for f in failures if f.runner_id in generations]
-        return store.CommitBatch(deliveries, failures, offsets, generations, brokers), written
+        versions = [v for v in versions if v.runner_id in generations]
+        batch = store.CommitBatch(deliveries, failures, offsets, generations, brokers)
+        batch.versions = versions
+        return batch, written
 
     async def commit(self, give_up_s: float | None = None) -> None:
         """Commit what an interrupted commit left pending, then what has gathered; transient
@@ -149,7 +156,7 @@ class Committer:
                 self.on_committed()
 
     async def _write(self, deadline: float | None) -> None:
-        delay = RETRY_FIRST_S
+        backoff = Backoff()
         while True:
             # A cancelled commit's thread may still be writing this very batch: let it end
             # first, so its transaction id (if it got one) tells the whole story.
@@ -173,15 +180,14 @@ class Committer:
                 await self.on_fenced(exc.runner_ids)
                 continue
             except Exception as exc:
-                if not store.is_transient(exc):
+                if not is_transient(exc):
                     raise
                 if deadline is not None and time.monotonic() > deadline:
                     raise
                 if not self.failing:
                     self.failing = True
-                log.warning("commit failed (%s); retrying in %.1fs", first_line(exc), delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_S)
+                log.warning("commit failed (%s); retrying in %.1fs", first_line(exc), backoff.delay)
+                await backoff.wait()
 
     async def _committed(self, xid: int, deadline: float | None) -> bool:
         """Did the transaction of an interrupted commit commit? Waits while it is still in

@@ -40,8 +40,12 @@ class WorkerSettings:
 
 
 def _exists(cur, scope: str, name: str) -> None:
-    table = "event_push_worker" if scope == "worker" else "event_target_runner"
-    cur.execute(f"SELECT 1 FROM {table} WHERE name = %s", (name,))
+    if scope == "worker":
+        cur.execute("SELECT 1 FROM event_push_worker WHERE name = %s", (name,))
+    else:  # a deleted target's runner keeps its name in its books, never its controls
+        cur.execute(
+            "SELECT 1 FROM event_target_runner WHERE name = %s AND deleted_at IS NULL", (name,)
+        )
     if cur.fetchone() is None:
         raise ControlError(f"unknown {scope} {name!r}")
 
@@ -100,7 +104,7 @@ def set_paused(conn: Connection, scope: str, name: str, paused: bool) -> None:
         _upsert(cur, scope, name, "paused", paused)
         if scope == "runner":
             cur.execute(
-                "UPDATE event_target_runner SET state = %s WHERE name = %s",
+                "UPDATE event_target_runner SET state = %s WHERE name = %s AND deleted_at IS NULL",
                 ("PAUSED" if paused else "RUNNING", name),
             )
 

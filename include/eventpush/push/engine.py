@@ -24,21 +24,26 @@ import gc
 import logging
 import os
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass
 
 from eventpush import metrics as metrics_mod
-from eventpush import sinks, sources
+from eventpush import sealed, sinks, sources
 from eventpush.config import database_url
+from eventpush.db import is_transient
+from eventpush.dbslot import DbSlot
+from eventpush.errors import first_line
 from eventpush.metrics import WorkerMetrics, metrics_host
 from eventpush.push import store
 from eventpush.push.committing import Committer
 from eventpush.push.controls import WorkerSettings, worker_settings
 from eventpush.push.lanes import Lanes, Runner, wait_for_event
 from eventpush.push.reading import BusSignals, WindowCache
-from eventpush.push.slots import DbSlot, first_line
+from eventpush.push.versions import History, version
+from eventpush.rules.patterns import RuleIndex
 from eventpush.sources import Bus, Reader
 
 log = logging.getLogger("eventpush.push")
@@ -72,6 +77,15 @@ CACHE_SHARE = 8  # the window cache may hold 1/CACHE_SHARE of a worker's buffer_
 # rarer at ~1-2 ms each. What it costs: at most that many young objects more before a
 # collection looks at them (a few MiB), whatever the worker's age.
 GC_GEN0_THRESHOLD = 10_000
+
+
+def read_histories(conn, runner_ids: list[int]) -> dict[int, History]:
+    """The recorded versions of runners, as histories (runners without any: empty)."""
+    per_runner: dict[int, dict[int, list]] = {rid: {} for rid in runner_ids}
+    for row in store.read_versions(conn, runner_ids):
+        v = version(row.from_offset, row.rule_version, row.target_version, row.state, row.pattern)
+        per_runner[row.runner_id].setdefault(row.queue_id, []).append(v)
+    return {rid: History(queues) for rid, queues in per_runner.items()}
 
 
 class WorkerFailedError(RuntimeError):
@@ -137,6 +151,7 @@ class Engine:
         self.indexes: dict[int, object] = {}  # bus id -> RuleIndex of this worker's runners
         self.refresh_lock = asyncio.Lock()
         self.stopping = asyncio.Event()
+        self.catalog_changed = asyncio.Event()  # a catalog notification came in
         self.fatal: BaseException | None = None
         self.wid = 0
         self.buses: dict[int, Bus] = {}  # the buses of this worker's runners
@@ -209,6 +224,8 @@ class Engine:
         boot = DbSlot(self.url)
         try:
             self.wid = await boot.call(store.worker_id, self.worker, give_up_s=STARTUP_GIVE_UP_S)
+            # A missing or wrong key stops the worker here, in one line.
+            await boot.call(sealed.check_stored, give_up_s=STARTUP_GIVE_UP_S)
         finally:
             boot.close()
         hand_over = self.hand_over
@@ -283,6 +300,7 @@ class Engine:
                 raise WorkerFailedError(f"assignment refresh failed: {first_line(exc)}") from None
             # Only now: a controller refresh racing the first one would start runners twice.
             background.append(self._spawn(self._controller(), "controller"))
+            background.append(self._spawn(self._catalog_watch(), "catalog watcher"))
             _freeze_startup_objects()
             await self._supervise(started)
         finally:
@@ -397,16 +415,27 @@ class Engine:
     # --- assignment and controls ----------------------------------------------------------
 
     async def _controller(self) -> None:
+        """Re-read the assignment, controls and catalog versions every CONTROL_INTERVAL_S,
+        and at once when the catalog says something changed (a notification lost with its
+        connection is covered by the periodic read)."""
         while True:
-            await asyncio.sleep(CONTROL_INTERVAL_S)
+            await wait_for_event(self.catalog_changed, CONTROL_INTERVAL_S)
+            self.catalog_changed.clear()
             await self._refresh()
+
+    async def _catalog_watch(self) -> None:
+        from eventpush.sources.postgres import CATALOG_CHANNEL, watch_channel
+
+        await watch_channel(self.url, CATALOG_CHANNEL, lambda _bus_id: self.catalog_changed.set())
 
     async def _refresh(self) -> None:
         async with self.refresh_lock:
             await self._refresh_locked()
 
     async def _refresh_locked(self) -> None:
-        assigned, controls = await self.aux.call(store.read_assignment, self.wid, self.worker)
+        assigned, controls, versions = await self.aux.call(
+            store.read_assignment, self.wid, self.worker
+        )
         paused = bool(controls.get("paused", False))
         settings = worker_settings(controls)
         if paused != self.lanes.paused or settings != self.lanes.settings:
@@ -435,17 +464,56 @@ class Engine:
                 targets = await self.aux.call(store.read_targets, sorted(claimed))
                 await self._know_buses({t.bus_id for t in targets})
                 offsets = await self.aux.call(store.read_offsets, sorted(claimed))
+                histories = await self.aux.call(read_histories, sorted(claimed))
                 for target in targets:
                     rid = target.runner_id
-                    runner = Runner(target, offsets.get(rid, {}), assigned[rid])
+                    runner = Runner(target, offsets.get(rid, {}), assigned[rid], histories[rid])
+                    self.committer.versions.extend(runner.take_effect())
                     self.runners[rid] = runner
                     self._forget_bus(target.bus_id)
+                    runner.epoch = self.cache.epoch
                     self.lanes.start(runner)
         else:
             self.waiting = set()
+        await self._retarget(versions)
         for rid, row in assigned.items():
             if rid in self.runners:
-                self.runners[rid].apply(row)
+                runner = self.runners[rid]
+                runner.apply(row)
+                for qid, cursor in runner.cursors.items():  # history no event can need now
+                    runner.history.forget_before(qid, cursor.committed_db)
+
+    async def _retarget(self, versions: dict[int, tuple[int, int]]) -> None:
+        """Runners whose rule or target changed in the catalog take the new version live.
+        An ordered target that becomes unordered (or back) is restarted instead: its lanes
+        differ (handed off here, claimed again at the next refresh)."""
+        changed = [
+            rid
+            for rid, runner in self.runners.items()
+            if rid in versions
+            and versions[rid] != (runner.target.rule_version, runner.target.target_version)
+        ]
+        if not changed:
+            return
+        restart = []
+        for target in await self.aux.call(store.read_targets, changed):
+            runner = self.runners.get(target.runner_id)
+            if runner is None:
+                continue
+            if target.ordered != runner.target.ordered:
+                restart.append(runner.id)
+                continue
+            self.committer.versions.extend(runner.retarget(target))
+            self._forget_bus(target.bus_id)
+            runner.epoch = self.cache.epoch
+            log.info(
+                "runner %s now at rule version %d, target version %d",
+                target.runner,
+                target.rule_version,
+                target.target_version,
+            )
+        if restart:
+            await self._hand_off(frozenset(restart))
 
     async def _hand_off(self, runner_ids: frozenset[int]) -> None:
         """Runners that are no longer ours: stop every send, forget their uncommitted rows,
@@ -479,12 +547,12 @@ class Engine:
     # --- reading --------------------------------------------------------------------------
 
     def _rules(self, bus_id: int):
-        from eventpush.rules.patterns import RuleIndex
-
         index = self.indexes.get(bus_id)
         if index is None:
             index = self.indexes[bus_id] = RuleIndex(
-                (r.id, r.pattern) for r in self.runners.values() if r.target.bus_id == bus_id
+                (r.id, r.pattern)
+                for r in self.runners.values()
+                if r.target.bus_id == bus_id and r.matching
             )
         return index
 
@@ -578,6 +646,7 @@ class Engine:
     # --- heartbeat ------------------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
+        # Deferred: psutil is loaded only by the heartbeat that samples the process.
         import psutil
 
         proc = psutil.Process()
@@ -587,8 +656,6 @@ class Engine:
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
     async def _beat(self, proc) -> None:
-        import statistics
-
         runner_stats, lanes, all_latencies = [], {}, []
         for runner in list(self.runners.values()):
             p50, p99 = runner.percentiles()
@@ -628,7 +695,7 @@ class Engine:
             await self.aux.call(store.heartbeat, self.wid, metrics, runner_stats, give_up_s=5)
             await self._refresh_lag()
         except Exception as exc:
-            if not store.is_transient(exc):
+            if not is_transient(exc):
                 raise
             log.warning("heartbeat failed: %s", first_line(exc))
 

@@ -33,14 +33,18 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 
 from eventpush import tracing
-from eventpush.push import delivery
+from eventpush.backoff import finite
 from eventpush.push.committing import Committer
 from eventpush.push.controls import WorkerSettings
 from eventpush.push.cursor import UNCOMMITTED_SPANS, QueueCursor
-from eventpush.push.delivery import Outcome, Record, Target
 from eventpush.push.limits import CircuitBreaker, Limiter, Pass
 from eventpush.push.reading import BusSignals, WindowCache
-from eventpush.push.slots import finite
+from eventpush.push.store import VersionRow
+from eventpush.push.versions import ENABLED, History, version
+from eventpush.rules.patterns import compile_pattern
+from eventpush.rules.transforms import compile_transform
+from eventpush.sinks import contract, retry
+from eventpush.sinks.contract import Outcome, Record, Target
 
 FRESH_PER_RETRY = 4
 ROOM_SHARE = 16  # a blocked feeder wakes once 1/ROOM_SHARE of the runner's records finished
@@ -53,15 +57,22 @@ MAX_RETRY_DELAY_S = 300.0
 class Runner:
     """One rule-target pair being pushed by this worker, at one assignment generation."""
 
-    def __init__(self, target: Target, offsets: dict[int, int], settings: tuple) -> None:
-        from eventpush.rules.patterns import compile_pattern
-        from eventpush.rules.transforms import compile_transform
-
+    def __init__(
+        self,
+        target: Target,
+        offsets: dict[int, int],
+        settings: tuple,
+        history: History | None = None,
+    ) -> None:
         self.target = target
         self.id = target.runner_id
         self.generation = settings[1]
         self.pattern = compile_pattern(target.pattern)
         self.transform = compile_transform(target.transform_kind, target.transform_spec)
+        # Which version judges which offset (push/versions.py); ``epoch``: the window cache's
+        # epoch once its newest version was in the index (older matches are judged again).
+        self.history = history if history is not None else History()
+        self.epoch = 0
         self.cursors = {qid: QueueCursor(qid, off) for qid, off in sorted(offsets.items())}
         self.fresh: deque[Record] = deque()
         self.retry: deque[list[Record]] = deque()
@@ -106,6 +117,42 @@ class Runner:
         self.wake.set()
         self.room.set()
 
+    @property
+    def matching(self) -> bool:
+        """The newest version of its rule is enabled: the index holds its pattern."""
+        return self.target.rule_state == ENABLED
+
+    def take_effect(self) -> list[VersionRow]:
+        """The target's versions (as read from the catalog) take effect on each queue at the
+        offset the runner has read up to; the rows to record, for queues where they are new."""
+        t = self.target
+        rows = []
+        for qid, cursor in self.cursors.items():
+            newest = self.history.newest(qid)
+            if newest is not None and newest.key == (t.rule_version, t.target_version):
+                continue
+            start = max(cursor.pulled, self.history.newest_from(qid))
+            v = version(start, t.rule_version, t.target_version, t.rule_state, t.pattern)
+            self.history.add(qid, v)
+            rows.append(VersionRow(self.id, qid, start, *v.key, v.state, v.pattern))
+        return rows
+
+    def retarget(self, target: Target) -> list[VersionRow]:
+        """A new version of the target or its rule, live: sends from now on use it, events
+        from the offsets it takes effect at are judged by it. Returns the rows to record."""
+        from eventpush.rules.patterns import compile_pattern
+        from eventpush.rules.transforms import compile_transform
+
+        old, self.target = self.target, target
+        self.pattern = compile_pattern(target.pattern)
+        self.transform = compile_transform(target.transform_kind, target.transform_spec)
+        if target.url != old.url:
+            self.send_fn = None  # the new URL's kind of sink, looked up at the next attempt
+        # (a new concurrency reaches the limiter with the engine's next ``apply``)
+        self.wake.set()
+        self.room.set()
+        return self.take_effect()
+
     def _control(self, controls: dict, key: str, default: int) -> int:
         value = controls.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -128,9 +175,9 @@ class Runner:
 def retry_delay(target: Target, attempts: int, retry_after_s: float | None) -> float:
     """Seconds before the next attempt, always finite: the policy's backoff when what the
     target asked for is no number."""
-    delay = delivery.backoff_s(target, attempts, retry_after_s)
+    delay = retry.backoff_s(target, attempts, retry_after_s)
     if delay is None or not math.isfinite(delay) or delay < 0:
-        delay = delivery.backoff_s(target, attempts)
+        delay = retry.backoff_s(target, attempts)
     return finite(delay, target.backoff_ms / 1000, 0.0, MAX_RETRY_DELAY_S)
 
 
@@ -251,6 +298,11 @@ class Lanes:
             if oldest is not None:
                 stop = min(stop, oldest + s.buffer_span)
             max_bytes, rid, qid = s.buffer_bytes, runner.id, cursor.queue_id
+            # The index's verdict holds for events it matched with the runner's newest version
+            # and read from where that version took effect; others are judged by the version
+            # in force at their offset (push/versions.py).
+            epoch, exact_from = runner.epoch, runner.history.newest_from(qid)
+            judge = runner.history.judge
             lane = runner.fresh if ordered_line is None else ordered_line
             # The cursor's take and advance, inline on locals written back once (per record
             # pulled, these calls were a good part of a feeder's cost; nothing awaits here).
@@ -262,7 +314,11 @@ class Lanes:
                         break
                     read += 1
                     offset = ev.offset
-                    if rid in ev.matches:
+                    if (
+                        rid in ev.matches
+                        if ev.epoch >= epoch and offset >= exact_from
+                        else judge(qid, offset, ev.event)
+                    ):
                         if oldest is None:
                             oldest = offset
                             stop = min(stop, oldest + s.buffer_span)
@@ -394,7 +450,7 @@ class Lanes:
     def _unavailable(runner: Runner) -> Outcome:
         last = runner.last_outcome
         return Outcome(
-            delivery.FINAL,
+            contract.FINAL,
             last.http_status if last else None,
             f"target unavailable (circuit open) past max age {runner.target.max_age_s} s; "
             f"last error: {last.error if last else 'none'}",
@@ -452,7 +508,7 @@ class Lanes:
         # A request that never left (transform failed, address refused) says nothing about the
         # target's health.
         kind = outcome.kind
-        runner.breaker.record(granted, reached=outcome.reached, failed=kind == delivery.RETRY)
+        runner.breaker.record(granted, reached=outcome.reached, failed=kind == contract.RETRY)
         if self.attempts is not None:
             self.attempts.add(runner.target.runner, kind, outcome.latency_ms / 1000, retry)
         return outcome
@@ -475,13 +531,13 @@ class Lanes:
         """A retry goes on the timer heap (unless out of attempts or age); anything else is
         finished. A batch whose records were answered one by one settles per answer."""
         if outcome.per_record is not None:
-            for part, records in delivery.by_answer(batch, outcome):
+            for part, records in contract.by_answer(batch, outcome):
                 self._settle(runner, records, part)
             return
-        if outcome.kind == delivery.RETRY:
+        if outcome.kind == contract.RETRY:
             now = time.monotonic()
             delay = retry_delay(runner.target, batch[0].attempts, outcome.retry_after_s)
-            if not delivery.out_of_attempts(runner.target, batch[0], now, delay):
+            if not retry.out_of_attempts(runner.target, batch[0], now, delay):
                 entry = (now + delay, next(self.seq), batch)
                 heapq.heappush(runner.delayed, entry)
                 if runner.delayed[0] is entry:  # due before what the clock sleeps towards
@@ -527,18 +583,18 @@ class Lanes:
                     runner.limiter.release()
                     self.pool.release()
                     runner.wake.set()
-                if outcome.kind != delivery.RETRY:
+                if outcome.kind != contract.RETRY:
                     break
                 now = time.monotonic()
                 delay = retry_delay(runner.target, batch[0].attempts, outcome.retry_after_s)
-                if delivery.out_of_attempts(runner.target, batch[0], now, delay):
+                if retry.out_of_attempts(runner.target, batch[0], now, delay):
                     break
                 await asyncio.sleep(delay)
             if runner.fenced:
                 return
             # Each record on its own answer when it has one (a retryable one among finals:
             # failed); one group otherwise.
-            for part, records in delivery.by_answer(batch, outcome):
+            for part, records in contract.by_answer(batch, outcome):
                 self.finish(runner, records, part)
 
     # --- outcomes -------------------------------------------------------------------------
@@ -556,7 +612,7 @@ class Lanes:
                 cursors[r.queue_id].finish(r.offset, r.message_id)
         self.committer.add(runner.target, batch, outcome)
         runner.inflight -= n
-        if outcome.kind == delivery.DELIVERED:
+        if outcome.kind == contract.DELIVERED:
             self.report.delivered += n
             runner.latencies.append(outcome.latency_ms)
         else:

@@ -39,6 +39,7 @@ class BusEvent:
     event: dict
     size: int
     matches: frozenset
+    epoch: int = 0  # the cache's epoch when matched: older than a runner's, judged again
 
 
 @dataclass
@@ -61,13 +62,14 @@ def _parse(raw: str) -> dict:
         return json.loads(raw)
 
 
-def match_rows(rows: list, index) -> tuple[list[BusEvent], list[int]]:
-    """Parse a window's rows and match each once against every rule (runs in a thread)."""
+def match_rows(rows: list, index, epoch: int = 0) -> tuple[list[BusEvent], list[int]]:
+    """Parse a window's rows and match each once against every rule (runs in a thread);
+    ``epoch``: the cache's epoch the index was built at."""
     events, offsets = [], []
     for offset, message_id, raw in rows:
         event = _parse(raw)
         matches = frozenset(index.matching(event))
-        events.append(BusEvent(offset, message_id, raw, event, len(raw), matches))
+        events.append(BusEvent(offset, message_id, raw, event, len(raw), matches, epoch))
         offsets.append(offset)
     return events, offsets
 
@@ -89,9 +91,13 @@ class WindowCache:
         self.windows: OrderedDict[tuple[int, int, int], Window] = OrderedDict()
         self.per_queue: dict[tuple[int, int], int] = {}
         self.bytes = 0
+        # Moves on whenever a bus's runners change: events matched at an older epoch than a
+        # runner's own were matched without its newest version (push/versions.py).
+        self.epoch = 0
 
     def forget_bus(self, bus_id: int) -> None:
         """The bus's runners changed: cached matches are stale."""
+        self.epoch += 1
         for key in [k for k in self.windows if k[0] == bus_id]:
             self._drop(key)
 
@@ -149,8 +155,9 @@ class WindowCache:
                 chunk = await self.read(bus_id, queue_id, window.end, window.stop)
                 known = chunk.end
                 if chunk.rows:
+                    epoch = self.epoch  # the index below reflects every change before it
                     events, offsets = await asyncio.to_thread(
-                        match_rows, chunk.rows, self.index_for(bus_id)
+                        match_rows, chunk.rows, self.index_for(bus_id), epoch
                     )
                     window.events.extend(events)
                     window.offsets.extend(offsets)

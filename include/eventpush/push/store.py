@@ -26,17 +26,14 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extras
 
-from eventpush.db import Connection, StoreError, connect, copy_text, transaction
-from eventpush.push.delivery import Target, load_targets
+from eventpush.config import setting
+from eventpush.db import Connection, copy_text, transaction
+from eventpush.sinks.contract import Target
+from eventpush.sources import broker_name
 
 DEFAULT_BROKER = "eventpush"  # the column default: a bus on eventpush's own PostgreSQL store
 LEASE_NAMESPACE = 0x45_50  # first key of the advisory lock; the worker id is the second
 RUNNER_NAMESPACE = 0x45_51  # a runner's claim; the runner id is the second key
-# SQLSTATE classes worth waiting out: connection exceptions, invalid transaction state (25006
-# read-only after a failover), transaction rollback (40001 serialization, 40P01 deadlock),
-# insufficient resources, operator intervention (57P01 admin shutdown), system errors.
-TRANSIENT_CLASSES = frozenset({"08", "25", "40", "53", "57", "58"})
-NOTIFY_CHANNEL = "eventpush_publish"
 # The application_name of a push slice's lease session: how a DAG task tells the slice it
 # takes over from (it waits for the lease) from a standalone worker (it leaves it alone).
 SLICE_APP = "eventpush push slice"
@@ -60,14 +57,6 @@ class FencedError(RuntimeError):
     def __init__(self, runner_ids: frozenset[int]) -> None:
         super().__init__(f"runners {sorted(runner_ids)} are no longer assigned to this worker")
         self.runner_ids = runner_ids
-
-
-def is_transient(exc: BaseException) -> bool:
-    """A database error that goes away by waiting and reconnecting (of any class)."""
-    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError | StoreError):
-        return True
-    code = getattr(exc, "pgcode", None)
-    return bool(code) and code[:2] in TRANSIENT_CLASSES
 
 
 # Tuples, not frozen dataclasses: one is made per record delivered, on the event loop, and a
@@ -94,6 +83,18 @@ class FailureRow(NamedTuple):
     attempts: int
     http_status: int | None
     error: str
+
+
+class VersionRow(NamedTuple):
+    """From ``from_offset`` on its queue, a runner's events are judged by these versions."""
+
+    runner_id: int
+    queue_id: int
+    from_offset: int
+    rule_version: int
+    target_version: int
+    state: str
+    pattern: str
 
 
 @dataclass(frozen=True)
@@ -245,31 +246,87 @@ def release_runners(conn: Connection, runner_ids: list[int]) -> None:
 ASSIGNMENT_SQL = """
 SELECT r.id, r.state, r.generation, coalesce(
     (SELECT jsonb_object_agg(c.key, c.value) FROM event_runtime_control c
-      WHERE c.scope = 'runner' AND c.name = r.name), '{}'::jsonb)
+      WHERE c.scope = 'runner' AND c.name = r.name), '{}'::jsonb), ru.version, t.version
 FROM event_target_runner r
 JOIN event_push_worker w ON w.id = r.worker_id
-WHERE w.id = %s AND w.enabled
+JOIN event_target t ON t.id = r.target_id
+JOIN event_rule ru ON ru.id = t.rule_id
+WHERE w.id = %s AND w.enabled AND r.deleted_at IS NULL
 ORDER BY r.id
 """
 
 
-def read_assignment(conn: Connection, wid: int, worker: str) -> tuple[dict, dict]:
-    """Runners assigned to the worker ({id: (state, generation, controls)}) and the worker's
-    own controls."""
+def read_assignment(conn: Connection, wid: int, worker: str) -> tuple[dict, dict, dict]:
+    """Runners assigned to the worker ({id: (state, generation, controls)}), the worker's
+    own controls, and the catalog versions of each runner's rule and target ({id: (rule
+    version, target version)})."""
     with transaction(conn) as cur:
         cur.execute(ASSIGNMENT_SQL, (wid,))
-        runners = {rid: (state, gen, controls) for rid, state, gen, controls in cur.fetchall()}
+        rows = cur.fetchall()
+        runners = {rid: (state, gen, controls) for rid, state, gen, controls, *_ in rows}
+        versions = {row[0]: (row[4], row[5]) for row in rows}
         cur.execute(
             "SELECT key, value FROM event_runtime_control WHERE scope = 'worker' AND name = %s",
             (worker,),
         )
         controls = dict(cur.fetchall())
-    return runners, controls
+    return runners, controls, versions
+
+
+TARGET_SQL = """
+SELECT r.id, r.name, b.name, b.id, ru.name, ru.pattern::text, t.name, t.url, t.secret,
+       t.transform_kind, t.transform_spec, t.max_attempts, t.backoff_ms, t.max_age_s,
+       t.timeout_ms, t.batch_size, t.concurrency, t.ordered, b.account, b.region,
+       t.secret_old, t.secret_old_until, ru.version, t.version, ru.state, b.source_url
+FROM event_target_runner r
+JOIN event_target t ON t.id = r.target_id
+JOIN event_rule ru ON ru.id = t.rule_id
+JOIN event_bus b ON b.id = ru.bus_id
+"""
+
+
+def load_targets(cur, where: str = "TRUE", params: tuple = ()) -> list[Target]:
+    """Targets joined with their runner, rule and bus, secrets unsealed; ``where`` is a
+    fixed SQL condition over aliases r, t, ru, b with its values in ``params``. A secret that
+    does not open is ``sealed.SecretKeyError`` (one line), never an unsigned send."""
+    from eventpush import sealed
+
+    cur.execute(f"{TARGET_SQL} WHERE {where} ORDER BY r.id", params)
+    targets = []
+    for row in cur.fetchall():
+        (*head, secret), rest = row[:9], row[9:]
+        *middle, old, old_until, rule_version, target_version, state, source = rest
+        targets.append(
+            Target(
+                *head,
+                sealed.unseal_or_none(secret),
+                *middle,
+                broker=broker_name(source),
+                secret_old=sealed.unseal_or_none(old),
+                secret_old_until=old_until,
+                rule_version=rule_version,
+                target_version=target_version,
+                rule_state=state,
+            )
+        )
+    return targets
 
 
 def read_targets(conn: Connection, runner_ids: list[int]) -> list[Target]:
     with transaction(conn) as cur:
         return load_targets(cur, "r.id = ANY(%s)", (runner_ids,))
+
+
+def read_versions(conn: Connection, runner_ids: list[int]) -> list[VersionRow]:
+    """The recorded versions of runners, oldest first per queue."""
+    with transaction(conn) as cur:
+        cur.execute(
+            "SELECT runner_id, queue_id, from_offset, rule_version, target_version, state, "
+            "pattern::text FROM event_runner_version WHERE runner_id = ANY(%s) "
+            "ORDER BY runner_id, queue_id, from_offset, rule_version, target_version",
+            (runner_ids,),
+        )
+        return [VersionRow(*row) for row in cur.fetchall()]
 
 
 def read_offsets(conn: Connection, runner_ids: list[int]) -> dict[int, dict[int, int]]:
@@ -285,18 +342,6 @@ def read_offsets(conn: Connection, runner_ids: list[int]) -> dict[int, dict[int,
     return out
 
 
-def read_window(conn: Connection, bus_id: int, queue_id: int, start: int, stop: int) -> list:
-    """Events of one queue with start <= offset < stop: (offset, message_id, body text)."""
-    with transaction(conn) as cur:
-        cur.execute(
-            'SELECT "offset", message_id, body::text FROM bus_event '
-            'WHERE bus_id = %s AND queue_id = %s AND "offset" >= %s AND "offset" < %s '
-            'ORDER BY "offset"',
-            (bus_id, queue_id, start, stop),
-        )
-        return cur.fetchall()
-
-
 @dataclass
 class CommitBatch:
     """What one commit writes. ``xid`` is set by :func:`commit` before anything is written,
@@ -309,6 +354,7 @@ class CommitBatch:
     generations: dict[int, int]  # every runner written for -> generation it was started at
     brokers: dict[int, str] = field(default_factory=dict)  # runner -> its rows' broker_name
     xid: int | None = None
+    versions: list[VersionRow] = field(default_factory=list)  # versions taking effect
 
     def without(self, runner_ids: frozenset[int]) -> CommitBatch:
         return CommitBatch(
@@ -317,10 +363,11 @@ class CommitBatch:
             [o for o in self.offsets if o.runner_id not in runner_ids],
             {r: g for r, g in self.generations.items() if r not in runner_ids},
             {r: b for r, b in self.brokers.items() if r not in runner_ids},
+            versions=[v for v in self.versions if v.runner_id not in runner_ids],
         )
 
     def empty(self) -> bool:
-        return not (self.deliveries or self.failures or self.offsets)
+        return not (self.deliveries or self.failures or self.offsets or self.versions)
 
 
 def commit(conn: Connection, wid: int, batch: CommitBatch) -> None:
@@ -348,6 +395,16 @@ def commit(conn: Connection, wid: int, batch: CommitBatch) -> None:
             fenced = frozenset(batch.generations) - claimed
             if fenced:
                 raise FencedError(fenced)
+        if batch.versions:
+            # With the offsets they let pass: an offset past a version's start is never
+            # committed without the version that judged the events before it.
+            psycopg2.extras.execute_values(
+                cur,
+                "INSERT INTO event_runner_version (runner_id, queue_id, from_offset, "
+                "rule_version, target_version, state, pattern) VALUES %s "
+                "ON CONFLICT DO NOTHING",
+                batch.versions,
+            )
         if deliveries:
             copy_deliveries(cur, deliveries, brokers)
         if failures:
@@ -446,7 +503,6 @@ def heartbeat(conn: Connection, wid: int, metrics: dict, runner_stats: list[tupl
     heartbeat also drops its runners' rows older than ``EVENTPUSH_METRIC_RETENTION_HOURS``
     (48 by default): a few rows at a time through the (runner_id, ts) index, so the table
     stays bounded without a job of its own."""
-    from eventpush.config import setting
 
     retention_hours = setting("EVENTPUSH_METRIC_RETENTION_HOURS", 48)
     with transaction(conn) as cur:
@@ -479,15 +535,6 @@ def heartbeat(conn: Connection, wid: int, metrics: dict, runner_stats: list[tupl
                 "AND ts < now() - make_interval(hours => %s)",
                 ([stats[0] for stats in runner_stats], retention_hours),
             )
-
-
-def listen(url: str) -> Connection:
-    """A connection listening for publish notifications (payload: the bus id)."""
-    conn = connect(url)
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute(f"LISTEN {NOTIFY_CHANNEL}")
-    return conn
 
 
 def commit_status(conn: Connection, xid: int) -> str | None:

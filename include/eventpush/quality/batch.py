@@ -15,6 +15,8 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 
+from eventpush.db import connection, transaction
+
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 _lock = threading.Lock()
@@ -43,6 +45,7 @@ class CheckResult:
 def _gx():
     """The process's ephemeral GX context (slow to create, so made once)."""
     global _context
+    # Deferred: Great Expectations takes seconds to import: only a suite run loads it.
     import great_expectations as gx
 
     with _lock:
@@ -122,8 +125,6 @@ def run_suite(
 
 
 def record(check: CheckResult, db_url: str | None = None) -> int:
-    from eventpush.db import connection, transaction
-
     with connection(db_url) as conn, transaction(conn) as cur:
         cur.execute(
             "INSERT INTO event_check_result (suite, run_label, success, statistics, failures) "
@@ -143,6 +144,7 @@ def record(check: CheckResult, db_url: str | None = None) -> int:
 
 
 def audit_expectations() -> list:
+    # Deferred: Great Expectations takes seconds to import: only a suite run loads it.
     import great_expectations as gx
 
     E = gx.expectations
@@ -156,6 +158,7 @@ def audit_expectations() -> list:
 def check_audit(runners, run_label: str, db_url: str | None = None, **kw) -> CheckResult:
     """No runner has a missing record, and every expected record is accounted for once.
     ``runners``: RunnerAudit objects or dicts with the audit's keys."""
+    # Deferred: pandas is loaded only by the suites that hand it a frame.
     import pandas as pd
 
     rows = [r if isinstance(r, dict) else r.__dict__ for r in runners]
@@ -169,6 +172,7 @@ def check_audit(runners, run_label: str, db_url: str | None = None, **kw) -> Che
 
 
 def replay_selection_expectations(runner_ids: list[int], max_count: int | None) -> list:
+    # Deferred: Great Expectations takes seconds to import: only a suite run loads it.
     import great_expectations as gx
 
     E = gx.expectations
@@ -199,6 +203,7 @@ def check_replay_selection(
 
 
 def replay_result_expectations() -> list:
+    # Deferred: Great Expectations takes seconds to import: only a suite run loads it.
     import great_expectations as gx
 
     E = gx.expectations
@@ -213,6 +218,7 @@ def check_replay_result(
     selected: int, delivered: int, failed: int, skipped: int, run_label: str, db_url=None, **kw
 ) -> CheckResult:
     """Every selected record ended delivered, failed again, or skipped (already delivered)."""
+    # Deferred: pandas is loaded only by the suites that hand it a frame.
     import pandas as pd
 
     df = pd.DataFrame(
@@ -232,6 +238,7 @@ def rebalance_expectations(
     max_count_spread: float,
     max_moves: int,
 ) -> list:
+    # Deferred: Great Expectations takes seconds to import: only a suite run loads it.
     import great_expectations as gx
 
     E = gx.expectations
@@ -265,6 +272,7 @@ def check_rebalance(
     """Every enabled runner exactly once, on an enabled worker; load spread, count spread
     (both relative to capacity) and moves in bound.
     ``assignment``: runner id -> worker id of the proposal."""
+    # Deferred: pandas is loaded only by the suites that hand it a frame.
     import pandas as pd
 
     df = pd.DataFrame(
@@ -281,6 +289,7 @@ def check_rebalance(
             runner_ids, worker_ids, max_spread, max_count_spread, max_moves
         )
     else:  # nothing to place: only "every runner exactly once" applies
+        # Deferred: Great Expectations takes seconds to import: only a suite run loads it.
         import great_expectations as gx
 
         expectations = [gx.expectations.ExpectTableRowCountToEqual(value=len(runner_ids))]

@@ -24,8 +24,9 @@ import json
 import logging
 from typing import Any
 
-from eventpush.db import Connection, transaction
+from eventpush.db import Connection, connection, transaction
 from eventpush.quality.batch import CheckFailed, CheckResult, record
+from eventpush.rules.patterns import compile_pattern
 
 __all__ = ["CheckFailed", "check_push_slice", "snapshot"]
 
@@ -70,9 +71,8 @@ def snapshot(conn: Connection, worker: str) -> dict:
 
 
 def _frames(conn: Connection, before: dict, after: dict, report: dict) -> dict[str, Any]:
+    # Deferred: pandas is loaded only by the suites that hand it a frame.
     import pandas as pd
-
-    from eventpush.rules.patterns import compile_pattern
 
     runners = {int(k): v[0] for k, v in {**before["runners"], **after["runners"]}.items()}
     names = list(runners.values())
@@ -168,6 +168,7 @@ def _frames(conn: Connection, before: dict, after: dict, report: dict) -> dict[s
 
 
 def _suites(ids: list[int]) -> dict[str, list]:
+    # Deferred: Great Expectations takes seconds to import: only a suite run loads it.
     import great_expectations as gx
 
     e = gx.expectations
@@ -233,6 +234,7 @@ def _describe(frame_name: str, frame, exp_result) -> dict:
 
 
 def _validate(frames: dict[str, Any]) -> tuple[dict, list[dict]]:
+    # Deferred: Great Expectations takes seconds to import: only a suite run loads it.
     import great_expectations as gx
 
     context = gx.get_context(mode="ephemeral")
@@ -277,7 +279,6 @@ def message(worker: str, failures: list[dict]) -> str:
 def check_push_slice(url: str, before: dict, after: dict, report: dict, run_label: str) -> dict:
     """Run the suite over one slice, save the result to ``event_check_result``, raise
     ``PushCheckFailed`` (a ``quality.CheckFailed``) naming what broke when it fails."""
-    from eventpush.db import connection
 
     worker = before["worker"]
     with connection(url) as conn:

@@ -62,6 +62,8 @@ from typing import Any
 
 from jsonpath_ng import parse as parse_jsonpath
 
+from eventpush.errors import first_line
+
 __all__ = [
     "DEFAULT_ACCOUNT",
     "DEFAULT_REGION",
@@ -165,7 +167,7 @@ def _compile_path(path: Any, where: str) -> Callable[[dict], Any]:
     try:
         expr = parse_jsonpath(path)
     except Exception as exc:  # jsonpath-ng's lexer raises bare Exceptions, not JSONPathError
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        message = first_line(exc)
         raise InvalidTransformError(f"{where}: JSONPath {path!r} is invalid: {message}") from None
     find = expr.find
 

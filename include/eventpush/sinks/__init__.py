@@ -7,13 +7,18 @@ every target of that kind through it:
   policy every connection it makes must pass, checked on the resolved address;
 - ``await sink.send(target, records, transform)`` makes **one attempt** at one record or a
   batch (``len(records) <= target.batch_size``) and classifies it as an
-  :class:`~eventpush.push.delivery.Outcome`: ``DELIVERED``, ``RETRY`` (with
+  :class:`~eventpush.sinks.contract.Outcome`: ``DELIVERED``, ``RETRY`` (with
   ``retry_after_s`` when the target asked for a delay) or ``FINAL``. It never raises for
   trouble with the target, and it never changes ``records`` (attempt counts, retries, rows
   and offsets stay the engine's);
 - ``await sink.close()`` lets everything go;
-- ``Kind.validate_url(url, policy)`` checks a target URL when the target is created (the
-  built-in kinds are checked by :func:`eventpush.push.targets.validate_url`).
+- ``Kind.validate_url(url, policy)`` checks a target URL when the target is created, its
+  host through the address policy (:func:`eventpush.addresses.check_host`);
+  :func:`validate_url` hands a URL to its kind's.
+
+The contract's types (:class:`Target`, :class:`Record`, :class:`Outcome`, the answers) are in
+:mod:`eventpush.sinks.contract`, the retry arithmetic in :mod:`eventpush.sinks.retry`; neither
+imports the push runtime.
 
 A kind is found through the entry-point group ``eventpush.sinks``: the entry point's name is
 the URL scheme, its value the class. eventpush declares its own (``http``, ``https``,
@@ -30,48 +35,30 @@ import functools
 import time
 from collections.abc import Awaitable, Callable
 from importlib.metadata import EntryPoint, entry_points
-from typing import Protocol
 
 from eventpush import tracing
-from eventpush.push.delivery import (
-    FINAL,
-    RETRY,
-    Outcome,
-    Record,
-    Target,
-    backoff_s,
-    out_of_attempts,
+from eventpush.addresses import (
+    AddressPolicy,
+    InvalidTargetUrlError,
+    address_policy,
+    scheme_of,
+    split_url,
 )
-from eventpush.push.slots import first_line
-from eventpush.push.targets import AddressPolicy, InvalidTargetUrlError, address_policy
+from eventpush.errors import first_line
+from eventpush.sinks.contract import FINAL, RETRY, Outcome, Record, Sink, Target
+from eventpush.sinks.retry import backoff_s, out_of_attempts
 
 GROUP = "eventpush.sinks"
 BUILTIN = {
     "http": "eventpush.sinks.http:HttpSink",
     "https": "eventpush.sinks.http:HttpSink",
     "nats": "eventpush.sinks.nats:NatsSink",
+    "bus": "eventpush.bus_targets:BusSink",
 }
-
-
-class Sink(Protocol):
-    """One open sink kind; see the module docstring for the contract."""
-
-    def __init__(self, policy: AddressPolicy) -> None: ...
-
-    @staticmethod
-    def validate_url(url: str, policy: AddressPolicy | None = None) -> str: ...
-
-    async def send(self, target: Target, records: list[Record], transform) -> Outcome: ...
-
-    async def close(self) -> None: ...
 
 
 class SinkConflictError(RuntimeError):
     """Two installed packages claim the same URL scheme."""
-
-
-def scheme_of(url: str) -> str:
-    return url.partition(":")[0].strip().lower()
 
 
 @functools.cache
@@ -113,6 +100,24 @@ def sink_kind(scheme: str) -> type[Sink]:
             f"a plug-in adds one through the entry-point group {GROUP!r}"
         )
     return ep.load()
+
+
+def validate_url(url: str, policy: AddressPolicy | None = None) -> str:
+    """A target URL, checked by the sink kind of its scheme; raises InvalidTargetUrlError
+    saying what is wrong."""
+    url, parts, _, where = split_url(url, "target URL")
+    scheme = parts.scheme
+    if scheme:
+        try:
+            kind = sink_kind(scheme)
+        except InvalidTargetUrlError:
+            pass
+        else:
+            return kind.validate_url(url, policy)
+    raise InvalidTargetUrlError(
+        f"target URL {where!r} must use http or https, nats, or a scheme a sink plug-in "
+        f"registers; not {scheme or 'no scheme'!r}"
+    )
 
 
 def transform_failed(exc: BaseException) -> Outcome:

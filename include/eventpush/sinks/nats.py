@@ -38,20 +38,21 @@ import nats.errors
 import nats.js.errors
 
 from eventpush import tracing
+from eventpush.addresses import AddressPolicy, RefusedAddressError
 from eventpush.config import ConfigError, redact
-from eventpush.nats_client import NatsUrl, connect_pinned, credentials, parse_url, secrets_of
-from eventpush.push.delivery import (
-    BACKOFF_CAP_S,
-    DELIVERED,
-    FINAL,
-    RETRY,
-    Outcome,
-    Record,
-    Target,
-    build_request,
+from eventpush.errors import first_line
+from eventpush.nats_client import (
+    NatsUrl,
+    connect_pinned,
+    credentials,
+    parse_url,
+    secrets_of,
+    validate_target_url,
 )
-from eventpush.push.targets import AddressPolicy, RefusedAddressError, validate_url
 from eventpush.sinks import transform_failed
+from eventpush.sinks.contract import DELIVERED, FINAL, RETRY, Outcome, Record, Target
+from eventpush.sinks.request import build_request
+from eventpush.sinks.retry import BACKOFF_CAP_S
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +315,7 @@ def _check_client(client: nats.NATS) -> None:
 class NatsSink:
     """Every nats:// target of the process, one shared connection per (host, port)."""
 
-    validate_url = staticmethod(validate_url)
+    validate_url = staticmethod(validate_target_url)
 
     def __init__(self, policy: AddressPolicy) -> None:
         self.policy = policy
@@ -453,8 +454,7 @@ class NatsSink:
             return RETRY, str(exc)
         if isinstance(exc, TimeoutError):
             return RETRY, "timed out"
-        text = str(exc).strip() or type(exc).__name__
-        return RETRY, f"{type(exc).__name__}: {text.splitlines()[0][:300]}"
+        return RETRY, f"{type(exc).__name__}: {first_line(exc)[:300]}"
 
     async def _connection(self, host: str, port: int) -> _Connection:
         key = (host, port)
@@ -515,7 +515,7 @@ class NatsSink:
 def retry_horizon_s(target: Target) -> float:
     """The longest a target's record may go between a send that may have landed (its
     acknowledgement lost or late) and its last attempt: every attempt's timeout and the
-    longest backoff before each retry (``delivery.backoff_s``'s ceiling), within the
+    longest backoff before each retry (``retry.backoff_s``'s ceiling), within the
     record's ``max_age_s``. A replay or a worker crash can send a record again later still."""
     waits = sum(
         min(BACKOFF_CAP_S, target.backoff_ms / 1000 * 2 ** min(k - 1, 64))

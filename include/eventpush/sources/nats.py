@@ -34,9 +34,13 @@ from datetime import UTC, datetime
 
 import msgspec
 
+from eventpush.addresses import RefusedAddressError
+from eventpush.backoff import Backoff
+from eventpush.config import ConfigError, redact
 from eventpush.db import Connection, transaction
+from eventpush.errors import first_line
 from eventpush.nats_client import NatsUrlError, connect, parse_url
-from eventpush.sources import (
+from eventpush.sources.contract import (
     Bus,
     Chunk,
     Reader,
@@ -44,8 +48,8 @@ from eventpush.sources import (
     SourceKind,
     SourceUnavailableError,
     Stored,
-    record_heads,
 )
+from eventpush.sources.heads import record_heads
 
 log = logging.getLogger("eventpush.sources")
 
@@ -54,8 +58,6 @@ FETCH_BATCH = 512
 IDLE_FETCH_S = 1.0  # a queue at its end is fetched at least this often without a wake-up
 FEEDS_PER_QUEUE = 4  # consumers kept per queue for runners at different positions
 CONSUMER_IDLE_S = 60.0  # the server drops a consumer we forgot after this long
-RETRY_FIRST_S = 0.1
-RETRY_MAX_S = 5.0
 PUBLISH_IN_FLIGHT = 256
 PUBLISH_ATTEMPTS = 5
 REQUEST_TIMEOUT_S = 5.0
@@ -108,31 +110,23 @@ def run(coro_fn: Callable, *args):
 
 async def _with_nats(bus: Bus, work: Callable):
     """``work(nc)`` on a connection of its own; failures said in one line, without secrets."""
-    from eventpush.config import ConfigError, redact
-    from eventpush.push.targets import RefusedAddressError
-
     try:
         nc = await connect(bus.source_url, name=f"eventpush {bus.name}")
     except (RefusedAddressError, NatsUrlError, ConfigError) as exc:
         raise SourceError(str(exc)) from None
     except Exception as exc:
-        why = redact(f"NATS server {bus.source_url} of bus {bus.name}: {_line(exc)}")
+        why = redact(f"NATS server {bus.source_url} of bus {bus.name}: {first_line(exc)}")
         raise SourceUnavailableError(why) from None
     try:
         return await work(nc)
     except SourceError:
         raise
     except Exception as exc:
-        why = redact(f"NATS stream {bus.name} at {bus.source_url}: {_line(exc)}")
+        why = redact(f"NATS stream {bus.name} at {bus.source_url}: {first_line(exc)}")
         raise SourceUnavailableError(why) from None
     finally:
         with contextlib.suppress(Exception):
             await nc.close()
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # --- bus creation -------------------------------------------------------------------------------
@@ -148,6 +142,7 @@ def create(conn: Connection, bus: Bus) -> None:
 
 
 async def _create(nc, bus: Bus) -> None:
+    # Deferred: the nats client library is loaded only when a NATS bus is read.
     from nats.js.api import StorageType, StreamConfig
     from nats.js.errors import NotFoundError
 
@@ -192,12 +187,13 @@ def publish(conn: Connection, bus: Bus, events: Iterable) -> dict[int, tuple[int
 
 
 async def _publish(nc, bus: Bus, prepared: list) -> list[int]:
+    # Deferred: the nats client library is loaded only when a NATS bus is read.
     from nats.errors import NoRespondersError
 
     js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
 
     async def one(event) -> int:
-        delay = RETRY_FIRST_S
+        backoff = Backoff()
         for attempt in range(1, PUBLISH_ATTEMPTS + 1):
             try:
                 ack = await js.publish(
@@ -209,8 +205,7 @@ async def _publish(nc, bus: Bus, prepared: list) -> list[int]:
             except (TimeoutError, NoRespondersError):
                 if attempt == PUBLISH_ATTEMPTS:
                     raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_S)
+                await backoff.wait()
         raise AssertionError("unreachable")
 
     seqs: list[int] = []
@@ -276,6 +271,7 @@ class Puller:
         self.error: str | None = None
 
     async def open(self, start: int) -> Puller:
+        # Deferred: the nats client library is loaded only when a NATS bus is read.
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
         js = self.nc.jetstream(timeout=REQUEST_TIMEOUT_S)
@@ -404,7 +400,7 @@ class NatsReader(Reader):
         lock = self.locks.get(key)
         if lock is None:
             lock = self.locks[key] = asyncio.Lock()
-        delay = RETRY_FIRST_S
+        backoff = Backoff()
         async with lock:
             while True:
                 try:
@@ -416,12 +412,11 @@ class NatsReader(Reader):
                         "NATS bus %s queue %d not read (%s); retrying in %.1fs",
                         bus.name,
                         queue_id,
-                        _line(exc),
-                        delay,
+                        first_line(exc),
+                        backoff.delay,
                     )
                     self._forget_consumers(key)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, RETRY_MAX_S)
+                    await backoff.wait()
 
     def _feed(self, key: tuple[int, int], start: int) -> _Feed:
         feeds = self.feeds.setdefault(key, [])
@@ -527,6 +522,7 @@ async def _quietly(awaitable) -> None:
 
 
 async def _heads(nc, bus: Bus) -> dict[int, int]:
+    # Deferred: the nats client library is loaded only when a NATS bus is read.
     from nats.js.errors import NotFoundError
 
     js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
@@ -578,6 +574,7 @@ def read_range(
 
 
 async def _position_at(nc, bus: Bus, queue_id: int, when: datetime) -> int:
+    # Deferred: the nats client library is loaded only when a NATS bus is read.
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
     js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)

@@ -12,12 +12,17 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 
-from eventpush.db import Connection, copy_text, transaction
-from eventpush.sources import Bus, Chunk, Reader, SourceError, SourceKind, Stored
+from eventpush.db import Connection, connect, copy_text, is_transient, transaction
+from eventpush.dbslot import DbSlot
+from eventpush.sources.contract import Bus, Chunk, Reader, SourceError, SourceKind, Stored
 
 READER_CONNECTIONS = 2
 LISTEN_RETRY_S = 2.0
 COPY_ROWS = 1000
+NOTIFY_CHANNEL = "eventpush_publish"
+# The catalog notifies here on every change (payload: the bus id): running workers re-read
+# their runners at once; the controller's periodic re-read covers a lost notification.
+CATALOG_CHANNEL = "eventpush_catalog"
 
 
 def check(url: str) -> str:
@@ -28,12 +33,58 @@ def create(conn: Connection, bus: Bus) -> None:
     """Nothing to make: the catalog adds the bus's partition of ``bus_event`` itself."""
 
 
+def read_window(conn: Connection, bus_id: int, queue_id: int, start: int, stop: int) -> list:
+    """Events of one queue with start <= offset < stop: (offset, message_id, body text)."""
+    with transaction(conn) as cur:
+        cur.execute(
+            'SELECT "offset", message_id, body::text FROM bus_event '
+            'WHERE bus_id = %s AND queue_id = %s AND "offset" >= %s AND "offset" < %s '
+            'ORDER BY "offset"',
+            (bus_id, queue_id, start, stop),
+        )
+        return cur.fetchall()
+
+
+def listen(url: str, channel: str = NOTIFY_CHANNEL) -> Connection:
+    """A connection listening for notifications: publishes by default, or ``channel`` (a
+    fixed name from code, such as the catalog's); the payload is a bus id."""
+    conn = connect(url)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f"LISTEN {channel}")
+    return conn
+
+
+class CopySource:
+    """A file-like COPY source that formats rows as psycopg2 reads them, so parsing in Python
+    overlaps with the server's work, and memory stays bounded whatever the input size."""
+
+    def __init__(self, chunks: Iterator[str]) -> None:
+        self._chunks = chunks
+        self._buf = ""
+        self.error: BaseException | None = None
+
+    def read(self, size: int = -1) -> str:
+        try:
+            while size < 0 or len(self._buf) < size:
+                chunk = next(self._chunks, None)
+                if chunk is None:
+                    break
+                self._buf += chunk
+        except BaseException as exc:
+            self.error = exc  # psycopg2 wraps it; publish re-raises the original
+            raise
+        if size < 0:
+            out, self._buf = self._buf, ""
+        else:
+            out, self._buf = self._buf[:size], self._buf[size:]
+        return out
+
+
 class PostgresReader(Reader):
     """Window reads on a few pooled connections, and LISTEN for publishes."""
 
     def __init__(self, database_url: str) -> None:
-        from eventpush.push.slots import DbSlot
-
         self.url = database_url
         self.slots: asyncio.Queue = asyncio.Queue()
         self.all = [DbSlot(database_url) for _ in range(READER_CONNECTIONS)]
@@ -41,49 +92,16 @@ class PostgresReader(Reader):
             self.slots.put_nowait(slot)
 
     async def read(self, bus: Bus, queue_id: int, start: int, stop: int) -> Chunk:
-        from eventpush.push import store
-
         slot = await self.slots.get()
         try:
-            rows = await slot.call(store.read_window, bus.id, queue_id, start, stop)
+            rows = await slot.call(read_window, bus.id, queue_id, start, stop)
         finally:
             self.slots.put_nowait(slot)
         return Chunk(rows, rows[-1][0] + 1 if rows else start)
 
     async def watch(self, buses, wake: Callable[[int], None]) -> None:
         """LISTEN until cancelled, reconnecting while the database is away."""
-        from eventpush.push import store
-
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                conn = await asyncio.to_thread(store.listen, self.url)
-            except Exception as exc:
-                if not store.is_transient(exc):
-                    raise
-                await asyncio.sleep(LISTEN_RETRY_S)
-                continue
-            broken = asyncio.Event()
-
-            def on_readable(conn=conn, broken=broken) -> None:
-                try:
-                    conn.poll()
-                except Exception:
-                    broken.set()
-                    return
-                for note in conn.notifies:
-                    with contextlib.suppress(ValueError):
-                        wake(int(note.payload))
-                conn.notifies.clear()
-
-            fd = conn.fileno()  # kept: a closed connection no longer tells it
-            loop.add_reader(fd, on_readable)
-            try:
-                await broken.wait()
-            finally:
-                loop.remove_reader(fd)
-                with contextlib.suppress(Exception):
-                    conn.close()
+        await watch_channel(self.url, NOTIFY_CHANNEL, wake)
 
     async def close(self) -> None:
         for slot in self.all:
@@ -91,10 +109,43 @@ class PostgresReader(Reader):
             slot.close()
 
 
+async def watch_channel(url: str, channel: str, wake: Callable[[int], None]) -> None:
+    """LISTEN on ``channel`` until cancelled, calling ``wake(bus id)`` per notification and
+    reconnecting while the database is away (publishes here; the catalog's changes too)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            conn = await asyncio.to_thread(listen, url, channel)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            await asyncio.sleep(LISTEN_RETRY_S)
+            continue
+        broken = asyncio.Event()
+
+        def on_readable(conn=conn, broken=broken) -> None:
+            try:
+                conn.poll()
+            except Exception:
+                broken.set()
+                return
+            for note in conn.notifies:
+                with contextlib.suppress(ValueError):
+                    wake(int(note.payload))
+            conn.notifies.clear()
+
+        fd = conn.fileno()  # kept: a closed connection no longer tells it
+        loop.add_reader(fd, on_readable)
+        try:
+            await broken.wait()
+        finally:
+            loop.remove_reader(fd)
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
 def publish(conn: Connection, bus: Bus, events: Iterable) -> dict[int, tuple[int, int, int]]:
     """Append ``events`` at contiguous offsets in one transaction, or none of them."""
-    from eventpush.publish import CopySource
-
     per_queue: dict[int, int] = {}
     with transaction(conn) as cur:
         # The bus's queue rows stay locked to commit: offsets are gapless and in order per

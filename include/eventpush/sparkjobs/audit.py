@@ -1,9 +1,11 @@
 """The delivery-completeness audit: per runner and window, what was owed and what happened.
 
 For each runner, the *expected* records are the events of its bus at or past the runner's
-``start_offset`` (per queue), created in the window, that its rule matches (evaluated on the
-executors by the Python rule engine, ``with_matching_runners``). Each expected record is then
-exactly one of:
+``start_offset`` (per queue), created in the window, that the version of its rule in force at
+the event's offset matches (``event_runner_version``: a changed pattern judges from where it
+took effect, a disabled rule matches nothing until enabled again; evaluated on the executors
+by the Python rule engine, ``with_matching_runners``). Each expected record is then exactly
+one of:
 
 - ``delivered``: it has at least one delivery row (live or replay);
 - ``failed``: no delivery row, and a failure row that is ``failed`` or ``dead``;
@@ -11,22 +13,26 @@ exactly one of:
 - ``missing``: neither, yet the runner's committed offset is past it: a lost record.
 
 ``duplicates`` counts delivery rows beyond the first for one record. The per-record frame
-(``classify``) is also what a replay of audit gaps selects from.
+(``classify``) is also what a replay of audit gaps selects from. Runners of deleted targets
+are audited as well (their books stay), marked ``deleted``.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from functools import lru_cache
 
 from eventpush.db import connection, transaction
+from eventpush.metrics import audit_results, publish_batch
 from eventpush.rules.patterns import RuleIndex
 from eventpush.sources import sync_heads
 from eventpush.sparkjobs import jdbc
 
 STATES = ("delivered", "failed", "pending", "missing")
+PATTERN_VERSIONS = ("history", "current")
+NO_END = 2**62  # the newest version's segment runs on for good
 
 
 @dataclass(frozen=True)
@@ -35,7 +41,20 @@ class AuditRunner:
     name: str
     bus_id: int
     bus: str
-    pattern: str
+    pattern: str  # its rule's pattern now
+    deleted: bool = False
+
+
+@dataclass(frozen=True)
+class VersionSegment:
+    """Offsets [start, stop) of one runner's queue judged by pattern ``vid`` (None: by no
+    pattern, the rule was disabled)."""
+
+    runner_id: int
+    queue_id: int
+    start: int
+    stop: int
+    vid: int | None
 
 
 @dataclass(frozen=True)
@@ -47,6 +66,7 @@ class RunnerAudit:
     missing: int
     pending: int
     duplicates: int
+    deleted: bool = False  # the runner of a deleted target (its books, kept)
 
 
 @dataclass(frozen=True)
@@ -77,6 +97,9 @@ class AuditScope:
     runners: list[AuditRunner]
     offsets: list[tuple[int, int, int, int]]  # runner_id, queue_id, start_offset, committed
     ranges: list[jdbc.QueueRange]
+    # The versions' patterns (vid -> (bus id, pattern JSON)) and where each judged.
+    patterns: dict[int, tuple[int, str]] = field(default_factory=dict)
+    segments: list[VersionSegment] = field(default_factory=list)
 
 
 def load_scope(
@@ -85,20 +108,28 @@ def load_scope(
     rule: str | None = None,
     target: str | None = None,
     runner_ids: list[int] | None = None,
+    *,
+    live_only: bool = False,
+    pattern_version: str = "history",
 ) -> AuditScope:
-    """Runners matching the filters (all when none), with offsets and queue ranges."""
+    """Runners matching the filters (all when none; only those of live targets with
+    ``live_only``), with offsets, queue ranges and the pattern versions that judged their
+    events (``current``: the rule's pattern now, for every offset)."""
     cur.execute(
-        "SELECT r.id, r.name, b.id, b.name, ru.pattern::text FROM event_target_runner r "
+        "SELECT r.id, r.name, b.id, b.name, ru.pattern::text, r.deleted_at IS NOT NULL "
+        "FROM event_target_runner r "
         "JOIN event_target t ON t.id = r.target_id JOIN event_rule ru ON ru.id = t.rule_id "
         "JOIN event_bus b ON b.id = ru.bus_id "
         "WHERE (%(bus)s::text IS NULL OR b.name = %(bus)s) "
         "AND (%(rule)s::text IS NULL OR ru.name = %(rule)s) "
         "AND (%(target)s::text IS NULL OR t.name = %(target)s) "
-        "AND (%(ids)s::int[] IS NULL OR r.id = ANY(%(ids)s)) ORDER BY r.id",
-        {"bus": bus, "rule": rule, "target": target, "ids": runner_ids},
+        "AND (%(ids)s::int[] IS NULL OR r.id = ANY(%(ids)s)) "
+        "AND (NOT %(live)s OR r.deleted_at IS NULL) ORDER BY r.id",
+        {"bus": bus, "rule": rule, "target": target, "ids": runner_ids, "live": live_only},
     )
     runners = [AuditRunner(*row) for row in cur.fetchall()]
     ids = [r.runner_id for r in runners]
+    patterns, segments = _versions(cur, runners, pattern_version)
     cur.execute(
         'SELECT runner_id, queue_id, start_offset, "offset" FROM event_push_offset '
         "WHERE runner_id = ANY(%s) ORDER BY runner_id, queue_id",
@@ -116,7 +147,61 @@ def load_scope(
         (ids,),
     )
     ranges = [jdbc.QueueRange(*row) for row in cur.fetchall()]
-    return AuditScope(runners, offsets, ranges)
+    return AuditScope(runners, offsets, ranges, patterns, segments)
+
+
+def _versions(
+    cur, runners: list[AuditRunner], pattern_version: str
+) -> tuple[dict[int, tuple[int, str]], list[VersionSegment]]:
+    """Each runner's pattern versions and the offsets each judged, per queue. The first
+    version also judges what came before it (an archive replay's view); a runner with no
+    recorded version (or ``current``) is judged by its rule's pattern now throughout."""
+    if pattern_version not in PATTERN_VERSIONS:
+        raise ValueError(
+            f"pattern version must be {' or '.join(PATTERN_VERSIONS)}, got {pattern_version!r}"
+        )
+    rows = []
+    if pattern_version == "history":
+        cur.execute(
+            "SELECT runner_id, queue_id, from_offset, state, pattern::text "
+            "FROM event_runner_version WHERE runner_id = ANY(%s) "
+            "ORDER BY runner_id, queue_id, from_offset, rule_version, target_version",
+            ([r.runner_id for r in runners],),
+        )
+        rows = cur.fetchall()
+    bus_of = {r.runner_id: r.bus_id for r in runners}
+    patterns: dict[int, tuple[int, str]] = {}
+    vids: dict[tuple[int, str], int] = {}  # (bus id, pattern) -> vid: one index entry each
+
+    def vid_of(runner_id: int, state: str, pattern: str) -> int | None:
+        if state != "ENABLED":
+            return None
+        key = (bus_of[runner_id], pattern)
+        if key not in vids:
+            vids[key] = len(vids) + 1
+            patterns[vids[key]] = key
+        return vids[key]
+
+    per_queue: dict[tuple[int, int], list[tuple[int, int | None]]] = {}
+    for runner_id, queue_id, start, state, pattern in rows:
+        line = per_queue.setdefault((runner_id, queue_id), [])
+        if line and line[-1][0] == start:
+            line.pop()  # never in force: a newer version took effect at the same offset
+        line.append((start, vid_of(runner_id, state, pattern)))
+    segments = []
+    for (runner_id, queue_id), line in per_queue.items():
+        for i, (start, vid) in enumerate(line):
+            stop = line[i + 1][0] if i + 1 < len(line) else NO_END
+            segments.append(VersionSegment(runner_id, queue_id, 0 if i == 0 else start, stop, vid))
+    judged = {s.runner_id for s in segments}
+    for r in runners:
+        if r.runner_id not in judged:
+            segments.append(
+                VersionSegment(
+                    r.runner_id, -1, 0, NO_END, vid_of(r.runner_id, "ENABLED", r.pattern)
+                )
+            )
+    return patterns, segments
 
 
 @lru_cache(maxsize=16)
@@ -135,6 +220,7 @@ def with_matching_runners(events, rules: list[tuple[int, int, str]]):
     Arrow-fed batches on the executors. A Spark SQL form of the patterns measured 2-4 times
     slower on cached events, up to 10 times in the job, and was removed (docs/BENCHMARKS.md,
     "Audit: the rule evaluator")."""
+    # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -160,25 +246,41 @@ def classify(
     """One row per expected record: runner_id, bus_id, queue_id, offset, message_id, ctime,
     body, deliveries (count), failure_status, committed, state. With ``from_start`` every
     matching event counts, also those from before a runner began (an archive replay's view)."""
+    # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
 
     db = jdbc.jdbc_database(db_url)
     ranges = scope.ranges
     if from_start:
         ranges = [jdbc.QueueRange(r.bus_id, r.queue_id, 0, r.end) for r in ranges]
+    # Deferred: bus_events imports PySpark at load.
     from eventpush.sparkjobs.bus_events import read_events
 
     events = read_events(spark, db_url, ranges, since, until, slice_size)
-    rules = [(r.runner_id, r.bus_id, r.pattern) for r in scope.runners]
-    matched = with_matching_runners(events, rules).select(
+    # The index matches each event once against every pattern version (vid) of its bus; a
+    # match counts for the runners whose segment of the event's queue and offset that vid
+    # judged (queue -1: every queue).
+    rules = [(vid, bus_id, pattern) for vid, (bus_id, pattern) in scope.patterns.items()]
+    by_vid = with_matching_runners(events, rules).select(
         "bus_id",
         "queue_id",
         "offset",
         "message_id",
         "ctime",
         "body",
-        F.explode("runner_ids").alias("runner_id"),
+        F.explode("runner_ids").alias("vid"),
     )
+    segments = spark.createDataFrame(
+        [(s.runner_id, s.queue_id, s.start, s.stop, s.vid) for s in scope.segments if s.vid] or [],
+        "runner_id INT, seg_queue INT, seg_start BIGINT, seg_stop BIGINT, vid INT",
+    )
+    matched = by_vid.join(
+        F.broadcast(segments),
+        (by_vid["vid"] == segments["vid"])
+        & ((segments["seg_queue"] == by_vid["queue_id"]) | (segments["seg_queue"] == -1))
+        & (by_vid["offset"] >= segments["seg_start"])
+        & (by_vid["offset"] < segments["seg_stop"]),
+    ).select("bus_id", "queue_id", "offset", "message_id", "ctime", "body", "runner_id")
     offsets = spark.createDataFrame(
         scope.offsets or [], "runner_id INT, queue_id INT, start_offset BIGINT, committed BIGINT"
     )
@@ -224,6 +326,7 @@ def classify(
 
 def summarise(records, scope: AuditScope) -> list[RunnerAudit]:
     """Per-runner counts from ``classify``'s frame; every runner of the scope appears."""
+    # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
 
     def count_state(name: str):
@@ -243,7 +346,7 @@ def summarise(records, scope: AuditScope) -> list[RunnerAudit]:
     for r in scope.runners:
         row = by_id.get(r.runner_id)
         counts = {k: int(row[k] or 0) if row else 0 for k in ("expected", *STATES, "duplicates")}
-        out.append(RunnerAudit(runner=r.name, **counts))
+        out.append(RunnerAudit(runner=r.name, **counts, deleted=r.deleted))
     return out
 
 
@@ -295,7 +398,5 @@ def run_audit(
             report_id = write_report(cur, bus, since, until, runners)
     result = AuditResult(runners, report_id, since, until)
     if save:  # a saved audit is a result operators watch: textfile / Pushgateway when set
-        from eventpush.metrics import audit_results, publish_batch
-
         publish_batch("audit", audit_results(result))
     return result

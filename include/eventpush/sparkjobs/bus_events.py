@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import asdict
 from datetime import datetime
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from eventpush.db import connection
+from eventpush.sources import Bus, kind_for, read_buses
 from eventpush.sparkjobs import jdbc
 
 FORMAT = "eventpush_bus"
@@ -48,8 +51,6 @@ class BusEventsReader(DataSourceReader):
         return parts
 
     def read(self, partition: RangePartition) -> Iterator[tuple]:
-        from eventpush.sources import Bus, kind_for
-
         bus = Bus(**partition.bus)
         kind = kind_for(bus.source_url)
         for event in kind.read_range(None, bus, partition.queue_id, partition.start, partition.end):
@@ -87,12 +88,9 @@ def read_events(
     slice_size: int = jdbc.DEFAULT_SLICE,
 ):
     """Events of the given queue ranges, with ``since <= ctime < until``."""
-    from dataclasses import asdict
 
+    # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
-
-    from eventpush.db import connection
-    from eventpush.sources import read_buses
 
     with connection(db_url) as conn:
         buses = read_buses(conn, {r.bus_id for r in ranges})
@@ -120,7 +118,6 @@ def source_bodies(conn, keys: list[tuple[int, int, int, int]]) -> dict[tuple, st
     """Bodies of events on buses that are not in PostgreSQL, for replay's executors:
     ``keys`` are (runner_id, bus_id, queue_id, position); returns {(runner_id, queue_id,
     position): body} for those found (each queue read once, over the positions asked)."""
-    from eventpush.sources import kind_for, read_buses
 
     buses = {b.id: b for b in read_buses(conn, {k[1] for k in keys}).values() if b.source_url}
     wanted: dict[tuple[int, int], dict[int, list[int]]] = {}

@@ -92,6 +92,7 @@ def read_events(
     slice_size: int = DEFAULT_SLICE,
 ):
     """Events of the given queue ranges, with ``since <= ctime < until`` pushed down."""
+    # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
 
     predicates = offset_predicates(ranges, slice_size)

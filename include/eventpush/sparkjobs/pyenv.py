@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from eventpush.sparkjobs.session import SparkSetupError
+from eventpush.sparkjobs.errors import SparkSetupError
 
 PYENV_ENV_VAR = "EVENTPUSH_SPARK_PYENV"
 ALIAS = "pyenv"
@@ -55,6 +55,7 @@ def cache_key(lock: Path = LOCK_FILE) -> str:
 
 
 def _uv() -> str:
+    # Deferred: uv is needed only to build the executors' environment.
     from uv import find_uv_bin
 
     return find_uv_bin()
@@ -69,6 +70,7 @@ def _run(args: list[str], what: str) -> None:
 
 def build_archive(lock: Path = LOCK_FILE, cache_dir: Path = CACHE_DIR) -> Path:
     """The packed executor environment for ``lock``, built now unless already cached."""
+    # Deferred: venv-pack is needed only to pack the executors' environment.
     import venv_pack
 
     if not lock.is_file():

@@ -37,6 +37,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from eventpush.db import connection, transaction
+from eventpush.metrics import publish_batch, rebalance_results
+from eventpush.quality import batch as quality
+from eventpush.sparkjobs import jdbc
 
 DEFAULT_WINDOW = timedelta(minutes=15)
 TOLERANCE = 0.10  # weight over a worker's share before it sheds runners
@@ -121,7 +124,7 @@ def load_inputs(spark, db_url: str, window: timedelta = DEFAULT_WINDOW, now=None
             "SELECT r.id, r.name, r.worker_id, ru.bus_id, r.ctime >= %s "
             "FROM event_target_runner r "
             "JOIN event_target t ON t.id = r.target_id JOIN event_rule ru ON ru.id = t.rule_id "
-            "WHERE ru.state = 'ENABLED' ORDER BY r.id",
+            "WHERE ru.state = 'ENABLED' AND r.deleted_at IS NULL ORDER BY r.id",
             (now - window,),
         )
         runners = [Runner(*row) for row in cur.fetchall()]
@@ -138,9 +141,8 @@ def load_inputs(spark, db_url: str, window: timedelta = DEFAULT_WINDOW, now=None
 def runner_load(spark, db_url: str, runner_ids: list[int], window: timedelta, now=None):
     """runner id -> rate (deliveries/s) x mean latency (s) over the window, from the live
     deliveries only: a replay's are sent by the Spark job, not by the runner's push worker."""
+    # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
-
-    from eventpush.sparkjobs import jdbc
 
     if not runner_ids:
         return {}
@@ -385,7 +387,6 @@ def run_rebalance(
     propose_fn=propose,
 ) -> RebalanceResult:
     """Inputs, proposal, GX check, then (unless told not to) the atomic apply."""
-    from eventpush.quality import batch as quality
 
     inputs = load_inputs(spark, db_url, window)
     check_inputs(inputs)
@@ -406,7 +407,6 @@ def run_rebalance(
     )
     generation = apply(db_url, inputs, proposal) if apply_it else 0
     result = RebalanceResult(proposal, inputs, generation, check.id)
-    from eventpush.metrics import publish_batch, rebalance_results
 
     publish_batch("rebalance", rebalance_results(result, applied=apply_it))
     return result

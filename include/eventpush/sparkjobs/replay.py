@@ -20,14 +20,27 @@ record that gained a delivery row meanwhile.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from eventpush.db import connection, transaction
+from eventpush.addresses import address_policy
+from eventpush.config import redact
+from eventpush.db import connect, connection, transaction
+from eventpush.metrics import publish_batch, replay_results
+from eventpush.push.committing import outcome_rows
+from eventpush.push.store import copy_deliveries, load_targets
+from eventpush.quality import batch as quality
+from eventpush.rules.transforms import compile_transform
+from eventpush.sinks import Sinks
+from eventpush.sinks.contract import DELIVERED, Record, by_answer
 from eventpush.sources import sync_heads
+from eventpush.sparkjobs import jdbc
+from eventpush.sparkjobs.audit import classify, load_scope
 from eventpush.sparkjobs.forms import (
     FORM_FIELDS,
     MAX_MESSAGE_ID_LENGTH,
@@ -65,6 +78,9 @@ class ReplayRequest:
     dry_run: bool = False
     label: str | None = None  # who asked: e.g. the Airflow run id, to find the run again
     everything: bool = False  # ``all`` with no window: every event ever published, on purpose
+    # ``history``: each event judged by the rule's version in force at its offset (as live);
+    # ``current``: by the rule's pattern now.
+    pattern_version: str = "history"
 
     def to_json(self) -> dict:
         doc = asdict(self)
@@ -90,9 +106,15 @@ class ReplayResult:
 
 def check_bounds(req: ReplayRequest, limits: ReplayLimits | None = None) -> None:
     """Refuse requests outside what the operator may ask for (no database needed)."""
+    from eventpush.sparkjobs.audit import PATTERN_VERSIONS
+
     limits = limits or replay_limits()
     if req.what not in WHATS:
         raise ReplayRequestError(f"what must be one of {', '.join(WHATS)}, got {req.what!r}")
+    if req.pattern_version not in PATTERN_VERSIONS:
+        raise ReplayRequestError(
+            f"pattern version must be {' or '.join(PATTERN_VERSIONS)}, got {req.pattern_version!r}"
+        )
     if req.since and req.until and req.until <= req.since:
         raise ReplayRequestError(
             f"until ({req.until.isoformat()}) must be after since ({req.since.isoformat()})"
@@ -155,22 +177,28 @@ def check_request(req: ReplayRequest, cur) -> list[int]:
     """Refuse impossible requests; returns the ids of the runners in scope."""
     check_bounds(req)
     if req.bus is not None:
-        cur.execute("SELECT 1 FROM event_bus WHERE name = %s", (req.bus,))
+        cur.execute("SELECT 1 FROM event_bus WHERE name = %s AND deleted_at IS NULL", (req.bus,))
         if cur.fetchone() is None:
             raise ReplayRequestError(f"unknown bus {req.bus!r}")
     if req.rule is not None:
         cur.execute(
             "SELECT 1 FROM event_rule ru JOIN event_bus b ON b.id = ru.bus_id "
-            "WHERE ru.name = %s AND (%s::text IS NULL OR b.name = %s)",
+            "WHERE ru.name = %s AND (%s::text IS NULL OR b.name = %s) "
+            "AND ru.deleted_at IS NULL",
             (req.rule, req.bus, req.bus),
         )
         if cur.fetchone() is None:
             where = f" on bus {req.bus!r}" if req.bus else ""
             raise ReplayRequestError(f"unknown rule {req.rule!r}{where}")
-    from eventpush.sparkjobs.audit import load_scope
 
-    scope = load_scope(cur, bus=req.bus, rule=req.rule, target=req.target)
+    # Runners of deleted targets are never replayed to (their books stay, for the audit).
+    scope = load_scope(cur, bus=req.bus, rule=req.rule, target=req.target, live_only=True)
     if req.target is not None and not scope.runners:
+        if load_scope(cur, bus=req.bus, rule=req.rule, target=req.target).runners:
+            raise ReplayRequestError(
+                f"target {req.target!r} was deleted: nothing is replayed to it (its delivery "
+                "and failure rows stay for the audit)"
+            )
         raise ReplayRequestError(f"unknown target {req.target!r} for the given bus and rule")
     return [r.runner_id for r in scope.runners]
 
@@ -188,10 +216,8 @@ OPEN_FAILURES_SQL = (
 
 def select(spark, db_url: str, req: ReplayRequest, runner_ids: list[int]):
     """The records to replay, one row per (runner, queue, offset), oldest first."""
+    # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
-
-    from eventpush.sparkjobs import jdbc
-    from eventpush.sparkjobs.audit import classify, load_scope
 
     if req.what == "failed":
         # The open failure rows are one indexed query: PostgreSQL filters, orders and limits
@@ -202,7 +228,7 @@ def select(spark, db_url: str, req: ReplayRequest, runner_ids: list[int]):
     with connection(db_url) as conn:
         sync_heads(conn)  # a broker's bus: read up to its heads as they are now
     with connection(db_url) as conn, transaction(conn) as cur:
-        scope = load_scope(cur, runner_ids=runner_ids)
+        scope = load_scope(cur, runner_ids=runner_ids, pattern_version=req.pattern_version)
     rows = classify(spark, db_url, scope, req.since, req.until, from_start=req.what == "all")
     if req.what == "missing":
         rows = rows.where(F.col("state") == "missing")
@@ -251,13 +277,7 @@ def push_partition(
 
 
 async def _push(db_url, replay_id, what, rate, rows, policy=None) -> list[tuple[str, int]]:
-    import asyncio
-    import time
-
-    from eventpush.db import connect
-    from eventpush.push.delivery import Record, load_targets
-    from eventpush.rules.transforms import compile_transform
-    from eventpush.sinks import Sinks
+    # Deferred: bus_events imports PySpark at load.
     from eventpush.sparkjobs.bus_events import source_bodies
 
     conn = connect(db_url, application_name="eventpush-replay")
@@ -413,11 +433,8 @@ def _write_outcomes(cur, outcomes: list, replay_id: int, counts: dict) -> None:
     """Delivery rows (origin ``replay``), and failure rows marked ``replayed`` or ``dead``, for
     finished requests, built by the engine's own row builder and written by its COPY writer,
     so live and replay rows cannot drift apart."""
+    # Deferred: psycopg2's extras are loaded only by the executors that write rows.
     import psycopg2.extras
-
-    from eventpush.push.committing import outcome_rows
-    from eventpush.push.delivery import DELIVERED, by_answer
-    from eventpush.push.store import copy_deliveries
 
     delivered, failed = [], []  # delivery rows; (failure row, the runner's broker_name)
     brokers = {}  # runner -> its delivery rows' broker_name
@@ -487,10 +504,6 @@ def finish_run(db_url: str, result: ReplayResult, error: str | None = None) -> N
 
 def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -> ReplayResult:
     """Check, select, GX-check the selection, push (unless dry run), GX-check the result."""
-    from eventpush.config import redact
-    from eventpush.push.targets import address_policy
-    from eventpush.quality import batch as quality
-
     policy = address_policy()  # read on the driver: a bad range fails before anything runs
     with connection(db_url) as conn, transaction(conn) as cur:
         runner_ids = check_request(req, cur)
@@ -529,7 +542,6 @@ def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -
         finish_run(db_url, result, error=error or type(exc).__name__)
         raise
     finish_run(db_url, result)
-    from eventpush.metrics import publish_batch, replay_results
 
     publish_batch("replay", replay_results(result))
     return result
@@ -690,6 +702,8 @@ def job_args(req: ReplayRequest) -> list[str]:
         args.append("--dry-run")
     if req.everything:
         args.append("--everything")
+    if req.pattern_version != "history":
+        args += ["--pattern-version", req.pattern_version]
     if req.label:
         args += ["--label", req.label]
     return args

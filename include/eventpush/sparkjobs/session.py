@@ -19,23 +19,25 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import ipaddress
 import json
 import os
+import platform
 import shlex
 import shutil
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
+
+import eventpush
+from eventpush.sparkjobs.errors import SparkSetupError
+from eventpush.sparkjobs.pyenv import cluster_conf
 
 DEFAULT_MASTER = "local[*]"
 DEFAULT_CONN_ID = "spark_default"
 DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
-
-
-class SparkSetupError(RuntimeError):
-    """Spark cannot be set up as asked; the message says what to fix."""
 
 
 def master_from_connection(conn_type: str | None, host: str | None, port: int | None) -> str:
@@ -55,7 +57,6 @@ def _master_from_env_conn(value: str) -> str:
         return master_from_connection(doc.get("conn_type"), doc.get("host"), doc.get("port"))
     parts = urlsplit(value)
     # An Airflow URI keeps the master in the host part, e.g. spark://local%5B%2A%5D
-    from urllib.parse import unquote
 
     host = unquote(parts.netloc.rsplit("@", 1)[-1].split(":", 1)[0]) if parts.netloc else ""
     return master_from_connection(parts.scheme, host, parts.port)
@@ -69,6 +70,7 @@ def airflow_master(conn_id: str = DEFAULT_CONN_ID) -> str | None:
     if "airflow" not in sys.modules:  # not inside Airflow: do not pay for importing it
         return None
     try:
+        # Deferred: Airflow's SDK is loaded only when an Airflow process calls this.
         from airflow.sdk import BaseHook
 
         conn = BaseHook.get_connection(conn_id)
@@ -91,7 +93,6 @@ def on_loopback(master: str) -> bool:
     """Whether ``master`` is local mode or a cluster listening on a loopback address."""
     if master.startswith("local"):
         return True
-    import ipaddress
 
     host = urlsplit(master.split(",")[0]).hostname or ""
     if host == "localhost":
@@ -169,7 +170,6 @@ _zips: dict[str, str] = {}
 
 def package_zip() -> str:
     """A zip of the eventpush package for spark.submit.pyFiles, rebuilt when the code changes."""
-    import eventpush
 
     root = Path(eventpush.__file__).resolve().parent
     files = sorted(
@@ -193,6 +193,7 @@ def package_zip() -> str:
 
 def get_spark(master: str | None = None, app_name: str = "eventpush", shuffle_partitions: int = 8):
     """The active SparkSession, or a new one configured for eventpush."""
+    # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -214,8 +215,6 @@ def get_spark(master: str | None = None, app_name: str = "eventpush", shuffle_pa
         os.environ["PYSPARK_PYTHON"] = sys.executable
     launch_env: dict[str, str] = {}
     if launching and master and not master.startswith("local"):
-        from eventpush.sparkjobs.pyenv import cluster_conf
-
         # A cluster's executors get this job's Python environment shipped with it.
         for key, value in cluster_conf(master).items():
             builder = builder.config(key, value)
@@ -269,9 +268,6 @@ def executor_pythons(spark) -> list[dict[str, str]]:
     slots = max(2, sc.defaultParallelism)
 
     def probe(_rows):
-        import platform
-        import sys
-
         yield (sys.executable, sys.prefix, platform.python_version())
 
     seen = set(sc.parallelize(range(slots), slots).mapPartitions(probe).collect())

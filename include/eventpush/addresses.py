@@ -1,4 +1,7 @@
-"""Target URL rules and the address policy: which addresses eventpush may push to.
+"""The address policy: which addresses eventpush may push to or read from (the SSRF guard).
+
+A leaf: every sink validates its own URLs through :func:`check_host` and checks each address it
+connects to with :meth:`AddressPolicy.check`; nothing here knows the sinks.
 
 Safe by default: private (RFC 1918), loopback, link-local, CGNAT, unique-local IPv6,
 multicast, reserved, unspecified, documentation and cloud-metadata addresses are denied.
@@ -15,7 +18,6 @@ later resolves to a denied address is refused too.
 from __future__ import annotations
 
 import ipaddress
-import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -186,57 +188,6 @@ def check_address(address: str, policy: AddressPolicy | None = None) -> None:
         raise InvalidTargetUrlError(why)
 
 
-BUILTIN_SCHEMES = ("http", "https", "nats")
-# A NATS subject token: no separators, wildcards or whitespace (a target publishes to one
-# concrete subject).
-_NATS_TOKEN = re.compile(r"[^.*>\s/]+")
-
-
-def _check_nats(url: str, where: str) -> str:
-    """The host of a nats:// target URL: the rules every NATS URL follows
-    (``eventpush.nats_client.parse_url``), then a target's own: an explicit port and one
-    concrete subject as the path."""
-    from eventpush.nats_client import NatsUrlError, parse_url  # it builds on this module
-
-    try:
-        nats_url = parse_url(url, "target URL")
-    except NatsUrlError as exc:
-        raise InvalidTargetUrlError(str(exc)) from None
-    if not nats_url.explicit_port:
-        raise InvalidTargetUrlError(
-            f"target URL {where!r} has no port: write nats://HOST:PORT/SUBJECT (NATS uses 4222)"
-        )
-    subject = nats_url.path
-    if not subject:
-        raise InvalidTargetUrlError(
-            f"target URL {where!r} must be nats://HOST:PORT/SUBJECT: one subject as the path, "
-            "no query or fragment"
-        )
-    if not all(_NATS_TOKEN.fullmatch(t) for t in subject.split(".")):
-        raise InvalidTargetUrlError(
-            f"target URL {where!r}: {subject!r} is not a concrete NATS subject (dot-separated "
-            "tokens without '/', '*', '>' or spaces)"
-        )
-    return nats_url.host
-
-
-def _plugin_url(url: str, scheme: str, where: str, policy: AddressPolicy | None) -> str:
-    """A scheme a sink plug-in provides checks its own URLs."""
-    if scheme:
-        from eventpush.sinks import sink_kind
-
-        try:
-            kind = sink_kind(scheme)
-        except InvalidTargetUrlError:
-            pass
-        else:
-            return kind.validate_url(url, policy)
-    raise InvalidTargetUrlError(
-        f"target URL {where!r} must use http or https, nats, or a scheme a sink plug-in "
-        f"registers; not {scheme or 'no scheme'!r}"
-    )
-
-
 def split_url(url: str, what: str, error: type[ValueError] = InvalidTargetUrlError):
     """``(url, parts, port, where)``: the URL stripped, split, its port, and its redacted form
     for messages; ``error`` says in one line when it is empty or does not parse."""
@@ -251,23 +202,15 @@ def split_url(url: str, what: str, error: type[ValueError] = InvalidTargetUrlErr
         raise error(f"{what} {where!r} is malformed: {exc}") from None
 
 
-def validate_url(url: str, policy: AddressPolicy | None = None) -> str:
-    """The URL, checked; raises InvalidTargetUrlError saying what is wrong."""
-    url, parts, port, where = split_url(url, "target URL")
-    if parts.scheme not in BUILTIN_SCHEMES:
-        return _plugin_url(url, parts.scheme, where, policy)
-    if parts.scheme == "nats":
-        host = _check_nats(url, where)
-    else:
-        host = parts.hostname
-        if not host:
-            raise InvalidTargetUrlError(f"target URL {where!r} has no host")
-        if parts.username or parts.password:
-            raise InvalidTargetUrlError(
-                "target URL must not carry credentials: give the target a --secret instead"
-            )
-        if port == 0:
-            raise InvalidTargetUrlError(f"target URL {where!r} has port 0")
+def scheme_of(url: str) -> str:
+    """A URL's scheme, lower-cased (empty when it has none): what chooses its sink."""
+    return url.partition(":")[0].strip().lower()
+
+
+def check_host(url: str, host: str, where: str, policy: AddressPolicy | None = None) -> str:
+    """``url`` when its ``host`` may be pushed to: not a cloud metadata name, and an IP literal
+    the policy allows (a name's addresses are checked when the sink connects); raises
+    InvalidTargetUrlError saying why not. ``where`` is the URL's redacted form."""
     if host.rstrip(".").lower() in METADATA_HOSTS:
         raise InvalidTargetUrlError(f"target URL host {host!r} is a cloud metadata service")
     try:

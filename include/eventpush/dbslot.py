@@ -11,22 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable
 
-from eventpush.db import StoreError, connect
-from eventpush.push.store import is_transient
+from eventpush.backoff import Backoff
+from eventpush.db import StoreError, connect, is_transient
+from eventpush.errors import first_line
 
 log = logging.getLogger("eventpush.push")
-
-RETRY_FIRST_S = 0.1
-RETRY_MAX_S = 5.0
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class DbSlot:
@@ -67,7 +59,7 @@ class DbSlot:
         """``fn(conn, *args)`` in a thread. Transient errors close the connection and, with
         ``retry``, are retried with backoff until ``give_up_s``; any other error is raised."""
         deadline = None if give_up_s is None else time.monotonic() + give_up_s
-        delay = RETRY_FIRST_S
+        backoff = Backoff()
         async with self.lock:
             while True:
                 await self.settle(None if deadline is None else deadline - time.monotonic())
@@ -86,10 +78,11 @@ class DbSlot:
                     if not retry or (deadline is not None and time.monotonic() > deadline):
                         raise
                     log.warning(
-                        "database unavailable (%s); retrying in %.1fs", first_line(exc), delay
+                        "database unavailable (%s); retrying in %.1fs",
+                        first_line(exc),
+                        backoff.delay,
                     )
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, RETRY_MAX_S)
+                    await backoff.wait()
 
     def close(self) -> None:
         if self.orphan is not None:
@@ -102,11 +95,3 @@ class DbSlot:
 
 def _timeout(seconds: float | None) -> float | None:
     return None if seconds is None else max(seconds, 0.0)
-
-
-def finite(value: float | None, fallback: float, low: float = 0.0, high: float = 3600.0) -> float:
-    """``value`` within [low, high], or ``fallback`` when it is None, NaN or infinite: every
-    delay the engine sleeps on or keys a heap with passes through here."""
-    if value is None or not math.isfinite(value):
-        return fallback
-    return min(max(value, low), high)

@@ -1,6 +1,6 @@
 """How a target is pushed when its creator says nothing: the one definition of the defaults.
 
-The migration's column defaults, ``catalog.TargetSpec``, ``delivery.Target`` and the CLI's
+The migration's column defaults, ``catalog.TargetSpec``, ``sinks.contract.Target`` and the CLI's
 ``target create`` options all read (or, for the migration, are tested against) these values
 and bounds, so a default changes in one place. A kind of target may differ
 (``SCHEME_DEFAULTS``): ``catalog.create_target`` fills a ``TargetSpec`` field left at None from

@@ -1,0 +1,220 @@
+"""The ASGI app: ``POST /`` speaks Amazon EventBridge's wire protocol (AWS JSON 1.1, the
+operation in ``X-Amz-Target: AWSEvents.<Operation>``), beside ``GET /healthz`` and the
+Prometheus ``GET /metrics``.
+
+A request goes: body read (refused past ``max_body`` before it is read whole), Signature
+Version 4 checked (eventpush.api.auth), the operation looked up (``UnknownOperationException``
+for one we do not serve), the key's role checked (a producer only ``PutEvents`` and
+``TestEventPattern``), the JSON parsed (``SerializationException``), then the operation's
+handler. Every refusal is AWS's error shape (eventpush.api.errors); an unexpected error is an
+``InternalException`` whose message says nothing about the cause (the log does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from datetime import UTC, datetime
+
+import msgspec
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from eventpush.api import archives, auth, buses, events, rules, targets
+from eventpush.api.errors import CONTENT_TYPE, ApiError, error_response
+from eventpush.api.service import Call, Service, Settings
+
+log = logging.getLogger("eventpush.api")
+
+TARGET_PREFIX = "AWSEvents."
+OPERATIONS = {
+    **events.OPERATIONS,
+    **buses.OPERATIONS,
+    **rules.OPERATIONS,
+    **targets.OPERATIONS,
+    **archives.OPERATIONS,
+}
+PRODUCER_OPERATIONS = frozenset({"PutEvents", "TestEventPattern"})
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+class ApiMetrics:
+    """This process's figures (each uvicorn worker serves its own)."""
+
+    def __init__(self, service: Service) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "eventpush_api_requests",
+            "API requests answered, by operation and AWS error code (OK for success)",
+            ["operation", "code"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "eventpush_api_request_duration_seconds",
+            "Time from the request's arrival to its answer",
+            ["operation"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_GroupCommitCollector(service))
+
+
+class _GroupCommitCollector:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def collect(self):
+        stats = self.service.publisher.stats
+        for name, doc, value in (
+            ("eventpush_api_commits", "Group commits of PutEvents", stats.commits),
+            ("eventpush_api_events_stored", "Events committed by PutEvents", stats.events),
+            ("eventpush_api_commit_failures", "Group commits that failed", stats.failures),
+        ):
+            family = CounterMetricFamily(name, doc)
+            family.add_metric([], value)
+            yield family
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it is known to pass ``limit``."""
+    too_large = ApiError(
+        "RequestEntityTooLargeException", f"request body is over the {limit}-byte limit"
+    )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _authenticate(request: Request, service: Service, body: bytes) -> Call:
+    headers = request.headers
+    claim = auth.parse_authorization(headers.get("authorization"))
+    if headers.get("x-amz-security-token"):
+        raise ApiError(
+            "UnrecognizedClientException",
+            "temporary credentials (X-Amz-Security-Token) are not issued by this server",
+        )
+    amz_date = headers.get("x-amz-date")
+    auth.request_time(amz_date, datetime.now(UTC))
+    auth.check_scope(claim, amz_date, service.settings.region)
+    found = await service.key(claim.access_key_id)
+    if found is None:
+        raise ApiError(
+            "UnrecognizedClientException", "The security token included in the request is invalid"
+        )
+    key, secret = found
+    query = f"?{request.url.query}" if request.url.query else ""
+    url = f"{request.url.scheme}://{headers.get('host', '')}{request.url.path}{query}"
+    received = auth.Received(request.method, url, headers, body)
+    auth.verify(received, claim, amz_date, secret, service.settings.region)
+    return Call(service, key)
+
+
+def _operation(request: Request) -> str:
+    target = request.headers.get("x-amz-target", "")
+    operation = target.removeprefix(TARGET_PREFIX)
+    if not target.startswith(TARGET_PREFIX) or operation not in OPERATIONS:
+        raise ApiError(
+            "UnknownOperationException",
+            f"operation {target[:100]!r} is not served here (see README, "
+            "'Publishing from any language')",
+        )
+    return operation
+
+
+def _document(body: bytes) -> dict:
+    try:
+        doc = _decode(body) if body.strip() else {}
+    except (msgspec.DecodeError, RecursionError):
+        raise ApiError("SerializationException", "the request body is not valid JSON") from None
+    if not isinstance(doc, dict):
+        raise ApiError("SerializationException", "the request body must be a JSON object")
+    return doc
+
+
+async def handle(request: Request) -> Response:
+    service: Service = request.app.state.service
+    metrics: ApiMetrics = request.app.state.metrics
+    started = time.perf_counter()
+    operation, code = "unknown", "OK"
+    try:
+        body = await _read_body(request, service.settings.max_body)
+        call = await _authenticate(request, service, body)
+        operation = _operation(request)
+        if call.key.role != "admin" and operation not in PRODUCER_OPERATIONS:
+            raise ApiError(
+                "AccessDeniedException",
+                f"key {call.key.name} (producer) is not authorized to perform events:{operation}",
+            )
+        result = await OPERATIONS[operation](call, _document(body))
+        response = Response(_encode(result), media_type=CONTENT_TYPE)
+    except ApiError as exc:
+        code = exc.code
+        response = error_response(exc)
+    except Exception:
+        log.exception("API operation %s failed", operation)
+        code = "InternalException"
+        response = error_response(ApiError(code, "an internal error occurred; see the log"))
+    response.headers["x-amzn-RequestId"] = str(uuid.uuid4())
+    metrics.requests.labels(operation, code).inc()
+    metrics.duration.labels(operation).observe(time.perf_counter() - started)
+    return response
+
+
+async def healthz(request: Request) -> Response:
+    """200 when the database answers, 503 when it does not."""
+    service: Service = request.app.state.service
+    try:
+        await service.db.call(lambda conn: conn.cursor().execute("SELECT 1"))
+    except ApiError:
+        return JSONResponse({"status": "database unreachable"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    registry = request.app.state.metrics.registry
+    return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
+
+
+def create_app(settings: Settings) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        service = Service(settings)
+        await service.start()
+        app.state.service = service
+        app.state.metrics = ApiMetrics(service)
+        try:
+            yield
+        finally:
+            await service.close()
+
+    return Starlette(
+        routes=[
+            Route("/", handle, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics_endpoint, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+
+
+def app_from_env() -> Starlette:
+    """The app uvicorn imports in each worker (``--workers N``): settings from the
+    environment ``eventpush api`` set."""
+    from eventpush.config import database_url
+
+    return create_app(Settings.from_env(database_url()))

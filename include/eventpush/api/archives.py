@@ -1,0 +1,260 @@
+"""Archives and replays. Every bus keeps its events, so each bus is also an archive named
+after it (``DescribeArchive``, ``ListArchives``; created and deleted with its bus, so
+``CreateArchive`` and ``DeleteArchive`` are not served). A replay (``StartReplay``,
+``DescribeReplay``, ``ListReplays``, ``CancelReplay``) is a run of the ``eventpush_replay``
+DAG (``what=all`` over the window, on the archive's bus, narrowed to one rule by
+``Destination.FilterArns``), triggered through Airflow's REST API when the server was given
+an Airflow URL and a token file (``eventpush api --airflow-url URL --airflow-token-file F``);
+the DAG run is ``replay-NAME`` and its state is the replay's. Without Airflow, every replay
+operation is refused with ``OperationDisabledException`` saying so.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+from eventpush.api.errors import ApiError, not_found, validation
+from eventpush.api.service import Call
+from eventpush.api.shapes import (
+    archive_arn,
+    bus_arn,
+    optional,
+    page,
+    parse_bus_arn,
+    replay_arn,
+    required,
+    timestamp,
+)
+
+DAG = "eventpush_replay"
+RUN_PREFIX = "replay-"
+CANCELLED_NOTE = "cancelled by CancelReplay"
+ARCHIVE_ARN_RE = re.compile(r"arn:aws:events:[a-z0-9-]+:[0-9]{12}:archive/(?P<name>.+)")
+RULE_ARN_RE = re.compile(
+    r"arn:aws:events:[a-z0-9-]+:[0-9]{12}:rule/(?:(?P<bus>[^/]+)/)?(?P<rule>.+)"
+)
+# Airflow's DAG run states onto EventBridge's replay states.
+STATES = {
+    "queued": "STARTING",
+    "running": "RUNNING",
+    "success": "COMPLETED",
+    "failed": "FAILED",
+}
+
+
+def _event_count(conn, name: str) -> int | None:
+    """Events the bus holds: the sum of its queues' heads in the PostgreSQL store (gapless
+    offsets); None for a broker's bus, whose positions have gaps."""
+    from eventpush.sources import bus_named, kind_for
+
+    bus = bus_named(conn, name)
+    if bus.source_url is not None:
+        return None
+    return sum(kind_for(bus.source_url).heads(conn, bus).values())
+
+
+async def _archive_shape(call: Call, info) -> dict:
+    shape = {
+        "ArchiveName": info.name,
+        "EventSourceArn": bus_arn(info.account, info.region, info.name),
+        "State": "ENABLED",
+        "RetentionDays": 0,  # kept indefinitely
+        "SizeBytes": 0,  # not tracked
+        "CreationTime": timestamp(info.created_at),
+    }
+    count = await call.db(_event_count, info.name)
+    if count is not None:
+        shape["EventCount"] = count
+    return shape
+
+
+async def describe_archive(call: Call, body: dict) -> dict:
+    name = required(body, "ArchiveName")
+    bus = await call.bus(name, fresh=True)
+    shape = await _archive_shape(call, bus.info)
+    return {
+        **shape,
+        "ArchiveArn": archive_arn(bus.account, bus.region, name),
+        "Description": f"every event of bus {name}",
+        "EventPattern": "",
+    }
+
+
+async def list_archives(call: Call, body: dict) -> dict:
+    from eventpush import catalog
+
+    prefix = optional(body, "NamePrefix")
+    source = optional(body, "EventSourceArn")
+    infos = await call.db(catalog.list_buses, name_prefix=prefix or None)
+    if source:
+        parsed = parse_bus_arn(source)
+        infos = [info for info in infos if parsed and info.name == parsed[2]]
+    chunk, token = page(infos, body, key=lambda info: info.name)
+    answer: dict = {"Archives": [await _archive_shape(call, info) for info in chunk]}
+    if token:
+        answer["NextToken"] = token
+    return answer
+
+
+# --- replays through Airflow -------------------------------------------------------------------
+
+
+def _airflow(call: Call):
+    """An httpx client on Airflow's REST API, or the refusal when the server has none."""
+    import httpx
+
+    settings = call.settings
+    if not settings.airflow_url or settings.airflow_token_file is None:
+        raise ApiError(
+            "OperationDisabledException",
+            "replays run on Airflow: start `eventpush api` with --airflow-url and "
+            "--airflow-token-file",
+        )
+    try:
+        token = settings.airflow_token_file.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ApiError(
+            "InternalException", f"Airflow token file is unreadable: {exc.strerror}"
+        ) from None
+    return httpx.AsyncClient(
+        base_url=settings.airflow_url.rstrip("/") + "/api/v2",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+
+
+def _epoch_iso(value: object, member: str) -> str:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return datetime.fromtimestamp(value, UTC).isoformat()
+    raise validation(f"member '{member}' must be a timestamp")
+
+
+def _run_shape(call: Call, run: dict) -> dict:
+    conf = run.get("conf") or {}
+    state = STATES.get(run.get("state") or "", "STARTING")
+    if state == "FAILED" and run.get("note") == CANCELLED_NOTE:
+        state = "CANCELLED"
+    name = run["dag_run_id"].removeprefix(RUN_PREFIX)
+    account, region = call.settings.account, call.settings.region
+    shape = {
+        "ReplayName": name,
+        "EventSourceArn": archive_arn(account, region, conf.get("bus", "")),
+        "State": state,
+        "EventStartTime": datetime.fromisoformat(conf["since"]).timestamp(),
+        "EventEndTime": datetime.fromisoformat(conf["until"]).timestamp(),
+    }
+    for member, field in (("ReplayStartTime", "start_date"), ("ReplayEndTime", "end_date")):
+        if run.get(field):
+            shape[member] = datetime.fromisoformat(run[field]).timestamp()
+    return shape
+
+
+async def _get_run(client, name: str) -> dict:
+    answer = await client.get(f"/dags/{DAG}/dagRuns/{RUN_PREFIX}{name}")
+    if answer.status_code == 404:
+        raise not_found(f"Replay {name} does not exist.")
+    _check(answer)
+    return answer.json()
+
+
+def _check(answer) -> None:
+    if answer.status_code >= 400:
+        raise ApiError(
+            "InternalException", f"Airflow answered {answer.status_code} to the replay request"
+        )
+
+
+async def start_replay(call: Call, body: dict) -> dict:
+    name = required(body, "ReplayName")
+    source = required(body, "EventSourceArn")
+    found = ARCHIVE_ARN_RE.fullmatch(source)
+    if found is None:
+        raise validation(f"member 'EventSourceArn' is not an archive ARN: {source[:200]!r}")
+    bus = await call.bus(found["name"], fresh=True)
+    destination = required(body, "Destination", dict)
+    target_bus = parse_bus_arn(required(destination, "Arn"))
+    if target_bus is None or target_bus[2] != bus.name:
+        raise validation("Destination.Arn must be the archive's own event bus")
+    conf = {
+        "what": "all",
+        "bus": bus.name,
+        "since": _epoch_iso(required(body, "EventStartTime", object), "EventStartTime"),
+        "until": _epoch_iso(required(body, "EventEndTime", object), "EventEndTime"),
+    }
+    filters = optional(destination, "FilterArns", list) or []
+    if len(filters) > 1:
+        raise validation("Destination.FilterArns may name one rule here (one replay per rule)")
+    if filters:
+        rule = RULE_ARN_RE.fullmatch(str(filters[0]))
+        if rule is None or (rule["bus"] or "default") != bus.name:
+            raise validation("Destination.FilterArns must name a rule of the archive's bus")
+        conf["rule"] = rule["rule"]
+    async with _airflow(call) as client:
+        answer = await client.post(
+            f"/dags/{DAG}/dagRuns",
+            json={"dag_run_id": RUN_PREFIX + name, "logical_date": None, "conf": conf},
+        )
+        if answer.status_code == 409:
+            raise ApiError("ResourceAlreadyExistsException", f"Replay {name} already exists.")
+        _check(answer)
+        run = answer.json()
+    shape = _run_shape(call, run)
+    return {
+        "ReplayArn": replay_arn(bus.account, bus.region, name),
+        "State": shape["State"],
+        "ReplayStartTime": shape.get("ReplayStartTime", timestamp(datetime.now(UTC))),
+    }
+
+
+async def describe_replay(call: Call, body: dict) -> dict:
+    name = required(body, "ReplayName")
+    async with _airflow(call) as client:
+        run = await _get_run(client, name)
+    shape = _run_shape(call, run)
+    account, region = call.settings.account, call.settings.region
+    return {**shape, "ReplayArn": replay_arn(account, region, name)}
+
+
+async def list_replays(call: Call, body: dict) -> dict:
+    prefix = optional(body, "NamePrefix") or ""
+    async with _airflow(call) as client:
+        answer = await client.get(
+            f"/dags/{DAG}/dagRuns", params={"run_id_pattern": f"{RUN_PREFIX}{prefix}%"}
+        )
+        _check(answer)
+        runs = answer.json().get("dag_runs", [])
+    shapes = [_run_shape(call, run) for run in runs]
+    state = optional(body, "State")
+    if state:
+        shapes = [s for s in shapes if s["State"] == state]
+    chunk, token = page(shapes, body, key=lambda s: s["ReplayName"])
+    answer_doc: dict = {"Replays": chunk}
+    if token:
+        answer_doc["NextToken"] = token
+    return answer_doc
+
+
+async def cancel_replay(call: Call, body: dict) -> dict:
+    name = required(body, "ReplayName")
+    async with _airflow(call) as client:
+        run = await _get_run(client, name)
+        if run.get("state") not in ("queued", "running"):
+            raise ApiError("IllegalStatusException", f"Replay {name} is not running.")
+        answer = await client.patch(
+            f"/dags/{DAG}/dagRuns/{RUN_PREFIX}{name}",
+            json={"state": "failed", "note": CANCELLED_NOTE},
+        )
+        _check(answer)
+    account, region = call.settings.account, call.settings.region
+    return {"ReplayArn": replay_arn(account, region, name), "State": "CANCELLING"}
+
+
+OPERATIONS = {
+    "DescribeArchive": describe_archive,
+    "ListArchives": list_archives,
+    "StartReplay": start_replay,
+    "DescribeReplay": describe_replay,
+    "ListReplays": list_replays,
+    "CancelReplay": cancel_replay,
+}

@@ -1,0 +1,169 @@
+"""Signature Version 4 verification: who signed a request, and that nothing in it changed.
+
+The signature is recomputed with botocore's own signer (``SigV4Auth``: the canonical request,
+the string to sign and the key derivation are its code, not ours) over exactly the headers
+the client signed, the body as received and the client's own timestamp, then compared with
+``hmac.compare_digest``. What is refused, with AWS's codes:
+
+- no ``Authorization`` header: ``MissingAuthenticationTokenException``;
+- one that does not parse, or that leaves ``host``, ``x-amz-date`` or ``x-amz-target`` unsigned:
+  ``IncompleteSignatureException``;
+- an access key id we do not know (or a session token: temporary credentials are not
+  issued here): ``UnrecognizedClientException``;
+- a scope for another region or service, a timestamp more than five minutes off, a body
+  whose hash is not the signed one, or any other mismatch: ``InvalidSignatureException``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from botocore.auth import SIGV4_TIMESTAMP, SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+from eventpush.api.errors import ApiError
+
+SERVICE = "events"
+MAX_SKEW = timedelta(minutes=5)
+ALGORITHM = "AWS4-HMAC-SHA256"
+MUST_SIGN = ("host", "x-amz-date", "x-amz-target")
+
+_AUTH_RE = re.compile(
+    r"AWS4-HMAC-SHA256\s+"
+    r"Credential=(?P<key>[^/\s,]+)/(?P<date>\d{8})/(?P<region>[^/\s,]+)/(?P<service>[^/\s,]+)"
+    r"/aws4_request\s*,\s*SignedHeaders=(?P<headers>[a-z0-9;\-]+)\s*,\s*"
+    r"Signature=(?P<signature>[0-9a-f]{64})\s*"
+)
+
+
+@dataclass(frozen=True)
+class SignedBy:
+    """What the Authorization header claims, before the claim is checked."""
+
+    access_key_id: str
+    date: str
+    region: str
+    service: str
+    signed_headers: tuple[str, ...]
+    signature: str
+
+
+def parse_authorization(value: str | None) -> SignedBy:
+    if not value:
+        raise ApiError("MissingAuthenticationTokenException", "Missing Authentication Token")
+    if not value.startswith(ALGORITHM):
+        raise ApiError(
+            "IncompleteSignatureException",
+            f"Authorization header must use {ALGORITHM} (Signature Version 4)",
+        )
+    found = _AUTH_RE.fullmatch(value.strip())
+    if found is None:
+        raise ApiError(
+            "IncompleteSignatureException",
+            "Authorization header is not 'AWS4-HMAC-SHA256 Credential=KEY/DATE/REGION/"
+            "SERVICE/aws4_request, SignedHeaders=..., Signature=...'",
+        )
+    headers = tuple(found["headers"].split(";"))
+    for needed in MUST_SIGN:
+        if needed not in headers:
+            raise ApiError(
+                "IncompleteSignatureException", f"the signature must cover the {needed} header"
+            )
+    return SignedBy(
+        found["key"],
+        found["date"],
+        found["region"],
+        found["service"],
+        headers,
+        found["signature"],
+    )
+
+
+def request_time(amz_date: str | None, now: datetime) -> datetime:
+    """The signed timestamp, refused when missing, malformed or more than 5 minutes off."""
+    if not amz_date:
+        raise ApiError("IncompleteSignatureException", "X-Amz-Date header is missing")
+    try:
+        when = datetime.strptime(amz_date, SIGV4_TIMESTAMP).replace(tzinfo=UTC)
+    except ValueError:
+        raise ApiError(
+            "IncompleteSignatureException", "X-Amz-Date must look like 20260101T000000Z"
+        ) from None
+    if abs(now - when) > MAX_SKEW:
+        raise ApiError(
+            "InvalidSignatureException",
+            f"Signature expired: {amz_date} is more than 5 minutes from the server's time "
+            f"{now.strftime(SIGV4_TIMESTAMP)}",
+        )
+    return when
+
+
+def check_scope(claim: SignedBy, amz_date: str, region: str) -> None:
+    if claim.service != SERVICE:
+        raise ApiError(
+            "InvalidSignatureException",
+            f"Credential should be scoped to correct service: '{SERVICE}'",
+        )
+    if claim.region != region:
+        raise ApiError(
+            "InvalidSignatureException",
+            f"Credential should be scoped to a valid region, not '{claim.region}' "
+            f"(this server is '{region}')",
+        )
+    if claim.date != amz_date[:8]:
+        raise ApiError(
+            "InvalidSignatureException",
+            "Date in Credential scope does not match YYYYMMDD from X-Amz-Date",
+        )
+
+
+@dataclass(frozen=True)
+class Received:
+    """A request as it arrived: what the signature covers."""
+
+    method: str
+    url: str  # scheme, the Host header, path and query
+    headers: Mapping[str, str]  # lower-case names
+    body: bytes
+
+
+def expected_signature(
+    request: Received, claim: SignedBy, amz_date: str, secret: str, region: str
+) -> str:
+    """The signature botocore computes for this request with ``secret``: over the headers
+    the client signed (only those), the body as received and the client's timestamp."""
+    signed = {}
+    for name in claim.signed_headers:
+        value = request.headers.get(name)
+        if value is None:
+            raise ApiError(
+                "IncompleteSignatureException", f"signed header {name!r} is not in the request"
+            )
+        signed[name] = value
+    again = AWSRequest(method=request.method, url=request.url, data=request.body, headers=signed)
+    again.context["timestamp"] = amz_date
+    signer = SigV4Auth(Credentials(claim.access_key_id, secret), SERVICE, region)
+    canonical = signer.canonical_request(again)
+    return signer.signature(signer.string_to_sign(again, canonical), again)
+
+
+def verify(request: Received, claim: SignedBy, amz_date: str, secret: str, region: str) -> None:
+    """Raise InvalidSignatureException unless the claim's signature is the one recomputed."""
+    content_hash = request.headers.get("x-amz-content-sha256")
+    if content_hash is not None and content_hash != hashlib.sha256(request.body).hexdigest():
+        # Also refuses UNSIGNED-PAYLOAD: a body the signature does not cover.
+        raise ApiError(
+            "InvalidSignatureException", "X-Amz-Content-Sha256 is not the SHA-256 of the body"
+        )
+    expected = expected_signature(request, claim, amz_date, secret, region)
+    if not hmac.compare_digest(expected.encode(), claim.signature.encode()):
+        raise ApiError(
+            "InvalidSignatureException",
+            "The request signature we calculated does not match the signature you provided",
+        )

@@ -1,0 +1,195 @@
+"""Targets: ``PutTargets``, ``ListTargetsByRule``, ``RemoveTargets``, onto the catalog's
+target functions (the CLI's). A target's ``Id`` is our target's name.
+
+- ``Arn``: an ``http(s)://`` or ``nats://`` URL (an eventpush extension: AWS would want an
+  API destination's ARN), or another event bus's ARN, which becomes a bus-to-bus target
+  (``bus://NAME``: the event is published on that bus, eventpush.bus_targets).
+- ``Input`` -> our ``CONSTANT`` transform, ``InputPath`` -> ``JSONPATH``,
+  ``InputTransformer`` -> ``TEMPLATE`` (EventBridge's own filling rules); none -> ``ORIGINAL``.
+- ``RetryPolicy``: ``MaximumRetryAttempts`` N -> N + 1 attempts, ``MaximumEventAgeInSeconds``
+  -> the target's maximum age.
+- ``HttpParameters``: ``QueryStringParameters`` are added to the URL's query,
+  ``PathParameterValues`` fill the URL's ``*`` wildcards in order; ``HeaderParameters`` are
+  refused until targets carry headers (the destinations issue).
+
+An existing ``Id`` is updated in place (its runner keeps its offsets), as AWS does.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlencode
+
+from eventpush import catalog
+from eventpush.api.errors import ApiError, validation
+from eventpush.api.rules import rule_bus
+from eventpush.api.service import Call
+from eventpush.api.shapes import BUS_SCHEME, bus_arn, checked, optional, page, required, url_of_arn
+
+MAX_TARGETS = 10
+UNSUPPORTED = (
+    "RoleArn",
+    "KinesisParameters",
+    "RunCommandParameters",
+    "EcsParameters",
+    "BatchParameters",
+    "SqsParameters",
+    "RedshiftDataParameters",
+    "SageMakerPipelineParameters",
+    "DeadLetterConfig",
+    "AppSyncParameters",
+)
+
+
+def _with_http_parameters(url: str, params: dict | None) -> str:
+    if not params:
+        return url
+    if params.get("HeaderParameters"):
+        raise validation("HttpParameters.HeaderParameters is not supported yet by eventpush")
+    for value in checked(params.get("PathParameterValues") or [], "PathParameterValues", list):
+        if "*" not in url:
+            raise validation("HttpParameters.PathParameterValues has more values than '*' in Arn")
+        url = url.replace("*", str(value), 1)
+    query = checked(params.get("QueryStringParameters") or {}, "QueryStringParameters", dict)
+    if query:
+        url += ("&" if "?" in url else "?") + urlencode(query)
+    return url
+
+
+def _transform(target: dict) -> tuple[str, object]:
+    given = [m for m in ("Input", "InputPath", "InputTransformer") if target.get(m) is not None]
+    if len(given) > 1:
+        raise validation(f"a target takes one of Input, InputPath, InputTransformer, not {given}")
+    if not given:
+        return "ORIGINAL", None
+    if given[0] == "Input":
+        return "CONSTANT", checked(target["Input"], "Input", str)
+    if given[0] == "InputPath":
+        return "JSONPATH", checked(target["InputPath"], "InputPath", str)
+    transformer = checked(target["InputTransformer"], "InputTransformer", dict)
+    template = required(transformer, "InputTemplate")
+    paths = checked(transformer.get("InputPathsMap") or {}, "InputPathsMap", dict)
+    return "TEMPLATE", {"InputPathsMap": paths, "InputTemplate": template}
+
+
+def _spec_fields(target: dict) -> dict:
+    """The TargetSpec fields a PutTargets entry sets."""
+    for member in UNSUPPORTED:
+        if target.get(member):
+            raise validation(f"target member '{member}' is not supported by eventpush")
+    url = _with_http_parameters(
+        url_of_arn(required(target, "Arn")), optional(target, "HttpParameters", dict)
+    )
+    kind, spec = _transform(target)
+    fields = {"url": url, "transform_kind": kind, "transform_spec": spec}
+    retry = optional(target, "RetryPolicy", dict)
+    if retry:
+        attempts = retry.get("MaximumRetryAttempts")
+        if attempts is not None:
+            fields["max_attempts"] = checked(attempts, "MaximumRetryAttempts", int) + 1
+        age = retry.get("MaximumEventAgeInSeconds")
+        if age is not None:
+            fields["max_age_s"] = checked(age, "MaximumEventAgeInSeconds", int)
+    return fields
+
+
+def _put_one(conn, bus: str, rule: str, target_id: str, fields: dict) -> None:
+    try:
+        catalog.get_target(conn, bus, rule, target_id)
+    except catalog.NotFoundError:
+        catalog.create_target(conn, bus, rule, catalog.TargetSpec(name=target_id, **fields))
+        catalog.assign(conn)  # pushed at once by an enabled worker, as on AWS
+        return
+    catalog.update_target(conn, bus, rule, target_id, **fields)
+
+
+async def put_targets(call: Call, body: dict) -> dict:
+    rule = required(body, "Rule")
+    targets = required(body, "Targets", list)
+    if not 1 <= len(targets) <= MAX_TARGETS:
+        raise validation(f"member 'Targets' must hold 1 to {MAX_TARGETS} targets")
+    bus = await rule_bus(call, body)
+    await call.db(catalog.get_rule, bus.name, rule)  # an unknown rule refuses the request whole
+    failed = []
+    for target in targets:
+        target = checked(target, "Targets", dict)
+        target_id = required(target, "Id")
+        try:
+            fields = _spec_fields(target)
+            await call.db(_put_one, bus.name, rule, target_id, fields)
+        except ApiError as exc:
+            if exc.code == "ResourceNotFoundException":
+                raise
+            failed.append(
+                {"TargetId": target_id, "ErrorCode": exc.code, "ErrorMessage": exc.message}
+            )
+    return {"FailedEntryCount": len(failed), "FailedEntries": failed}
+
+
+def _failed(target_id: object, exc: ApiError) -> dict:
+    return {"TargetId": target_id, "ErrorCode": exc.code, "ErrorMessage": exc.message}
+
+
+def arn_of_url(call: Call, url: str, account: str, region: str) -> str:
+    if url.startswith(BUS_SCHEME):
+        return bus_arn(account, region, url.removeprefix(BUS_SCHEME))
+    return url
+
+
+def target_shape(call: Call, info, account: str, region: str) -> dict:
+    shape = {"Id": info.name, "Arn": arn_of_url(call, info.url, account, region)}
+    if info.transform_kind == "CONSTANT":
+        spec = info.transform_spec
+        shape["Input"] = spec if isinstance(spec, str) else json.dumps(spec)
+    elif info.transform_kind == "JSONPATH":
+        spec = info.transform_spec
+        shape["InputPath"] = spec if isinstance(spec, str) else spec["path"]
+    elif info.transform_kind == "TEMPLATE":
+        spec = info.transform_spec
+        spec = json.loads(spec) if isinstance(spec, str) else spec
+        shape["InputTransformer"] = {
+            "InputPathsMap": spec.get("InputPathsMap", {}),
+            "InputTemplate": spec["InputTemplate"],
+        }
+    shape["RetryPolicy"] = {
+        "MaximumRetryAttempts": info.max_attempts - 1,
+        "MaximumEventAgeInSeconds": info.max_age_s,
+    }
+    return shape
+
+
+async def list_targets_by_rule(call: Call, body: dict) -> dict:
+    rule = required(body, "Rule")
+    bus = await rule_bus(call, body)
+    await call.db(catalog.get_rule, bus.name, rule)
+    infos = await call.db(catalog.list_targets, bus.name, rule)
+    chunk, token = page(infos, body, key=lambda info: info.name)
+    answer: dict = {
+        "Targets": [target_shape(call, info, bus.account, bus.region) for info in chunk]
+    }
+    if token:
+        answer["NextToken"] = token
+    return answer
+
+
+async def remove_targets(call: Call, body: dict) -> dict:
+    rule = required(body, "Rule")
+    ids = required(body, "Ids", list)
+    bus = await rule_bus(call, body)
+    await call.db(catalog.get_rule, bus.name, rule)
+    failed = []
+    for target_id in ids:
+        try:
+            await call.db(catalog.delete_target, bus.name, rule, checked(target_id, "Ids", str))
+        except ApiError as exc:
+            failed.append(
+                {"TargetId": target_id, "ErrorCode": exc.code, "ErrorMessage": exc.message}
+            )
+    return {"FailedEntryCount": len(failed), "FailedEntries": failed}
+
+
+OPERATIONS = {
+    "PutTargets": put_targets,
+    "ListTargetsByRule": list_targets_by_rule,
+    "RemoveTargets": remove_targets,
+}

@@ -1,0 +1,155 @@
+"""Buses: creating, reading, listing and deleting them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+import psycopg2
+import psycopg2.errors
+from psycopg2 import sql
+
+from eventpush import sources
+from eventpush.catalog.common import (
+    CatalogError,
+    ConflictError,
+    bus_row,
+    check_name,
+    iso,
+    notify,
+)
+from eventpush.db import Connection, transaction
+
+MAX_QUEUES = 1024
+# Mirrored by the CHECK constraints of migration 0002_bus_account_region.
+ACCOUNT_RE = re.compile(r"^[0-9]{12}$")
+REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9]{1,2}$")
+
+
+@dataclass(frozen=True)
+class BusInfo:
+    name: str
+    queues: int
+    description: str
+    account: str
+    region: str
+    source_url: str | None  # redacted
+    rules: int
+    created_at: str | None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def create_bus(
+    conn: Connection,
+    name: str,
+    queues: int,
+    description: str = "",
+    *,
+    account: str | None = None,
+    region: str | None = None,
+    source: str | None = None,
+) -> int:
+    """A bus with ``queues`` queues, and its partition of ``bus_event``. With ``source`` (a
+    URL such as ``nats://HOST:PORT``) its events live there instead (eventpush.sources): the
+    source's store for the bus is made or adopted before the bus row commits.
+
+    ``account`` and ``region`` are what the input transformer reports for events that carry
+    none (``<aws.events.event>``, ``<aws.events.rule-arn>``); defaults in rules/transforms.py.
+    """
+    from eventpush.rules.transforms import DEFAULT_ACCOUNT, DEFAULT_REGION
+
+    check_name("bus", name)
+    if not isinstance(queues, int) or not 1 <= queues <= MAX_QUEUES:
+        raise CatalogError(f"--queues must be between 1 and {MAX_QUEUES}, got {queues}")
+    account = DEFAULT_ACCOUNT if account is None else account
+    region = DEFAULT_REGION if region is None else region
+    if not isinstance(account, str) or not ACCOUNT_RE.fullmatch(account):
+        raise CatalogError(f"--account must be a 12-digit AWS account id, got {account!r}")
+    if not isinstance(region, str) or not REGION_RE.fullmatch(region):
+        raise CatalogError(f"--region must look like an AWS region (us-east-1), got {region!r}")
+    kind = None
+    if source is not None:
+        kind = sources.kind_for(source)
+        source = kind.check(source)
+    try:
+        with transaction(conn) as cur:
+            cur.execute(
+                "INSERT INTO event_bus (name, queues, description, account, region, source_url) "
+                "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
+                (name, queues, description, account, region, source),
+            )
+            bus_id = cur.fetchone()[0]
+            cur.execute(
+                "INSERT INTO event_bus_queue (bus_id, queue_id) "
+                "SELECT %s, q FROM generate_series(0, %s - 1) AS q",
+                (bus_id, queues),
+            )
+            cur.execute(
+                sql.SQL("CREATE TABLE {} PARTITION OF bus_event FOR VALUES IN ({})").format(
+                    sql.Identifier(f"bus_event_{bus_id}"), sql.Literal(bus_id)
+                )
+            )
+            if kind is not None:
+                from eventpush.sources import Bus, write_heads
+
+                bus = Bus(bus_id, name, queues, source)
+                kind.create(conn, bus)
+                write_heads(cur, bus_id, kind.heads(conn, bus))  # an adopted stream's ends
+    except psycopg2.errors.UniqueViolation:
+        raise ConflictError(f"bus {name!r} already exists") from None
+    return bus_id
+
+
+BUS_SQL = """
+SELECT b.name, b.queues, b.description, b.account, b.region, b.source_url,
+       (SELECT count(*) FROM event_rule ru WHERE ru.bus_id = b.id AND ru.deleted_at IS NULL),
+       b.ctime
+FROM event_bus b WHERE b.deleted_at IS NULL
+"""
+
+
+def _bus_info(row) -> BusInfo:
+    from eventpush.config import redact_url
+
+    name, queues, description, account, region, source, rules, ctime = row
+    source = None if source is None else redact_url(source)
+    return BusInfo(name, queues, description, account, region, source, rules, iso(ctime))
+
+
+def get_bus(conn: Connection, name: str) -> BusInfo:
+    with transaction(conn) as cur:
+        bus_row(cur, name)
+        cur.execute(BUS_SQL + " AND b.name = %s", (name,))
+        return _bus_info(cur.fetchone())
+
+
+def list_buses(conn: Connection, *, name_prefix: str | None = None) -> list[BusInfo]:
+    with transaction(conn) as cur:
+        cur.execute(BUS_SQL + " AND starts_with(b.name, %s) ORDER BY b.name", (name_prefix or "",))
+        return [_bus_info(row) for row in cur.fetchall()]
+
+
+def delete_bus(conn: Connection, name: str, *, force: bool = False) -> dict:
+    """Delete a bus without rules; with ``force``, its rules and targets too (their runners
+    stop, their books stay). Returns how many rules and targets went with it."""
+    from eventpush.catalog.targets import mark_targets_deleted
+
+    with transaction(conn) as cur:
+        bus_id, _ = bus_row(cur, name)
+        cur.execute("SELECT id FROM event_bus WHERE id = %s FOR UPDATE", (bus_id,))
+        cur.execute(
+            "SELECT id FROM event_rule WHERE bus_id = %s AND deleted_at IS NULL FOR UPDATE",
+            (bus_id,),
+        )
+        rule_ids = [row[0] for row in cur.fetchall()]
+        if rule_ids and not force:
+            raise ConflictError(
+                f"bus {name!r} has {len(rule_ids)} rules: delete them first, or use --force"
+            )
+        targets = mark_targets_deleted(cur, "t.rule_id = ANY(%s)", (rule_ids,))
+        cur.execute("UPDATE event_rule SET deleted_at = now() WHERE id = ANY(%s)", (rule_ids,))
+        cur.execute("UPDATE event_bus SET deleted_at = now() WHERE id = %s", (bus_id,))
+        notify(cur, bus_id)
+    return {"rules": len(rule_ids), "targets": targets}

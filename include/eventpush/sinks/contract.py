@@ -1,0 +1,132 @@
+"""The sink contract: what the push runtime hands a sink and what a sink answers.
+
+A sink kind (``eventpush.sinks``) sends :class:`Record` s to a :class:`Target` and answers one
+:class:`Outcome` per attempt: ``DELIVERED``, ``RETRY`` or ``FINAL``. Attempt counts, retries,
+rows and offsets stay the runtime's. This module imports nothing of the runtime, so a sink
+(built in or a plug-in) depends on the contract alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from eventpush.addresses import AddressPolicy
+from eventpush.policy import DEFAULTS
+
+DELIVERED = "delivered"
+RETRY = "retry"
+FINAL = "final"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A runner's target as the engine pushes it (secret included: never log this object)."""
+
+    runner_id: int
+    runner: str
+    bus: str
+    bus_id: int
+    rule: str
+    pattern: str
+    name: str
+    url: str
+    secret: str | None = field(default=None, repr=False)
+    transform_kind: str = "ORIGINAL"
+    transform_spec: object = None
+    max_attempts: int = DEFAULTS.max_attempts
+    backoff_ms: int = DEFAULTS.backoff_ms
+    max_age_s: int = DEFAULTS.max_age_s
+    timeout_ms: int = DEFAULTS.timeout_ms
+    batch_size: int = DEFAULTS.batch_size
+    concurrency: int = DEFAULTS.concurrency
+    ordered: bool = False
+    # The bus's settings for the input transformer's <aws.events.event> and rule ARN.
+    bus_account: str | None = None
+    bus_region: str | None = None
+    # The bus's source kind: the broker_name of the runner's delivery and failure rows.
+    broker: str = "eventpush"
+    # Standard Webhooks rotation: the previous secret also signs until ``secret_old_until``.
+    secret_old: str | None = field(default=None, repr=False)
+    secret_old_until: datetime | None = None
+    # The catalog versions this target was read at (push/versions.py records from which
+    # offset each one judges the runner's events), and its rule's state then.
+    rule_version: int = 1
+    target_version: int = 1
+    rule_state: str = "ENABLED"
+
+    def signing_secrets(self, now: datetime) -> list[str]:
+        """The secrets that sign a request sent at ``now``: the current one first."""
+        old, until = self.secret_old, self.secret_old_until
+        if old is not None and until is not None and now < until:
+            return [s for s in (self.secret, old) if s]
+        return [self.secret] if self.secret else []
+
+
+@dataclass(slots=True)
+class Record:
+    """One event on its way to one runner's target."""
+
+    queue_id: int
+    offset: int
+    message_id: str
+    event: dict
+    raw: str
+    first_seen: float = 0.0  # monotonic time it was pulled: max_age_s counts from here
+    attempts: int = 0
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one attempt came to."""
+
+    kind: str  # DELIVERED, RETRY or FINAL
+    http_status: int | None
+    error: str | None
+    latency_ms: float
+    retry_after_s: float | None = None
+    reached: bool = True  # False when refused before any packet left (address policy)
+    # A sink whose batch records are answered one by one (JetStream) and whose answers
+    # differ: (kind, error) per record, in the batch's order; ``kind`` and ``error`` above
+    # then say what the send as a whole came to (for the breaker and the metrics).
+    per_record: list[tuple[str, str | None]] | None = None
+
+
+class Sink(Protocol):
+    """One open sink kind; see ``eventpush.sinks`` for the contract."""
+
+    def __init__(self, policy: AddressPolicy) -> None: ...
+
+    @staticmethod
+    def validate_url(url: str, policy: AddressPolicy | None = None) -> str: ...
+
+    def send(self, target: Target, records: list[Record], transform) -> Awaitable[Outcome]: ...
+
+    async def close(self) -> None: ...
+
+
+def webhook_id(target: Target, records: list[Record]) -> str:
+    """The idempotency key: the same for every retry and replay of the same records."""
+    if len(records) == 1:
+        return f"msg_{records[0].message_id}"
+    digest = hashlib.sha256(
+        (f"{target.runner_id}:" + ",".join(f"{r.queue_id}.{r.offset}" for r in records)).encode()
+    ).hexdigest()[:32]
+    return f"batch_{digest}"
+
+
+def by_answer(records: list[Record], outcome: Outcome) -> list[tuple[Outcome, list[Record]]]:
+    """A send's records grouped by their own answers (``outcome.per_record``, in the batch's
+    order), each group with the outcome it settles on; one group when all share one."""
+    if outcome.per_record is None:
+        return [(outcome, records)]
+    groups: dict[tuple[str, str | None], list[Record]] = {}
+    for record, answer in zip(records, outcome.per_record, strict=True):
+        groups.setdefault(answer, []).append(record)
+    return [
+        (Outcome(kind, outcome.http_status, error, outcome.latency_ms, outcome.retry_after_s), rs)
+        for (kind, error), rs in groups.items()
+    ]

@@ -1,0 +1,526 @@
+"""The EventBridge-compatible API, through real boto3 (and the AWS CLI once) against the real
+``eventpush api`` in a subprocess, with a real worker pushing to a loopback receiver.
+
+One server and one database for the module (the server is the expensive part); tests use
+buses of their own names so they do not see each other's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import psycopg2
+import pytest
+from api_support import (
+    EXE,
+    ApiServer,
+    error_code,
+    make_key,
+    send,
+    signed_request,
+)
+from botocore.exceptions import ClientError
+from conftest import ADMIN_URL, RUN_ID, _admin, _drop, _server, run_cli
+
+from eventpush import sources
+from eventpush.demo.receiver import Receiver
+
+ACCOUNT = "000000000000"
+
+
+@pytest.fixture(scope="module")
+def api_env(template_db):
+    name = f"eventpush_test_{RUN_ID}_api_{uuid.uuid4().hex[:6]}"
+    _admin(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    url = f"{_server(ADMIN_URL)}/{name}"
+    env = {**os.environ, "EVENTPUSH_DATABASE_URL": url, "EVENTPUSH_API_CACHE_S": "0.2"}
+    try:
+        r = run_cli("db", "migrate", env=env)
+        assert r.returncode == 0 and "bus default created" in r.stdout, r.stderr
+        assert run_cli("worker", "create", "w1", env=env).returncode == 0
+        yield env
+    finally:
+        _drop(name)
+
+
+@pytest.fixture(scope="module")
+def server(api_env):
+    s = ApiServer(api_env)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def admin(api_env):
+    return make_key(api_env, "admin", "admin")
+
+
+@pytest.fixture(scope="module")
+def events(server, admin):
+    return server.client(admin)
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    with Receiver() as r:
+        yield r
+
+
+def run_worker(env: dict) -> None:
+    r = run_cli("worker", "run", "w1", "--until-idle", "--max-seconds", "60", env=env)
+    assert r.returncode == 0, r.stderr
+
+
+def code_of(exc_info) -> str:
+    return exc_info.value.response["Error"]["Code"]
+
+
+TRANSFORMER = {
+    "InputPathsMap": {"order": "$.detail.order", "who": "$.detail.customer"},
+    "InputTemplate": '{"text": "order <order> paid by <who>"}',
+}
+RETRY = {"MaximumRetryAttempts": 3, "MaximumEventAgeInSeconds": 600}
+
+
+def test_rule_target_transformer_and_put_events_reach_the_receiver(api_env, events, receiver):
+    bus = events.create_event_bus(Name="shop", Description="the shop's events")
+    assert bus["EventBusArn"] == f"arn:aws:events:us-east-1:{ACCOUNT}:event-bus/shop"
+    rule = events.put_rule(
+        Name="paid",
+        EventBusName="shop",
+        EventPattern=json.dumps({"source": ["shop"], "detail": {"status": ["paid"]}}),
+    )
+    assert rule["RuleArn"] == f"arn:aws:events:us-east-1:{ACCOUNT}:rule/shop/paid"
+    answer = events.put_targets(
+        Rule="paid",
+        EventBusName="shop",
+        Targets=[
+            {
+                "Id": "crm",
+                "Arn": receiver.url + "/ok/crm",
+                "InputTransformer": TRANSFORMER,
+                "RetryPolicy": RETRY,
+            }
+        ],
+    )
+    assert answer["FailedEntryCount"] == 0
+    put = events.put_events(
+        Entries=[
+            {
+                "Source": "shop",
+                "DetailType": "order",
+                "Detail": json.dumps({"status": "paid", "order": n, "customer": f"c{n}"}),
+                "EventBusName": "shop",
+            }
+            for n in (1, 2)
+        ]
+        + [
+            {
+                "Source": "shop",
+                "DetailType": "order",
+                "Detail": json.dumps({"status": "open", "order": 3}),
+                "EventBusName": f"arn:aws:events:us-east-1:{ACCOUNT}:event-bus/shop",
+            }
+        ]
+    )
+    assert put["FailedEntryCount"] == 0 and all("EventId" in e for e in put["Entries"])
+    run_worker(api_env)
+    bodies = sorted(json.loads(r.body)["text"] for r in receiver.state.delivered("/ok/crm"))
+    assert bodies == ["order 1 paid by c1", "order 2 paid by c2"]
+    targets = events.list_targets_by_rule(Rule="paid", EventBusName="shop")["Targets"]
+    assert targets == [
+        {
+            "Id": "crm",
+            "Arn": receiver.url + "/ok/crm",
+            "InputTransformer": TRANSFORMER,
+            "RetryPolicy": RETRY,
+        }
+    ]
+
+
+def test_a_bus_arn_target_publishes_on_that_bus(api_env, events):
+    events.create_event_bus(Name="origin")
+    copies = events.create_event_bus(Name="copies")["EventBusArn"]
+    events.put_rule(Name="all", EventBusName="origin", EventPattern='{"source": ["a"]}')
+    events.put_targets(Rule="all", EventBusName="origin", Targets=[{"Id": "copy", "Arn": copies}])
+    events.put_events(
+        Entries=[{"Source": "a", "DetailType": "t", "Detail": "{}", "EventBusName": "origin"}] * 3
+    )
+    run_worker(api_env)
+    assert events.describe_archive(ArchiveName="copies")["EventCount"] == 3
+    [target] = events.list_targets_by_rule(Rule="all", EventBusName="origin")["Targets"]
+    assert target["Arn"] == copies
+    assert events.list_rule_names_by_target(TargetArn=copies, EventBusName="origin")[
+        "RuleNames"
+    ] == ["all"]
+
+
+def test_put_events_on_a_nats_bus_answers_after_the_acknowledgements(api_env, events, nats_server):
+    r = run_cli(
+        "bus", "create", "onnats", "--queues", "1", "--source", nats_server.url, env=api_env
+    )
+    assert r.returncode == 0, r.stderr
+    answer = events.put_events(
+        Entries=[
+            {
+                "Source": "n",
+                "DetailType": "t",
+                "Detail": json.dumps({"n": n}),
+                "EventBusName": "onnats",
+            }
+            for n in range(5)
+        ]
+    )
+    assert answer["FailedEntryCount"] == 0
+    conn = psycopg2.connect(api_env["EVENTPUSH_DATABASE_URL"])
+    try:
+        bus = sources.bus_named(conn, "onnats")
+        stored = list(sources.kind_for(bus.source_url).read_range(conn, bus, 0, 0, 1000))
+    finally:
+        conn.close()
+    assert sorted(json.loads(s.body)["detail"]["n"] for s in stored) == list(range(5))
+    assert {s.message_id for s in stored} == {e["EventId"] for e in answer["Entries"]}
+    assert "EventCount" not in events.describe_archive(ArchiveName="onnats")
+
+
+def test_every_bus_rule_and_target_operation(events, receiver):
+    events.create_event_bus(Name="ops")
+    described = events.describe_event_bus(Name="ops")
+    assert described["Name"] == "ops" and described["Arn"].endswith(":event-bus/ops")
+    assert events.describe_event_bus()["Name"] == "default"
+    names = [b["Name"] for b in events.list_event_buses(NamePrefix="op")["EventBuses"]]
+    assert names == ["ops"]
+    for n in range(3):
+        events.put_rule(
+            Name=f"r{n}", EventBusName="ops", EventPattern='{"source": ["x"]}', State="DISABLED"
+        )
+    seen, token = [], None
+    while True:
+        page = events.list_rules(
+            EventBusName="ops", Limit=2, **({"NextToken": token} if token else {})
+        )
+        seen += [r["Name"] for r in page["Rules"]]
+        token = page.get("NextToken")
+        if not token:
+            break
+    assert seen == ["r0", "r1", "r2"]
+    assert [r["Name"] for r in events.list_rules(EventBusName="ops", NamePrefix="r1")["Rules"]] == [
+        "r1"
+    ]
+    assert events.describe_rule(Name="r0", EventBusName="ops")["State"] == "DISABLED"
+    events.enable_rule(Name="r0", EventBusName="ops")
+    assert events.describe_rule(Name="r0", EventBusName="ops")["State"] == "ENABLED"
+    events.disable_rule(Name="r0", EventBusName="ops")
+    assert events.describe_rule(Name="r0", EventBusName="ops")["State"] == "DISABLED"
+    events.put_rule(Name="r0", EventBusName="ops", EventPattern='{"source": ["y"]}')
+    rule = events.describe_rule(Name="r0", EventBusName="ops")
+    assert json.loads(rule["EventPattern"]) == {"source": ["y"]} and rule["State"] == "DISABLED"
+    url = receiver.url + "/ok/ops"
+    answer = events.put_targets(
+        Rule="r0",
+        EventBusName="ops",
+        Targets=[
+            {"Id": "a", "Arn": url, "Input": '{"fixed": true}'},
+            {"Id": "b", "Arn": url, "InputPath": "$.detail"},
+            {"Id": "c", "Arn": "gopher://nowhere"},
+        ],
+    )
+    assert answer["FailedEntryCount"] == 1
+    assert answer["FailedEntries"][0]["TargetId"] == "c"
+    shapes = events.list_targets_by_rule(Rule="r0", EventBusName="ops")["Targets"]
+    assert [(t["Id"], t.get("Input"), t.get("InputPath")) for t in shapes] == [
+        ("a", '{"fixed": true}', None),
+        ("b", None, "$.detail"),
+    ]
+    assert events.list_rule_names_by_target(TargetArn=url, EventBusName="ops")["RuleNames"] == [
+        "r0"
+    ]
+    with pytest.raises(ClientError) as refused:
+        events.delete_rule(Name="r0", EventBusName="ops")
+    assert code_of(refused) == "ValidationException"
+    removed = events.remove_targets(Rule="r0", EventBusName="ops", Ids=["a", "b", "zz"])
+    assert removed["FailedEntryCount"] == 1 and removed["FailedEntries"][0]["TargetId"] == "zz"
+    for n in range(3):
+        events.delete_rule(Name=f"r{n}", EventBusName="ops")
+    assert events.list_rules(EventBusName="ops")["Rules"] == []
+    events.delete_event_bus(Name="ops")
+    with pytest.raises(events.exceptions.ResourceNotFoundException):
+        events.describe_event_bus(Name="ops")
+
+
+def test_archives_test_event_pattern_and_replays_without_airflow(events):
+    events.create_event_bus(Name="kept")
+    events.put_events(
+        Entries=[{"Source": "k", "DetailType": "t", "Detail": "{}", "EventBusName": "kept"}]
+    )
+    archive = events.describe_archive(ArchiveName="kept")
+    assert archive["EventCount"] == 1 and archive["State"] == "ENABLED"
+    assert archive["EventSourceArn"].endswith(":event-bus/kept")
+    listed = events.list_archives(NamePrefix="kep")["Archives"]
+    assert [a["ArchiveName"] for a in listed] == ["kept"]
+    event = {
+        "id": "1",
+        "account": ACCOUNT,
+        "source": "shop",
+        "time": "2026-01-01T00:00:00Z",
+        "region": "us-east-1",
+        "detail-type": "t",
+        "detail": {"n": 5},
+    }
+    pattern = json.dumps({"detail": {"n": [{"numeric": [">", 3]}]}})
+    assert events.test_event_pattern(EventPattern=pattern, Event=json.dumps(event))["Result"]
+    event["detail"]["n"] = 1
+    assert not events.test_event_pattern(EventPattern=pattern, Event=json.dumps(event))["Result"]
+    with pytest.raises(events.exceptions.InvalidEventPatternException):
+        events.test_event_pattern(EventPattern='{"a": 1}', Event=json.dumps(event))
+    with pytest.raises(events.exceptions.OperationDisabledException) as refused:
+        events.start_replay(
+            ReplayName="again",
+            EventSourceArn=archive["ArchiveArn"],
+            EventStartTime=0,
+            EventEndTime=time.time(),
+            Destination={"Arn": archive["EventSourceArn"]},
+        )
+    assert "--airflow-url" in str(refused.value)
+    for call in (events.list_replays, lambda: events.describe_replay(ReplayName="again")):
+        with pytest.raises(events.exceptions.OperationDisabledException):
+            call()
+
+
+def test_put_events_answers_each_entry(events):
+    with pytest.raises(ClientError) as too_many:
+        events.put_events(Entries=[{"Source": "s", "DetailType": "t", "Detail": "{}"}] * 11)
+    assert code_of(too_many) == "ValidationException"
+    answer = events.put_events(
+        Entries=[
+            {"Source": "s", "DetailType": "t", "Detail": "{}"},
+            {"Source": "s", "DetailType": "t", "Detail": "{not json"},
+            {"DetailType": "t", "Detail": "{}"},
+            {"Source": "s", "DetailType": "t", "Detail": "{}", "EventBusName": "nope"},
+            {"Source": "s", "DetailType": "t", "Detail": json.dumps({"x": "y" * 300_000})},
+        ]
+    )
+    codes = [e.get("ErrorCode") for e in answer["Entries"]]
+    assert codes == [
+        None,
+        "MalformedDetail",
+        "InvalidArgument",
+        "ResourceNotFoundException",
+        "InvalidArgument",
+    ]
+    assert answer["FailedEntryCount"] == 4
+    assert all("\n" not in e.get("ErrorMessage", "") for e in answer["Entries"])
+    assert events.describe_archive(ArchiveName="default")["EventCount"] >= 1
+
+
+def test_authentication_and_roles(server, api_env, admin, events):
+    events.create_event_bus(Name="mine")
+    producer = make_key(api_env, "producer", "producer", "mine")
+    as_producer = server.client(producer)
+    ok = as_producer.put_events(
+        Entries=[{"Source": "p", "DetailType": "t", "Detail": "{}", "EventBusName": "mine"}]
+    )
+    assert ok["FailedEntryCount"] == 0
+    assert as_producer.test_event_pattern(
+        EventPattern='{"source": ["p"]}',
+        Event=json.dumps(
+            {
+                "id": "1",
+                "account": ACCOUNT,
+                "source": "p",
+                "time": "2026-01-01T00:00:00Z",
+                "region": "us-east-1",
+                "detail-type": "t",
+                "detail": {},
+            }
+        ),
+    )["Result"]
+    before = events.describe_archive(ArchiveName="mine")["EventCount"]
+    with pytest.raises(ClientError) as denied:
+        as_producer.put_events(
+            Entries=[
+                {"Source": "p", "DetailType": "t", "Detail": "{}", "EventBusName": "mine"},
+                {"Source": "p", "DetailType": "t", "Detail": "{}"},  # default: not its bus
+            ]
+        )
+    assert code_of(denied) == "AccessDeniedException"
+    assert events.describe_archive(ArchiveName="mine")["EventCount"] == before  # nothing stored
+    for call in (as_producer.list_event_buses, lambda: as_producer.create_event_bus(Name="x")):
+        with pytest.raises(ClientError) as denied:
+            call()
+        assert code_of(denied) == "AccessDeniedException"
+    with pytest.raises(ClientError) as unknown:
+        server.client(("EPAKAAAAAAAAAAAAAAAA", "x" * 40)).list_event_buses()
+    assert code_of(unknown) == "UnrecognizedClientException"
+    with pytest.raises(ClientError) as wrong:
+        server.client((admin[0], "y" * 40)).list_event_buses()
+    assert code_of(wrong) == "InvalidSignatureException"
+    with pytest.raises(ClientError) as region:
+        server.client(admin, region="eu-west-1").list_event_buses()
+    assert code_of(region) == "InvalidSignatureException"
+    body = b'{"Entries": [{"Source": "s", "DetailType": "t", "Detail": "{}"}]}'
+    request = signed_request(server.url, "PutEvents", body, admin)
+    assert send(request).status_code == 200
+    changed = send(request, body.replace(b'"s"', b'"z"'))
+    assert changed.status_code == 400 and error_code(changed) == "InvalidSignatureException"
+    stale = send(signed_request(server.url, "ListEventBuses", b"{}", admin, when=time.time() - 400))
+    assert error_code(stale) == "InvalidSignatureException" and "expired" in stale.json()["message"]
+    unsigned = httpx.post(
+        server.url + "/", content=b"{}", headers={"X-Amz-Target": "AWSEvents.ListEventBuses"}
+    )
+    assert (
+        unsigned.status_code == 403
+        and error_code(unsigned) == "MissingAuthenticationTokenException"
+    )
+    # Deleting a key refuses it (within the cache's 0.2 s here).
+    assert run_cli("key", "delete", "producer", env=api_env).returncode == 0
+    time.sleep(0.5)
+    with pytest.raises(ClientError) as deleted:
+        as_producer.put_events(
+            Entries=[{"Source": "p", "DetailType": "t", "Detail": "{}", "EventBusName": "mine"}]
+        )
+    assert code_of(deleted) == "UnrecognizedClientException"
+    listed = run_cli("key", "list", "--json", env=api_env)
+    assert producer[1] not in listed.stdout and admin[1] not in listed.stdout
+    assert [k["name"] for k in json.loads(listed.stdout)["keys"]] == ["admin"]
+
+
+def test_bad_input_is_refused_with_aws_codes_and_nothing_written(server, admin, events):
+    def raw(operation: str, body: bytes) -> httpx.Response:
+        return send(signed_request(server.url, operation, body, admin))
+
+    buses_before = events.list_event_buses()["EventBuses"]
+    assert error_code(raw("CreateEventBus", b"{not json")) == "SerializationException"
+    assert error_code(raw("CreateEventBus", b"[]")) == "SerializationException"
+    missing = raw("CreateEventBus", b"{}")
+    assert error_code(missing) == "ValidationException" and "'Name'" in missing.json()["message"]
+    assert error_code(raw("CreateEventBus", b'{"Name": 5}')) == "ValidationException"
+    with pytest.raises(ClientError) as bad_name:
+        events.create_event_bus(Name="no spaces allowed")
+    assert code_of(bad_name) == "ValidationException"
+    with pytest.raises(events.exceptions.InvalidEventPatternException):
+        events.put_rule(Name="bad", EventPattern='{"source": "not-a-list"}')
+    with pytest.raises(events.exceptions.ResourceAlreadyExistsException):
+        events.create_event_bus(Name="default")
+    with pytest.raises(events.exceptions.ResourceNotFoundException):
+        events.describe_rule(Name="none")
+    with pytest.raises(ClientError) as other_account:
+        events.describe_event_bus(Name="arn:aws:events:us-east-1:123456789012:event-bus/default")
+    assert code_of(other_account) == "AccessDeniedException"
+    with pytest.raises(ClientError) as unknown:
+        events.create_connection(
+            Name="c",
+            AuthorizationType="API_KEY",
+            AuthParameters={"ApiKeyAuthParameters": {"ApiKeyName": "k", "ApiKeyValue": "v"}},
+        )
+    assert code_of(unknown) == "UnknownOperationException"
+    big = raw("PutEvents", b"{" + b" " * (5 * 1024 * 1024) + b"}")
+    assert big.status_code == 413
+    assert events.list_event_buses()["EventBuses"] == buses_before
+    assert events.list_rules()["Rules"] == []
+    for r in (missing, big):
+        assert "\n" not in r.json()["message"]
+
+
+def test_health_metrics_and_loopback_only(server, events):
+    assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
+    events.list_event_buses()
+    text = httpx.get(server.url + "/metrics").text
+    assert 'eventpush_api_requests_total{code="OK",operation="ListEventBuses"}' in text
+    assert "eventpush_api_commits_total" in text
+    with pytest.raises(httpx.ConnectError):  # bound to 127.0.0.1 only, by default
+        httpx.get(f"http://127.0.0.2:{server.port}/healthz", timeout=2)
+
+
+@pytest.mark.skipif(shutil.which("aws", path=str(Path(EXE).parent)) is None, reason="no awscli")
+def test_the_aws_cli_publishes_and_lists(server, admin, events):
+    aws = str(Path(EXE).with_name("aws"))
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": admin[0],
+        "AWS_SECRET_ACCESS_KEY": admin[1],
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    }
+    entries = json.dumps([{"Source": "cli", "DetailType": "t", "Detail": '{"from": "aws"}'}])
+    before = events.describe_archive(ArchiveName="default")["EventCount"]
+    r = subprocess.run(
+        [aws, "events", "put-events", "--entries", entries, "--endpoint-url", server.url],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["FailedEntryCount"] == 0
+    assert events.describe_archive(ArchiveName="default")["EventCount"] == before + 1
+    r = subprocess.run(
+        [aws, "events", "describe-event-bus", "--name", "nope", "--endpoint-url", server.url],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode != 0 and "ResourceNotFoundException" in r.stderr
+
+
+def test_sigkill_under_load_loses_no_acknowledged_event(api_env, admin):
+    """16 clients put events while the server is SIGKILLed: every event it acknowledged is
+    stored; concurrent requests shared commits."""
+    server = ApiServer(api_env)
+    acknowledged: list[str] = []
+    stop = threading.Event()
+
+    def client_loop() -> None:
+        client = server.client(admin, connect_timeout=2, read_timeout=5)
+        while not stop.is_set():
+            try:
+                answer = client.put_events(
+                    Entries=[{"Source": "load", "DetailType": "t", "Detail": '{"n": 1}'}] * 10
+                )
+            except Exception:
+                return  # the server is gone
+            acknowledged.extend(e["EventId"] for e in answer["Entries"] if "EventId" in e)
+
+    threads = [threading.Thread(target=client_loop) for _ in range(16)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(2.0)
+        metrics = httpx.get(server.url + "/metrics").text
+        server.kill()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+        server.stop()
+    values = {
+        line.split()[0]: float(line.split()[1])
+        for line in metrics.splitlines()
+        if line.startswith(("eventpush_api_commits_total", "eventpush_api_events_stored_total"))
+    }
+    commits, stored = (
+        values["eventpush_api_commits_total"],
+        values["eventpush_api_events_stored_total"],
+    )
+    assert stored / commits > 20, f"{stored} events in {commits} commits: no group commit"
+    assert len(acknowledged) > 500
+    conn = psycopg2.connect(api_env["EVENTPUSH_DATABASE_URL"])
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT message_id FROM bus_event WHERE message_id = ANY(%s)", (acknowledged,)
+            )
+            found = {row[0] for row in cur.fetchall()}
+    finally:
+        conn.close()
+    assert set(acknowledged) <= found, f"{len(set(acknowledged) - found)} acknowledged lost"
