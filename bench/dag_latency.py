@@ -16,15 +16,18 @@ counts copies. Loopback is denied by the address policy by default: this process
 worker) is made once, with names unique to the run.
 
 Hand-overs: a thread watches the worker's row (its lease holder's pid) every 20 ms, so each
-moment no process holds the lease is recorded (``lease_free_s``); the receiver's longest
-silences between two arrivals (``arrival_gaps_s``, gaps over 0.2 s) show what a hand-over
-costs end to end (old slice stops pulling to new slice delivering). Prints one JSON summary.
+moment no process holds the lease is recorded (``lease_free_s``, one per hand-over, in
+order); ``hand_over_gaps_s`` is, per hand-over, the receiver's silence around it (last
+arrival before the lease went free to the first after it was taken: what a hand-over costs
+end to end); ``arrival_gaps_s`` the longest silences anywhere (over 0.2 s). Prints one JSON
+summary.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import statistics
 import subprocess
@@ -98,7 +101,7 @@ class LeaseWatch:
     def _run(self) -> None:
         with connection(self.url) as conn:
             conn.autocommit = True
-            free_since, last_start = None, None
+            free_since, last_start, last_look = None, None, time.time()
             with conn.cursor() as cur:
                 while not self.done.is_set():
                     cur.execute(
@@ -110,18 +113,35 @@ class LeaseWatch:
                     if pid is None and free_since is None:
                         free_since = now
                     if pid is not None and started != last_start:
+                        if last_start is not None:
+                            # a hand-over quicker than one look: free since the last look
+                            self.free.append((free_since or last_look, now))
                         last_start = started
                         self.taken += 1
-                        if free_since is not None:
-                            self.free.append((free_since, now))
                     if pid is not None:
                         free_since = None
+                    last_look = now
                     time.sleep(WATCH_INTERVAL_S)
 
-    def stop(self, since: float) -> list[float]:
+    def stop(self, since: float) -> list[tuple[float, float]]:
+        """The moments (since, until) nobody held the lease, from ``since`` on."""
         self.done.set()
         self.thread.join(5)
-        return [round(b - a, 3) for a, b in self.free if b >= since]
+        return [(a, b) for a, b in self.free if b >= since]
+
+
+def hand_over_gaps(arrivals: list[float], free: list[tuple[float, float]]) -> list[float]:
+    """Per hand-over, in order: the receiver's silence around it, from the last arrival
+    before the lease went free to the first one after it was taken again (what an event
+    published during the hand-over waited for it, at most)."""
+    times = sorted(arrivals)
+    gaps = []
+    for since, until in free:
+        before = bisect.bisect_right(times, since)
+        after = bisect.bisect_left(times, until)
+        if before and after < len(times):
+            gaps.append(round(times[after] - times[before - 1], 3))
+    return gaps
 
 
 def make_catalog(url: str, sink: str) -> tuple[str, str]:
@@ -245,6 +265,7 @@ def main() -> None:
             while len(sink.latencies) < events and time.monotonic() < deadline:
                 time.sleep(0.1)
             time.sleep(1)  # late copies still count as duplicates
+        free = watch.stop(started_wall)
         result = summarize(
             args.mode,
             sink,
@@ -255,7 +276,8 @@ def main() -> None:
                 "duration_s": args.duration,
                 "warmup_ms": round(warmup, 1),
                 "leases_taken": watch.taken,
-                "lease_free_s": watch.stop(started_wall),
+                "lease_free_s": [round(b - a, 3) for a, b in free],
+                "hand_over_gaps_s": hand_over_gaps(sink.arrivals, free),
                 "arrival_gaps_s": arrival_gaps(sink.arrivals, started_wall)[:20],
             },
         )

@@ -1,30 +1,42 @@
 """
 ### eventpush_push: the always-on push loop
 
-Runs continuously, one run at a time. Each run:
+Runs every `SLICE_SECONDS` (120 s), and two runs may be active at once: each run starts
+while the previous one still pushes, so every worker is handed from one slice to the next
+with no gap (make before break). Each run:
 
 1. **list_workers**: the enabled push workers that have runners assigned.
-2. **push**, mapped over them (`eventpush.airflow.push_slice.PushSliceOperator`): it checks
-   once for work (new events or retries due) and, without any, hands the wait to
-   `eventpush.airflow.triggers.WorkerWorkTrigger` in the triggerer (no worker slot held). The
-   wait ends when work comes, when the run's window ends (`slice_seconds`, 120 s by default,
-   after the run started) or after `wait_timeout_s` (300 s by default); without work the task
-   skips and the run ends quietly. With work, it runs the push engine of that worker until
-   the window ends, under the worker's lease: between bursts the engine waits on publish
-   notifications, so an event published during the slice goes out within milliseconds.
-   Every push task of a run ends with the window, so an idle worker never holds back the next
-   slice of a busy one. A standalone `eventpush worker run` of the same worker and this task
-   never push at once (the task skips when the lease is held elsewhere). It returns the
-   slice's counts and records the slice (counts and before/after snapshots) as an event on
-   the asset `eventpush_push_slices`.
+2. **push**, mapped over them: a deferrable sensor,
+   `eventpush.airflow.push_slice.PushSliceSensor`. Its condition holds when the worker has
+   work (new events or retries due) or when the previous run's slice holds the worker's
+   lease (this slice takes over from it). Until then the wait is in the triggerer
+   (`eventpush.airflow.triggers.WorkerWorkTrigger`, woken by publish notifications), no
+   worker slot held; `timeout`, `soft_fail` (a timeout skips), `mode` and `poke_interval`
+   work as for any sensor. Without work in the run's window (`slice_seconds` after the run
+   started) it skips and the next run's sensor waits instead.
+
+   When the condition holds, **the sensor runs the slice itself**: the push engine of that
+   worker, under the worker's lease, until the run's window ends. A separate task after the
+   sensor would be one more task start per slice, seconds of scheduling and process start
+   on the push path. Between bursts the engine waits on publish notifications, so an event
+   published during the slice goes out within milliseconds.
+
+   The hand-over: the next run's slice starts while this one pushes and waits for the lease
+   in PostgreSQL's lock queue (an advisory lock, granted the moment it is let go; no
+   polling). After its window this slice stops as soon as it sees that waiter, and at the
+   latest `hand_over_s` (60 s) later; it lets go of the lease right after its final commit,
+   and the successor pushes at once. A standalone `eventpush worker run` of the same worker
+   and this task never push at once (the sensor skips when the lease is held by anything but
+   a slice). Each slice returns its counts and records itself (counts and before/after
+   snapshots) as an event on the asset `eventpush_push_slices`.
 
 The Great Expectations check of each slice is not on this path: the DAG
 `eventpush_push_checks` is scheduled on `eventpush_push_slices` and checks every slice
-recorded there (failing loudly, with the `push_check` alert). The wait and the push are one
-task and the check is elsewhere because every task Airflow starts between two slices costs
-seconds, and those seconds are the hand-over, when nothing of the worker is pushed.
+recorded there (failing loudly, with the `push_check` alert).
 
-The eventpush database is the Airflow connection `eventpush_db`, or `EVENTPUSH_DATABASE_URL`.
+One-off runs (the demo, a manual trigger) may set `until_idle`: each slice then ends as soon
+as its worker has nothing left to do. The eventpush database is the Airflow connection
+`eventpush_db`, or `EVENTPUSH_DATABASE_URL`.
 """
 
 from __future__ import annotations
@@ -33,22 +45,22 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import Param, dag, task
 
-from eventpush.airflow.push_slice import PUSH_SLICES, PushSliceOperator
+from eventpush.airflow.push_slice import HAND_OVER_S, PUSH_SLICES, PushSliceSensor
 
 SLICE_SECONDS = 120
-WAIT_TIMEOUT_S = 300.0
 POLL_INTERVAL_S = 5.0
-NO_WORKERS_BACKOFF_S = 30.0
 
 
 @dag(
     dag_id="eventpush_push",
-    description="Push events from buses to their targets, one mapped push task per worker",
+    description="Push events from buses to their targets, one mapped push sensor per worker",
     doc_md=__doc__,
-    schedule="@continuous",
+    # Runs every window and two at once: the next run's slices are ready before this run's
+    # end (``@continuous`` allows one run at a time, so it always leaves a gap).
+    schedule=timedelta(seconds=SLICE_SECONDS),
     start_date=datetime(2024, 1, 1),
     catchup=False,
-    max_active_runs=1,
+    max_active_runs=2,
     is_paused_upon_creation=False,
     tags=["eventpush", "push"],
     default_args={"owner": "eventpush", "retries": 0},
@@ -57,41 +69,45 @@ NO_WORKERS_BACKOFF_S = 30.0
             SLICE_SECONDS,
             type="number",
             minimum=1,
-            description="the run's window: each push slice of a run ends this long after its start",
+            description="the run's window: each slice pushes until this long after the run "
+            "started, then hands over to the next run's",
         ),
-        "wait_timeout_s": Param(
-            WAIT_TIMEOUT_S,
+        "hand_over_s": Param(
+            HAND_OVER_S,
             type="number",
-            minimum=1,
-            description="how long a worker's push task waits for work before the run ends quietly",
+            minimum=0,
+            description="after its window, how long a slice may wait for the next one to "
+            "take over (it stops as soon as the next one waits for the lease)",
+        ),
+        "until_idle": Param(
+            False,
+            type="boolean",
+            description="end each slice as soon as its worker has nothing left to do "
+            "(one-off runs)",
         ),
     },
 )
 def eventpush_push() -> None:
     @task
     def list_workers() -> list[str]:
-        """The enabled workers that have runners; waits a little when there are none, so an
-        empty deployment does not spin the continuous schedule."""
-        import time
-
+        """The enabled workers that have runners (none: the run ends, the next one looks)."""
         from eventpush.airflow.connection import database_url
         from eventpush.airflow.push_slice import push_workers
 
-        url = database_url()
-        deadline = time.monotonic() + NO_WORKERS_BACKOFF_S
-        while not (workers := push_workers(url)) and time.monotonic() < deadline:
-            time.sleep(POLL_INTERVAL_S)
-        return workers
+        return push_workers(database_url())
 
-    PushSliceOperator.partial(
+    PushSliceSensor.partial(
         task_id="push",
         # Retried: a slice whose Celery worker died resumes from the committed offsets elsewhere.
         retries=2,
         retry_delay=timedelta(seconds=5),
         outlets=[PUSH_SLICES],
         slice_seconds="{{ params.slice_seconds }}",
-        wait_timeout="{{ params.wait_timeout_s }}",
-        poll_interval=POLL_INTERVAL_S,
+        hand_over_s="{{ params.hand_over_s }}",
+        until_idle="{{ params.until_idle }}",
+        timeout=SLICE_SECONDS,
+        soft_fail=True,
+        poke_interval=POLL_INTERVAL_S,
     ).expand(worker=list_workers())
 
 

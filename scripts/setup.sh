@@ -1,5 +1,6 @@
-# Sourced by ./dev. Sets up, idempotently: the venv, Debian packages (Java, the JDBC driver,
-# chromium, curl, nats-server), PostgreSQL.
+# Sourced by ./dev. Sets up, idempotently: the venv, the Debian packages the command needs
+# (the demo: Java and the JDBC driver; the tests: also curl, nats-server, chromium),
+# PostgreSQL.
 # Exports EVENTPUSH_DATABASE_URL (the demo database) and EVENTPUSH_ADMIN_URL (a URL on the
 # same server with the right to create databases, which the tests use for their own).
 
@@ -51,18 +52,29 @@ PY
   echo "$want" > "$stamp"
 }
 
-setup_system_packages() {
-  # Java and the JDBC driver for Spark; chromium for the dashboard's browser test; curl for
-  # the Airflow launcher; nats-server for the NATS bus tests (each starts its own, with
-  # JetStream, on a free loopback port); wrk for bench/api.py (it replays one pre-signed
-  # request). Only what is missing is installed, in one apt run.
-  local missing=()
+missing_packages() {
+  # The Debian packages that $1 needs and are not installed, one a line. demo: Java and the
+  # JDBC driver for Spark. airflow (./dev airflow, ./dev cluster): curl for the launcher too.
+  # test: also nats-server for the NATS bus tests (each starts its own, with JetStream, on a
+  # free loopback port), chromium for the dashboard's browser test, wrk for bench/api.py.
+  local purpose="$1" missing=()
   command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
   [ -f "$JDBC_JAR" ] || missing+=(libpostgresql-jdbc-java)
-  command -v chromium >/dev/null || missing+=(chromium)
-  command -v curl >/dev/null || missing+=(curl)
-  command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
-  command -v wrk >/dev/null || missing+=(wrk)
+  if [ "$purpose" != demo ]; then
+    command -v curl >/dev/null || missing+=(curl)
+  fi
+  if [ "$purpose" = test ]; then
+    command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
+    command -v chromium >/dev/null || missing+=(chromium)
+    command -v wrk >/dev/null || missing+=(wrk)  # bench/api.py replays a pre-signed request
+  fi
+  [ ${#missing[@]} -eq 0 ] || printf '%s\n' "${missing[@]}"
+}
+
+setup_system_packages() {
+  # Only what $1 (demo, airflow or test) needs and is missing, in one apt run.
+  local missing
+  mapfile -t missing < <(missing_packages "$1")
   [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
   export EVENTPUSH_JDBC_JAR="${EVENTPUSH_JDBC_JAR:-$JDBC_JAR}"
 }
@@ -177,8 +189,9 @@ setup_spark_pyenv() {
 }
 
 setup_all() {
+  # $1: what it is for (demo, airflow or test: the default, everything).
   setup_venv
-  setup_system_packages
+  setup_system_packages "${1:-test}"
   setup_postgres
   setup_secret_key
   setup_spark_pyenv

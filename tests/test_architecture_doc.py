@@ -146,7 +146,7 @@ def test_resolve_tells_real_names_from_made_up_ones() -> None:
     assert resolve("eventpush.push.store.no_such_function") is not None
     assert resolve("eventpush.no_such_module") is not None
     assert resolve("eventpush.migrations.env") is None
-    assert resolve("eventpush.airflow.push_slice.PushSliceOperator") is None
+    assert resolve("eventpush.airflow.push_slice.PushSliceSensor") is None
 
 
 def repository_files() -> list[Path]:

@@ -39,17 +39,26 @@ def test_every_dag_is_documented_tagged_and_owned(dagbag):
 
 
 def test_push_dag_shape(dagbag):
+    from airflow.sdk.bases.sensor import BaseSensorOperator
+
     from eventpush.airflow.push_slice import PUSH_SLICES
 
     dag = dagbag.dags["eventpush_push"]
-    assert type(dag.timetable).__name__ == "ContinuousTimetable"
-    assert dag.max_active_runs == 1
+    # runs every window, two at a time: the next run's slice is ready before this one ends
+    # (a continuous schedule allows one run at a time, which leaves a gap at each hand-over)
+    assert type(dag.timetable).__name__ == "DeltaTriggerTimetable"
+    assert dag.timetable.delta.total_seconds() == dag.params["slice_seconds"]
+    assert dag.max_active_runs == 2
     assert dag.is_paused_upon_creation is False
     assert dag.catchup is False
     # nothing but the worker list between two slices: every task costs hand-over time
     assert {t.task_id for t in dag.tasks} == {"list_workers", "push"}
     push = dag.get_task("push")
     assert push.operator_class.__module__ == "eventpush.airflow.push_slice"  # not in dags/
+    # a sensor to Airflow and its users (timeout, soft_fail, mode, the sensor views), whose
+    # wait is deferred to the triggerer
+    assert issubclass(push.operator_class, BaseSensorOperator)
+    assert push.partial_kwargs["soft_fail"] is True
     assert push.upstream_task_ids == {"list_workers"}
     assert push.outlets == [PUSH_SLICES]
 

@@ -210,3 +210,65 @@ def test_replays_are_listed_for_readers_with_their_outcome(api, conn, client, to
     assert "manual__ui-1" in replays_html and "target t0" in replays_html
     assert "all (dry run)" in replays_html and "bus orders" in replays_html
     assert "&lt;b&gt;too many&lt;/b&gt;" in replays_html  # errors are escaped, not markup
+
+
+def test_delivered_means_live_and_replayed_and_the_audit_line_sums_its_table(
+    api, conn, client, tokens
+):
+    runners = seed(conn, "http://127.0.0.1:9/ok", workers=("w1",))
+    runner = runners["w1"]
+    with conn.cursor() as cur:
+        cur.execute("SELECT id FROM event_target_runner WHERE name = %s", (runner,))
+        (rid,) = cur.fetchone()
+        # offset 0 delivered live; offset 1 failed live, then delivered by a replay; offset 2
+        # failed live and still open
+        cur.execute(
+            "UPDATE event_target_runner SET delivered_total = 1, failed_total = 2 WHERE id = %s",
+            (rid,),
+        )
+        for offset, origin in ((0, "live"), (1, "replay")):
+            cur.execute(
+                "INSERT INTO event_push_delivery (runner_id, consumer_group, topic_name, "
+                'queue_id, "offset", message_id, attempts, http_status, latency_ms, origin) '
+                "VALUES (%s, %s, 'orders', 0, %s, %s, 1, 200, 1.0, %s)",
+                (rid, runner, offset, f"m{offset}", origin),
+            )
+        for offset, status in ((1, "replayed"), (2, "failed")):
+            cur.execute(
+                "INSERT INTO event_push_failure (runner_id, consumer_group, topic_name, "
+                'queue_id, "offset", message_id, attempts, last_error, status) '
+                "VALUES (%s, %s, 'orders', 0, %s, %s, 3, 'HTTP 503', %s)",
+                (rid, runner, offset, f"m{offset}", status),
+            )
+        # the audit of the same records: two delivered, one failed
+        audited = {"runner": runner, "expected": 3, "delivered": 2, "failed": 1}
+        audited.update(missing=0, pending=0, duplicates=0)
+        cur.execute(
+            "INSERT INTO event_audit_report (bus, expected, delivered, failed, missing, "
+            "pending, duplicates, runners) VALUES ('orders', 3, 2, 1, 0, 0, 0, %s)",
+            (json.dumps([audited]),),
+        )
+    conn.commit()
+    (status,) = api("GET", "status").json()["runners"]
+    assert (status["delivered"], status["replayed"], status["failed"]) == (2, 1, 1)
+    assert (status["delivered"], status["failed"]) == (audited["delivered"], audited["failed"])
+    assert status["open_failures"] == 1 and status["delivered_live"] == 1
+
+    def page_part(heading: str) -> str:
+        page = client.get(
+            "/eventpush/dashboard", headers={"Authorization": f"Bearer {tokens['viewer']}"}
+        ).text
+        return page.split(f"<h2>{heading}</h2>", 1)[1].split("<h2>", 1)[0]
+
+    cells = page_part("Runners").split("<td>")
+    assert [c.split("</td>")[0] for c in cells[7:10]] == ["2", "1", '<span class="bad">1</span>']
+    assert "nothing missing" in page_part("Last audit")
+    # an audit without runners in its scope says so, and never a count the table lacks
+    with conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO event_audit_report (bus, expected, delivered, failed, missing, "
+            "pending, duplicates, runners) VALUES ('orders', 0, 0, 0, 3, 0, 0, '[]')"
+        )
+    conn.commit()
+    last = page_part("Last audit")
+    assert "missing" not in last.split("<table>")[0] and "no runner in its scope" in last

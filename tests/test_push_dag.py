@@ -19,7 +19,8 @@ from tests.airflow_fixtures import REPO, StandaloneWorker, order_events, seed, w
 pytest_plugins = ["tests.airflow_fixtures"]
 
 # A slice pushes for its whole budget: short here, and the events are published before it.
-CONF = {"slice_seconds": 3, "wait_timeout_s": 5}
+# No successor comes in a test's one run: a slice stops at its window, not hand_over_s after.
+CONF = {"slice_seconds": 3, "hand_over_s": 0}
 
 
 def _load(name: str):
@@ -237,9 +238,9 @@ def test_check_names_an_offset_that_moved_backwards(conn, db_url):
 
 
 def test_trigger_wakes_on_publish_and_ends_quietly_without_work(conn, airflow_conn_env):
-    from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
+    from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferred
 
-    from eventpush.airflow.push_slice import PushSliceOperator
+    from eventpush.airflow.push_slice import PushSliceSensor
     from eventpush.airflow.triggers import WorkerWorkTrigger, worker_has_work
 
     seed(conn, "http://127.0.0.1:9/ok", workers=("w1",))
@@ -254,9 +255,9 @@ def test_trigger_wakes_on_publish_and_ends_quietly_without_work(conn, airflow_co
     quiet = asyncio.run(first_event(WorkerWorkTrigger(**kwargs)))
     assert quiet["status"] == "timeout" and time.monotonic() - started < 5
 
-    # without work the push task defers to the trigger rather than hold its slot, for no
-    # longer than its wait timeout or what is left of the run's window
-    op = PushSliceOperator(task_id="s", worker="w1", slice_seconds=60, wait_timeout=30)
+    # without work the push sensor defers to the trigger rather than hold its slot, for no
+    # longer than its timeout or what is left of the run's window
+    op = PushSliceSensor(task_id="s", worker="w1", slice_seconds=60, timeout=30)
     run_started = datetime.now(UTC) - timedelta(seconds=50)
     context = {"dag_run": SimpleNamespace(start_date=run_started)}
     with pytest.raises(TaskDeferred) as deferred:
@@ -264,8 +265,13 @@ def test_trigger_wakes_on_publish_and_ends_quietly_without_work(conn, airflow_co
     assert isinstance(deferred.value.trigger, WorkerWorkTrigger)
     assert deferred.value.method_name == "execute_complete"
     assert 8 < deferred.value.trigger.timeout <= 10
+    # a timeout is a sensor timeout: failed, or skipped with soft_fail, as Airflow resumes it
+    timed_out = {"event": {"status": "timeout", "worker": "w1"}}
+    with pytest.raises(AirflowSensorTimeout):
+        op.resume_execution("execute_complete", timed_out, context)
+    op.soft_fail = True
     with pytest.raises(AirflowSkipException):
-        op.execute_complete(context, {"status": "timeout", "worker": "w1"})
+        op.resume_execution("execute_complete", timed_out, context)
     # a window already over: nothing to wait for in this run
     late = {"dag_run": SimpleNamespace(start_date=run_started - timedelta(seconds=60))}
     with pytest.raises(AirflowSkipException, match="window"):
@@ -292,7 +298,7 @@ def test_without_work_the_push_tasks_defer_and_the_run_ends_quietly(
 ):
     seed(conn, "http://127.0.0.1:9/ok")
     started = time.monotonic()
-    run = push_dag.test(run_conf={"slice_seconds": 30, "wait_timeout_s": 2})
+    run = push_dag.test(run_conf={"slice_seconds": 2, "hand_over_s": 0})
     states = _states(run)
     assert str(run.state) == "success", states
     assert states["push"] == ["skipped", "skipped"], states
@@ -305,10 +311,82 @@ def test_a_worker_without_work_does_not_hold_back_the_run(push_dag, conn, airflo
         seed(conn, f"{rx.url}/ok", workers=("w2",), bus="quiet")
         publish(conn, "orders", order_events(3))
         started = time.monotonic()
-        run = push_dag.test(run_conf={"slice_seconds": 4, "wait_timeout_s": 300})
+        run = push_dag.test(run_conf={"slice_seconds": 4, "hand_over_s": 0})
         took = time.monotonic() - started
     states = _states(run)
     assert str(run.state) == "success", states
     assert sorted(states["push"]) == ["skipped", "success"], states
-    # w2 waits for what is left of the run's 4 s window, not for its 300 s wait timeout
+    # w2 waits for what is left of the run's 4 s window, not for its 120 s sensor timeout
     assert took < 60
+
+
+def test_the_next_slice_takes_over_the_moment_the_previous_one_lets_go(conn, db_url):
+    from eventpush.airflow.push_slice import push_slice
+    from eventpush.airflow.triggers import HAND_OVER, slice_due
+
+    with Receiver() as rx:
+        seed(conn, f"{rx.url}/ok", workers=("w1",))
+        results: list[dict] = [{}, {}]
+        ended = [0.0, 0.0]
+
+        def run(i: int, budget_s: float, hand_over_s: float) -> None:
+            results[i].update(push_slice("w1", db_url, budget_s, hand_over_s=hand_over_s))
+            ended[i] = time.monotonic()
+
+        started = time.monotonic()
+        first = threading.Thread(target=run, args=(0, 2.0, 30.0))
+        first.start()
+        wait_for(lambda: slice_due(db_url, "w1") == HAND_OVER, what="the first slice's lease")
+        # the next slice starts while the first pushes, and waits for the lease
+        second = threading.Thread(target=run, args=(1, 10.0, 0.0))
+        second.start()
+        n = 0
+        # a steady stream across the hand-over, and on for a second after it
+        while time.monotonic() - started < 4.5 or not ended[0] or time.monotonic() < ended[0] + 1:
+            assert time.monotonic() - started < 30, "the first slice never handed over"
+            event = {"source": "app.orders", "detail-type": "t", "detail": {"n": n}}
+            publish(conn, "orders", [json.dumps(event)])
+            n += 1
+            time.sleep(0.02)
+        first.join(30)
+        second.join(30)
+        got = [json.loads(r.body)["detail"]["n"] for r in rx.state.delivered("/ok")]
+    # the first stopped once its window was over and the next one waited, not 30 s later
+    assert ended[0] - started < 12
+    assert sorted(got) == list(range(n))  # nothing lost, no copies
+    reports = [r["report"] for r in results]
+    assert reports[0]["delivered"] > 0 and reports[1]["delivered"] > 0
+    assert reports[0]["delivered"] + reports[1]["delivered"] == n
+    # the successor's "before" is where the first one ended: each slice's check sees its own
+    assert results[1]["before"]["offsets"] == results[0]["after"]["offsets"]
+    assert results[1]["before"]["runners"] == results[0]["after"]["runners"]
+
+
+def test_the_push_sensor_pokes_and_times_out_like_any_sensor(conn, airflow_conn_env):
+    from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException
+
+    from eventpush.airflow.push_slice import PushSliceSensor
+
+    seed(conn, "http://127.0.0.1:9/ok", workers=("w1",))
+    context = {"dag_run": SimpleNamespace(start_date=datetime.now(UTC))}
+    poking = {"task_id": "s", "worker": "w1", "slice_seconds": 60, "deferrable": False}
+    op = PushSliceSensor(**poking, mode="poke", poke_interval=0.2, timeout=1)
+    with pytest.raises(AirflowSensorTimeout):
+        op.execute(context)
+    op = PushSliceSensor(**poking, mode="poke", poke_interval=0.2, timeout=1, soft_fail=True)
+    with pytest.raises(AirflowSkipException):
+        op.execute(context)
+
+
+def test_a_one_off_run_until_idle_ends_when_the_work_is_done(push_dag, conn, airflow_conn_env):
+    with Receiver() as rx:
+        seed(conn, f"{rx.url}/ok", workers=("w1",))
+        publish(conn, "orders", order_events(5))
+        started = time.monotonic()
+        run = push_dag.test(run_conf={"slice_seconds": 600, "until_idle": True})
+        took = time.monotonic() - started
+        assert len(rx.state.delivered("/ok")) == 5
+    states = _states(run)
+    assert str(run.state) == "success", states
+    assert states["push"] == ["success"], states
+    assert took < 300  # the work's few seconds, not the 600 s window (nor its hand-over)

@@ -234,6 +234,38 @@ def test_second_copy_of_a_worker_is_refused(conn, rx, db_url):
     run_worker("w1", until_idle=True, max_seconds=5)
 
 
+def test_a_waiting_copy_takes_the_lease_the_moment_it_is_let_go(conn, rx, db_url):
+    from eventpush.push import HandOver
+    from eventpush.push.store import lease_holder, lease_wanted, release_lease, take_lease
+
+    setup_runner(conn, rx, "/ok")
+    wid = rows(conn, "SELECT id FROM event_push_worker")[0][0]
+    holder = psycopg2.connect(db_url, application_name="holder")
+    try:
+        take_lease(holder, "w1", wid)
+        assert lease_holder(conn, wid) == "holder" and not lease_wanted(conn, wid)
+        # a wait shorter than the hold: refused as before, after the wait
+        with pytest.raises(WorkerBusyError, match="already running"):
+            run_worker("w1", until_idle=True, hand_over=HandOver(lease_wait_s=0.3))
+        result = {}
+        waiting = HandOver(lease_wait_s=30, on_lease=lambda: result.update(at=time.monotonic()))
+        thread = threading.Thread(
+            target=lambda: result.update(report=run_worker("w1", max_seconds=3, hand_over=waiting))
+        )
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not lease_wanted(conn, wid):  # the copy waits in the lock queue
+            assert time.monotonic() < deadline, "the copy never waited for the lease"
+            time.sleep(0.05)
+        released = time.monotonic()
+        release_lease(holder, wid)
+        thread.join(30)
+    finally:
+        holder.close()
+    assert result["report"].worker == "w1"
+    assert result["at"] - released < 5  # granted on release, not at the end of its wait
+
+
 def test_pause_reaches_a_running_worker(conn, rx, db_url):
     runner = setup_runner(conn, rx, "/ok")
     result = {}

@@ -114,3 +114,24 @@ def test_the_lock_pins_every_package_by_hash_and_setup_requires_them():
     unhashed = [b.split(" ", 1)[0] for b in pins if "--hash=sha256:" not in b]
     assert unhashed == []
     assert "--require-hashes" in (REPO / "scripts" / "setup.sh").read_text()
+
+
+def _missing_packages(purpose: str) -> list[str]:
+    """What setup.sh would install for ``purpose`` on a machine that has none of it (no
+    command on PATH, no JDBC jar)."""
+    script = 'source "$ROOT/scripts/setup.sh"; JDBC_JAR=/nonexistent; PATH=/nonexistent; '
+    script += f"missing_packages {purpose}"
+    env = {**os.environ, "ROOT": str(REPO)}
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_the_demo_installs_what_it_needs_and_the_browser_is_for_the_tests():
+    demo, tests = _missing_packages("demo"), _missing_packages("test")
+    assert demo == ["openjdk-17-jre-headless", "libpostgresql-jdbc-java"]
+    assert set(demo) < set(tests) and "chromium" in tests
+    assert "chromium" not in _missing_packages("airflow")
+    commands = (REPO / "dev").read_text()
+    assert re.search(r"\n  demo\)\n    setup_all demo\n", commands)
+    assert re.search(r"\n  test\)\n    setup_all test\n", commands)

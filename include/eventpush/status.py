@@ -2,6 +2,13 @@
 
 Per runner and queue: ``lag = max offset - committed``, ``in_flight = pulled - committed``,
 ``waiting = max offset - pulled``; a runner's figures are the sums over its bus's queues.
+
+One vocabulary with the audit (``sparkjobs.audit``) and the demo: ``delivered`` counts
+deliveries to the target, live and by replay (``replayed`` is the part by replay);
+``failed`` counts records that stand failed now (open failures and records a replay could
+not deliver either; a failure later replayed is delivered, no longer failed);
+``open_failures`` those a replay may still take. The engine's own counter of live
+deliveries and failures is ``delivered_live`` and ``failed_live``.
 """
 
 from __future__ import annotations
@@ -21,7 +28,11 @@ SELECT r.name, w.name, r.state, b.name,
        r.delivered_total, r.failed_total,
        (SELECT count(*) FROM event_push_failure f
          WHERE f.runner_id = r.id AND f.status = 'failed') AS open_failures,
-       r.generation
+       r.generation,
+       (SELECT count(*) FROM event_push_delivery d
+         WHERE d.runner_id = r.id AND d.origin = 'replay') AS replayed,
+       (SELECT count(*) FROM event_push_failure f
+         WHERE f.runner_id = r.id AND f.status IN ('failed', 'dead')) AS failed_now
 FROM event_target_runner r
 JOIN event_target t ON t.id = r.target_id
 JOIN event_rule ru ON ru.id = t.rule_id
@@ -83,9 +94,12 @@ def read_status(conn: Connection) -> dict:
             "lag": lag,
             "in_flight": in_flight,
             "waiting": waiting,
-            "delivered": delivered,
-            "failed": failed,
+            "delivered": delivered_live + replayed,
+            "replayed": replayed,
+            "failed": failed_now,
             "open_failures": open_failures,
+            "delivered_live": delivered_live,
+            "failed_live": failed_live,
             "generation": generation,
         }
         for (
@@ -96,10 +110,12 @@ def read_status(conn: Connection) -> dict:
             lag,
             in_flight,
             waiting,
-            delivered,
-            failed,
+            delivered_live,
+            failed_live,
             open_failures,
             generation,
+            replayed,
+            failed_now,
         ) in runner_rows
     ]
     return {"workers": workers, "runners": runners}

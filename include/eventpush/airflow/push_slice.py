@@ -1,15 +1,22 @@
-"""What the push DAG runs: the workers it maps over, ``PushSliceOperator`` (wait for work
-deferred, then one bounded slice of a worker), and the asset through which each slice hands
-its check to the ``eventpush_push_checks`` DAG.
+"""What the push DAG runs: the workers it maps over, ``PushSliceSensor`` (a deferrable sensor
+whose wait is in the triggerer and which, once its condition holds, runs one slice of the
+worker itself), and the asset through which each slice hands its check to the
+``eventpush_push_checks`` DAG.
 
-The wait and the slice are one task, not a sensor and a task after it: at a steady stream of
-events the worker has work when a run starts, and every task Airflow starts costs seconds of
-scheduling and process start, which is the hand-over between two slices.
+The sensor runs the slice rather than a task after it: every task Airflow starts costs
+seconds of scheduling and process start, and at a steady stream of events the condition
+holds at the first poke, so the wait costs nothing and the slice starts at once.
+
+Make before break: runs of the push DAG overlap, and a slice starts while the previous slice
+of its worker still pushes. It waits for the worker's lease in PostgreSQL's lock queue (an
+advisory lock, granted the moment the holder lets go); the previous slice, once its window
+is over, stops as soon as it sees a successor waiting. So the worker is handed from one
+slice to the next in the time the old one takes to commit and the new one to read its
+assignment, not the seconds Airflow takes to start a task.
 
 The check of a slice runs off the push path: the push task records the slice (its report and
 the before and after snapshots) as the ``extra`` of an event on ``PUSH_SLICES``, and the
-checks DAG, scheduled on that asset, checks every slice whose event triggered its run. So the
-next push run starts as soon as a slice ends, and a broken slice still fails a DAG run.
+checks DAG, scheduled on that asset, checks every slice whose event triggered its run.
 """
 
 from __future__ import annotations
@@ -18,15 +25,16 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from airflow.sdk import Asset, BaseOperator
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk import Asset
+from airflow.sdk.bases.sensor import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException
 
 from eventpush.airflow.connection import CONN_ID, database_url
 from eventpush.airflow.triggers import (
     DEFAULT_POLL_S,
-    DEFAULT_TIMEOUT_S,
+    ELSEWHERE,
     WorkerWorkTrigger,
-    worker_has_work,
+    slice_due,
 )
 from eventpush.db import connection, transaction
 from eventpush.metrics import metrics_port
@@ -46,6 +54,10 @@ SLICE_KEYS = ("report", "before", "after")
 # Work found at the very end of a run's window still gets a slice worth the task's start-up
 # (it is waiting already); the run then ends a little after its window.
 MIN_SLICE_S = 5.0
+# After its window a slice goes on pushing until the next slice waits for the lease, at most
+# this long: the successor is late only when the scheduler is (a run started late, a busy
+# machine), and until it comes the worker keeps pushing rather than idling.
+HAND_OVER_S = 60.0
 
 
 def push_workers(url: str) -> list[str]:
@@ -56,30 +68,51 @@ def push_workers(url: str) -> list[str]:
         return [name for (name,) in cur.fetchall()]
 
 
-def push_slice(worker: str, url: str, budget_s: float) -> dict:
-    """One slice of ``worker``'s push loop for its whole ``budget_s``, between two snapshots
-    for the check: ``{"report": {...}, "before": {...}, "after": {...}}``.
+def push_slice(
+    worker: str,
+    url: str,
+    budget_s: float,
+    *,
+    hand_over_s: float = 0.0,
+    until_idle: bool = False,
+) -> dict:
+    """One slice of ``worker``'s push loop, between two snapshots for the check:
+    ``{"report": {...}, "before": {...}, "after": {...}}``.
 
-    The engine is not stopped when it runs out of work: it waits on publish notifications, so
-    an event published during the slice is pushed within milliseconds rather than in the next
-    slice. Raises the engine's ``WorkerBusyError`` when another process holds the lease.
+    The slice waits up to ``budget_s`` for the worker's lease (a previous slice letting go),
+    pushes until ``budget_s`` has passed, then goes on for up to ``hand_over_s`` more until
+    the next slice waits for the lease. With ``until_idle`` it ends as soon as the worker has
+    nothing left to do (one-off runs: the demo). The engine is not stopped when it runs out
+    of work: it waits on publish notifications, so an event published during the slice is
+    pushed within milliseconds. The "before" snapshot is taken once the lease is held, so it
+    does not count what the previous slice still pushed. Raises the engine's
+    ``WorkerBusyError`` when the lease stays held elsewhere.
     """
     # Deferred: the push runtime (pyreqwest, uvloop, the engine) loads only when a worker runs.
-    from eventpush.push import run_worker
+    from eventpush.push import HandOver, run_worker
+    from eventpush.push.store import SLICE_APP
 
     with connection(url) as conn:
-        before = snapshot(conn, worker)
+        taken: dict = {}
+        hand_over = HandOver(
+            lease_wait_s=budget_s,
+            yield_after_s=None if until_idle else budget_s,
+            on_lease=lambda: taken.update(before=snapshot(conn, worker)),
+            application_name=SLICE_APP,
+        )
         # With EVENTPUSH_METRICS_PORT set the slice serves /metrics while it runs; slices
         # of other workers on the same host find the port taken and run without (warned).
         report = run_worker(
             worker,
-            max_seconds=budget_s,
+            max_seconds=budget_s + hand_over_s,
+            until_idle=until_idle,
             url=url,
             metrics_port=metrics_port(None),
             metrics_required=False,
+            hand_over=hand_over,
         )
         after = snapshot(conn, worker)
-    return {"report": report.as_dict(), "before": before, "after": after}
+    return {"report": report.as_dict(), "before": taken["before"], "after": after}
 
 
 def slices_to_check(events: Iterable[Any]) -> list[dict]:
@@ -107,23 +140,27 @@ def slices_to_check(events: Iterable[Any]) -> list[dict]:
     return slices
 
 
-class PushSliceOperator(BaseOperator):
-    """Push one slice of ``worker``, waiting for work first without holding a worker slot.
+class PushSliceSensor(BaseSensorOperator):
+    """Wait until ``worker`` has something to push, then push one slice of it.
 
-    Every push task of a run ends by the same moment, the run's start plus ``slice_seconds``
-    (the run's window), so a worker that waits for work never holds back the next slice of a
-    busy one: the run, and with it the hand-over to the next run, ends on time.
+    The condition (``slice_due``): the worker has work (new events or retries due), or a
+    previous slice of the DAG holds its lease (this one takes over from it, make before
+    break). When it holds, the sensor runs the slice itself (``push_slice``) and returns the
+    slice's counts (its XCom); it records the slice (counts and snapshots) as the ``extra``
+    of an event on ``PUSH_SLICES`` (which must be among its ``outlets``). When the lease is
+    held by something else (a standalone ``eventpush worker run``), it skips.
 
-    It checks once for work (new events or retries due); without any it defers to
-    ``WorkerWorkTrigger`` in the triggerer until work comes, the window ends or
-    ``wait_timeout`` passes (then it skips: the run ends quietly and the continuous schedule
-    starts the next). With work, it runs the push engine for the rest of the window (at
-    least ``MIN_SLICE_S``) under the worker's lease, returns the engine's counts and records
-    the slice (counts and snapshots) as the ``extra`` of an event on ``PUSH_SLICES`` (which
-    must be among its ``outlets``). It skips when the lease is held elsewhere.
+    A sensor in every way Airflow knows: ``deferrable`` (the default) hands the wait to
+    ``WorkerWorkTrigger`` in the triggerer, no worker slot held; otherwise ``mode`` poke or
+    reschedule poke every ``poke_interval``. ``timeout`` bounds the wait for work, and so does
+    the run's window (``slice_seconds`` after the run started: there is nothing to wait for
+    in this run after it, the next run has its own sensor); ``soft_fail`` turns a timeout
+    into a skip. The slice pushes until the window ends, then until the next run's slice
+    waits for the lease (at most ``hand_over_s`` more); with ``until_idle``, until the worker
+    has nothing left to do.
     """
 
-    template_fields = ("worker", "slice_seconds", "wait_timeout")
+    template_fields = ("worker", "slice_seconds", "hand_over_s", "until_idle")
     ui_color = "#e8f4ff"
 
     def __init__(
@@ -131,16 +168,19 @@ class PushSliceOperator(BaseOperator):
         *,
         worker: str,
         slice_seconds: float | str,
-        wait_timeout: float | str = DEFAULT_TIMEOUT_S,
-        poll_interval: float = DEFAULT_POLL_S,
+        hand_over_s: float | str = HAND_OVER_S,
+        until_idle: bool | str = False,
+        deferrable: bool = True,
         conn_id: str = CONN_ID,
+        poke_interval: float = DEFAULT_POLL_S,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(poke_interval=poke_interval, **kwargs)
         self.worker = worker
         self.slice_seconds = slice_seconds
-        self.wait_timeout = wait_timeout
-        self.poll_interval = poll_interval
+        self.hand_over_s = hand_over_s
+        self.until_idle = until_idle
+        self.deferrable = deferrable
         self.conn_id = conn_id
 
     def window_left(self, context: Any) -> float:
@@ -148,35 +188,66 @@ class PushSliceOperator(BaseOperator):
         started = context["dag_run"].start_date.timestamp()
         return started + float(self.slice_seconds) - time.time()
 
-    def execute(self, context: Any) -> dict:
-        if worker_has_work(database_url(self.conn_id), self.worker):
-            return self._push(context)
-        wait = min(float(self.wait_timeout), self.window_left(context))
+    def poke(self, context: Any) -> bool | PokeReturnValue:
+        from eventpush.airflow.connection import database_url
+
+        due = slice_due(database_url(self.conn_id), self.worker)
+        if due == ELSEWHERE:
+            raise AirflowSkipException(f"worker {self.worker!r} is pushed by another process")
+        if due is None:
+            if self.window_left(context) <= 0:
+                raise AirflowSkipException(
+                    f"no work for worker {self.worker!r} in this run's window"
+                )
+            return False
+        self.log.info("worker %s: %s, pushing a slice", self.worker, due)
+        return PokeReturnValue(True, self._push(context))
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        done = self.poke(context)
+        if done:
+            return done.xcom_value
+        self._defer(context)
+
+    def execute_complete(self, context: Any, event: dict | None = None) -> Any:
+        if not event or event.get("status") == "timeout":
+            waited = (event or {}).get("waited_s", "?")
+            raise AirflowSensorTimeout(f"no work for worker {self.worker!r} within {waited}s")
+        done = self.poke(context)  # the work may have gone meanwhile (pushed elsewhere)
+        if done:
+            return done.xcom_value
+        self._defer(context)
+
+    def _defer(self, context: Any) -> None:
+        wait = min(self.timeout, self.window_left(context))
         if wait <= 0:
             raise AirflowSkipException(f"no work for worker {self.worker!r} in this run's window")
         self.defer(
             trigger=WorkerWorkTrigger(
                 worker=self.worker,
                 timeout=wait,
-                poll_interval=self.poll_interval,
+                poll_interval=self.poke_interval,
                 conn_id=self.conn_id,
             ),
             method_name="execute_complete",
         )
-
-    def execute_complete(self, context: Any, event: dict | None = None) -> dict:
-        if not event or event.get("status") != "work":
-            waited = (event or {}).get("waited_s", "?")
-            raise AirflowSkipException(f"no work for worker {self.worker!r} within {waited}s")
-        return self._push(context)
 
     def _push(self, context: Any) -> dict:
         # Deferred: the push runtime (pyreqwest, uvloop, the engine) loads only when a worker runs.
         from eventpush.push import WorkerBusyError
 
         budget = max(MIN_SLICE_S, self.window_left(context))
+        until_idle = str(self.until_idle).lower() in ("true", "1")
         try:
-            result = push_slice(self.worker, database_url(self.conn_id), budget)
+            result = push_slice(
+                self.worker,
+                database_url(self.conn_id),
+                budget,
+                hand_over_s=float(self.hand_over_s),
+                until_idle=until_idle,
+            )
         except WorkerBusyError as exc:
             raise AirflowSkipException(
                 f"worker {self.worker!r} is pushed elsewhere: {exc}"

@@ -1,15 +1,17 @@
-"""The push DAG's wait: an async trigger that fires when a worker has work.
+"""The push DAG's wait: an async trigger that fires when a worker's slice is due.
 
-``WorkerWorkTrigger`` runs in the triggerer. It fires as soon as a running runner of its worker
-has something to do (``status.has_work``: new events or records handed back for retry), and
-otherwise ends quietly with a ``timeout`` event after ``timeout`` seconds. No database call
-blocks the event loop: connecting and querying go through ``asyncio.to_thread``, and publish
-notifications (``pg_notify('eventpush_publish', bus_id)``) are read from the socket with
+``WorkerWorkTrigger`` runs in the triggerer. It fires as soon as ``slice_due`` says a slice of
+its worker should run: a running runner has something to do (``status.has_work``: new events
+or records handed back for retry), or a slice of the DAG holds the worker's lease (the next
+slice takes over from it), or another process does (the sensor then skips). Otherwise it ends
+quietly with a ``timeout`` event after ``timeout`` seconds. No database call blocks the event
+loop: connecting and querying go through ``asyncio.to_thread``, and publish notifications
+(``pg_notify('eventpush_publish', bus_id)``) are read from the socket with
 ``loop.add_reader``, so a publish wakes the trigger at once; ``poll_interval`` is the
-fallback for due retries and missed notifications.
+fallback for due retries, missed notifications and a slice taking the lease.
 
-``eventpush.airflow.push_slice.PushSliceOperator`` checks once with ``worker_has_work`` in its
-worker slot (cheap, and free when work is already waiting) and otherwise defers to the trigger.
+``eventpush.airflow.push_slice.PushSliceSensor`` pokes once with ``slice_due`` in its worker
+slot (cheap, and free when the slice is due already) and otherwise defers to the trigger.
 """
 
 from __future__ import annotations
@@ -34,11 +36,32 @@ DEFAULT_POLL_S = 5.0
 log = logging.getLogger(__name__)
 
 
+WORK = "work"  # the worker has events to push or retries due
+HAND_OVER = "hand-over"  # a slice of the DAG pushes it: the next one takes over
+ELSEWHERE = "elsewhere"  # another process (a standalone worker) holds its lease
+
+
 def worker_has_work(url: str, worker: str) -> bool:
     """Whether a running runner of ``worker`` has events past its committed offset or retries
     due (one query)."""
     with connection(url) as conn:
         return has_work(conn, worker)
+
+
+def slice_due(url: str, worker: str) -> str | None:
+    """Why a slice of ``worker`` should run now (``HAND_OVER``, ``WORK``), ``ELSEWHERE`` when
+    a process other than a push slice holds its lease, or None when nothing is to be done."""
+    from eventpush.db import connection
+    from eventpush.push.store import SLICE_APP, lease_holder, worker_id
+    from eventpush.status import has_work
+
+    with connection(url) as conn:
+        holder = lease_holder(conn, worker_id(conn, worker))
+        if holder == SLICE_APP:
+            return HAND_OVER
+        if holder is not None:
+            return ELSEWHERE
+        return WORK if has_work(conn, worker) else None
 
 
 def _listen(url: str):
@@ -50,8 +73,8 @@ def _listen(url: str):
 
 
 class WorkerWorkTrigger(BaseTrigger):
-    """Fires ``{"status": "work", "worker": W}`` once ``W`` has work, or
-    ``{"status": "timeout", ...}`` after ``timeout`` seconds without any."""
+    """Fires ``{"status": S, "worker": W}`` once a slice of ``W`` is due (``S``: what
+    ``slice_due`` said), or ``{"status": "timeout", ...}`` after ``timeout`` seconds."""
 
     def __init__(
         self,
@@ -101,10 +124,11 @@ class WorkerWorkTrigger(BaseTrigger):
         try:
             while True:
                 woken.clear()
-                if await asyncio.to_thread(worker_has_work, url, self.worker):
+                due = await asyncio.to_thread(slice_due, url, self.worker)
+                if due is not None:
                     yield TriggerEvent(
                         {
-                            "status": "work",
+                            "status": due,
                             "worker": self.worker,
                             "waited_s": round(time.monotonic() - started, 3),
                         }

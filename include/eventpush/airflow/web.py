@@ -181,6 +181,7 @@ def render_live(conn, minutes: int = 60) -> str:
             r["in_flight"],
             r["waiting"],
             r["delivered"],
+            r["replayed"],
             f'<span class="bad">{r["failed"]}</span>' if r["failed"] else "0",
             "-" if r["latest_metric"]["p99_ms"] is None else f"{r['latest_metric']['p99_ms']:.1f}",
             _button("resume" if r["state"] == "PAUSED" else "pause", "runner", r["runner"]),
@@ -201,29 +202,20 @@ def render_live(conn, minutes: int = 60) -> str:
     ]
     if audits:
         a = audits[0]
+        audit_keys = ("expected", "delivered", "failed", "missing", "pending", "duplicates")
+        rows = [[r.get("runner"), *(r.get(k) or 0 for k in audit_keys)] for r in a["runners"] or []]
+        # The line says what the table shows, summed from its very rows: they cannot disagree.
+        missing = sum(row[4] for row in rows)
         verdict = (
-            f'<span class="bad">{a["missing"]} missing</span>'
-            if a["missing"]
+            f'<span class="bad">{missing} missing</span>'
+            if missing
             else '<span class="ok">nothing missing</span>'
+            if rows
+            else '<span class="muted">no runner in its scope</span>'
         )
         audit_html = (
             f"<p>{html.escape(str(a['created_at'])[:19])} · bus {html.escape(a['bus'] or 'all')}"
-            f" · {verdict}</p>"
-            + _table(
-                ["runner", "expected", "delivered", "failed", "missing", "pending", "duplicates"],
-                [
-                    [
-                        r.get("runner"),
-                        r.get("expected"),
-                        r.get("delivered"),
-                        r.get("failed"),
-                        r.get("missing"),
-                        r.get("pending"),
-                        r.get("duplicates"),
-                    ]
-                    for r in (a["runners"] or [])
-                ],
-            )
+            f" · {verdict}</p>" + _table(["runner", *audit_keys], rows)
         )
     else:
         audit_html = '<p class="muted">no audit yet</p>'
@@ -248,7 +240,8 @@ def render_live(conn, minutes: int = 60) -> str:
 <h2>Workers</h2>{
         _table(["worker", "enabled", "heartbeat", "runners", "state", ""], worker_rows, {2, 5})
     }
-<h2>Runners</h2>{
+<h2>Runners</h2><p class="muted">delivered: live and by replay (of which replayed); failed:
+records that stand failed now, as the audit counts them</p>{
         _table(
             [
                 "runner",
@@ -258,12 +251,13 @@ def render_live(conn, minutes: int = 60) -> str:
                 "in flight",
                 "waiting",
                 "delivered",
+                "replayed",
                 "failed",
                 "p99 ms",
                 "",
             ],
             runner_rows,
-            {7, 9},
+            {8, 10},
         )
     }
 <h2>Open failures</h2>{

@@ -33,15 +33,12 @@ def status_cmd(as_json: bool) -> None:
             "yes" if w["alive"] else "no",
             w["heartbeat_at"] or "-",
         )
-    runners = Table(title="runners")
-    for col in ("runner", "worker", "state", "lag", "in flight", "waiting", "delivered", "failed"):
+    # delivered: live and by replay; failed: stands failed now (eventpush.status)
+    runners = Table(title="runners", caption="delivered: live and by replay (replayed)")
+    columns = ("lag", "in_flight", "waiting", "delivered", "replayed", "failed")
+    for col in ("runner", "worker", "state", *(c.replace("_", " ") for c in columns)):
         runners.add_column(col, justify="left" if col in ("runner", "worker", "state") else "right")
     for r in doc["runners"]:
-        runners.add_row(
-            r["runner"],
-            r["worker"] or "-",
-            r["state"],
-            *(str(r[k]) for k in ("lag", "in_flight", "waiting", "delivered", "failed")),
-        )
+        runners.add_row(r["runner"], r["worker"] or "-", r["state"], *(str(r[k]) for k in columns))
     out.print(workers)
     out.print(runners)

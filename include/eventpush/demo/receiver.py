@@ -222,7 +222,7 @@ class ReceiverProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        for _ in range(100):
+        for _ in range(300):  # 30 s: a loaded machine starts a Python process slowly
             try:
                 self.stats()
                 return

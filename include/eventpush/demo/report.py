@@ -48,9 +48,9 @@ def write_report(
         "Deliveries per runner",
         labels,
         {
-            "delivered": [r["delivered"] for r in runners],
+            "delivered (live and replayed)": [r["delivered"] for r in runners],
+            "of which replayed": [r["replayed"] for r in runners],
             "failed": [r["failed"] for r in runners],
-            "replayed": [r["replayed"] for r in runners],
         },
     )
     audit_labels = [r["runner"] for r in first_audit["runners"]]
@@ -82,7 +82,10 @@ def write_report(
 <code>eventpush_audit</code> and <code>eventpush_replay</code>, rebalanced by
 <code>eventpush_rebalance</code>. Written {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC.</p>
 <section><h2>Runners</h2>{delivery_chart}
-{_table(runners, ("runner", "worker", "delivered", "failed", "open", "replayed"))}</section>
+<p>As <code>eventpush status</code> and the audit count them: <b>delivered</b> live and by
+replay (<b>replayed</b> is the part by replay), <b>failed</b> what stands failed now,
+<b>open</b> the failures a replay may still take.</p>
+{_table(runners, ("runner", "worker", "delivered", "replayed", "failed", "open"))}</section>
 <section><h2>Audits</h2>{verdict}{audit_chart}
 <h3>Audit 1 (after the push)</h3>{_table(first_audit["runners"], ("runner", *AUDIT_KEYS))}
 <h3>Audit 2 (after the replay)</h3>{_table(second_audit["runners"], ("runner", *AUDIT_KEYS))}

@@ -3,9 +3,10 @@
 A realistic topology on the embedded default: one bus with four queues, rules for four teams
 in the EventBridge pattern language, targets served by the package's demo receiver (one
 healthy, one slow, one down until it recovers, one that refuses for good), tens of thousands
-of events published, then the real Airflow DAGs run one after another with
-``airflow dags test``: push, audit (which finds the failures), replay once the flaky target
-recovers, audit again (clean), rebalance onto a new worker. It prints what happened as tables
+of events published, then the real Airflow DAGs run one after another with ``DAG.test()``
+(what ``airflow dags test`` runs), all in one Airflow process (``demo.dag_runs``): push (until
+the work is done), audit (which finds the failures), replay once the flaky target recovers,
+audit again (clean), rebalance onto a new worker. It prints what happened as tables
 and writes an HTML report with charts. Nothing is left running.
 """
 
@@ -15,8 +16,6 @@ import argparse
 import json
 import os
 import random
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,6 +26,7 @@ from rich.table import Table
 
 from eventpush import catalog
 from eventpush.config import allow_loopback_receiver
+from eventpush.demo.dag_runs import DagRuns
 from eventpush.demo.receiver import ReceiverProcess
 from eventpush.demo.report import write_report
 from eventpush.publish import publish
@@ -154,49 +154,41 @@ def airflow_env(url: str) -> dict[str, str]:
     }
 
 
-def airflow(env: dict, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    airflow_bin = str(Path(sys.executable).with_name("airflow"))
-    proc = subprocess.run([airflow_bin, *args], env=env, capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
-        raise RuntimeError(f"airflow {' '.join(args[:3])} failed:\n{tail}")
-    return proc
-
-
-def dag_test(env: dict, dag_id: str, conf: dict, step: str) -> float:
+def dag_test(runs: DagRuns, dag_id: str, conf: dict, step: str) -> float:
+    """One real DAG run, as ``airflow dags test DAG_ID -c CONF`` would make it."""
     started = time.monotonic()
-    with console.status(f"[bold]{step}[/]: airflow dags test {dag_id}"):
-        airflow(env, "dags", "test", dag_id, "-c", json.dumps(conf))
+    with console.status(f"[bold]{step}[/]: dags test {dag_id}"):
+        runs.run(dag_id, conf)
     elapsed = time.monotonic() - started
     console.print(f"[green]✓[/] {step} ({dag_id}, {elapsed:.0f} s)")
     return elapsed
 
 
 def runner_table(conn, title: str) -> list[dict]:
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT r.name, w.name, r.delivered_total, r.failed_total, "
-            "(SELECT count(*) FROM event_push_failure f WHERE f.runner_id = r.id "
-            " AND f.status = 'failed'), "
-            "(SELECT count(*) FROM event_push_delivery d WHERE d.runner_id = r.id "
-            " AND d.origin = 'replay') "
-            "FROM event_target_runner r LEFT JOIN event_push_worker w ON w.id = r.worker_id "
-            "ORDER BY r.name"
-        )
-        rows = [
-            dict(
-                zip(("runner", "worker", "delivered", "failed", "open", "replayed"), r, strict=True)
-            )
-            for r in cur.fetchall()
-        ]
-    table = Table(title=title)
-    for col in ("runner", "worker", "delivered", "failed", "open failures", "replayed"):
+    """The runners as ``eventpush status`` counts them (``eventpush.status``: delivered live
+    and by replay, the audit's vocabulary), printed and returned for the report."""
+    from eventpush.status import read_status
+
+    rows = [
+        {
+            "runner": r["runner"],
+            "worker": r["worker"],
+            "delivered": r["delivered"],
+            "replayed": r["replayed"],
+            "failed": r["failed"],
+            "open": r["open_failures"],
+        }
+        for r in read_status(conn)["runners"]
+    ]
+    conn.rollback()
+    table = Table(title=title, caption="delivered: live and by replay; failed: failed now")
+    for col in ("runner", "worker", "delivered", "of which replayed", "failed", "open failures"):
         table.add_column(col, justify="left" if col in ("runner", "worker") else "right")
     for r in rows:
         table.add_row(
             r["runner"],
             r["worker"] or "-",
-            *(f"{r[k]:,}" for k in ("delivered", "failed", "open", "replayed")),
+            *(f"{r[k]:,}" for k in ("delivered", "replayed", "failed", "open")),
         )
     console.print(table)
     return rows
@@ -237,9 +229,9 @@ def main() -> None:
     url = demo_database()
     console.print(f"demo database: [cyan]{DEMO_DB}[/] (migrated)")
     env = airflow_env(url)
-    with console.status("preparing Airflow's metadata database"):
-        airflow(env, "db", "migrate")
     receiver = ReceiverProcess(args.port)
+    # Airflow starts (and migrates its metadata database) while the shop is set up.
+    runs = DagRuns(env, Path(env["AIRFLOW_HOME"]) / "demo-dag-runs.log")
     try:
         conn = psycopg2.connect(url)
         catalog.create_bus(conn, "commerce", 4, "orders and payments of the demo shop")
@@ -262,19 +254,25 @@ def main() -> None:
             f"in {time.monotonic() - t:.1f} s over {len(result.offsets)} queues"
         )
 
-        timings["push"] = dag_test(env, "eventpush_push", {"slice_seconds": 120}, "push")
+        timings["push"] = dag_test(
+            runs,
+            "eventpush_push",
+            # one run, ended when the work is: no window to wait out, no next run to hand to
+            {"slice_seconds": 120, "hand_over_s": 0, "until_idle": True},
+            "push",
+        )
         runner_table(conn, "after the push")
         window = {
             "since": window_start.isoformat(),
             "until": (datetime.now(UTC) + timedelta(minutes=1)).isoformat(),
         }
-        timings["audit"] = dag_test(env, "eventpush_audit", {**window, "bus": "commerce"}, "audit")
+        timings["audit"] = dag_test(runs, "eventpush_audit", {**window, "bus": "commerce"}, "audit")
         first_audit = audit_table(conn, "audit 1: the failures are on the books, nothing missing")
 
         receiver.recover("/down")
         console.print("the [bold]risk[/] target has recovered")
         timings["replay"] = dag_test(
-            env,
+            runs,
             "eventpush_replay",
             {
                 "bus": "commerce",
@@ -287,17 +285,18 @@ def main() -> None:
         )
         runner_table(conn, "after the replay")
         timings["audit again"] = dag_test(
-            env, "eventpush_audit", {**window, "bus": "commerce"}, "audit again"
+            runs, "eventpush_audit", {**window, "bus": "commerce"}, "audit again"
         )
         second_audit = audit_table(conn, "audit 2")
 
         catalog.create_worker(conn, "w3")
         console.print("a new worker [bold]w3[/] joins")
-        timings["rebalance"] = dag_test(env, "eventpush_rebalance", {}, "rebalance")
+        timings["rebalance"] = dag_test(runs, "eventpush_rebalance", {}, "rebalance")
         final = runner_table(conn, "after the rebalance")
         stats = receiver.stats()
     finally:
         receiver.stop()
+        runs.close()
 
     path = write_report(
         Path(args.report), final, first_audit, second_audit, timings, stats, args.events

@@ -10,6 +10,7 @@ import importlib
 
 _LAZY = {
     "Engine": "eventpush.push.engine",
+    "HandOver": "eventpush.push.engine",
     "WorkerFailedError": "eventpush.push.engine",
     "WorkerReport": "eventpush.push.engine",
     "run_worker": "eventpush.push.engine",

@@ -53,6 +53,7 @@ from eventpush.sources import Bus, Reader
 log = logging.getLogger("eventpush.push")
 
 COMMIT_INTERVAL_S = 0.2
+HAND_OVER_LOOK_S = 0.05  # how often the supervisor looks; a successor waits at most this long
 CONTROL_INTERVAL_S = 2.0
 HEARTBEAT_INTERVAL_S = 5.0
 STOP_GRACE_S = 10.0
@@ -88,6 +89,24 @@ class WorkerFailedError(RuntimeError):
     """The worker stopped on an error it cannot wait out (said in one line)."""
 
 
+@dataclass(frozen=True)
+class HandOver:
+    """How a run of the worker takes the lease from, and gives it to, another process: make
+    before break, so the worker is never idle between two runs (the push DAG's slices).
+
+    ``lease_wait_s``: wait this long in PostgreSQL's lock queue for the holder to let go
+    (granted the moment it does) instead of failing at once. ``yield_after_s``: after this
+    long, stop as soon as another process waits for the lease (``max_seconds`` still ends
+    the run when none comes). ``on_lease``: called (in a thread) once the lease is taken,
+    before anything is pushed. ``application_name``: the lease session's, which tells who
+    holds the lease (``store.SLICE_APP`` for the DAG's slices)."""
+
+    lease_wait_s: float = 0.0
+    yield_after_s: float | None = None
+    on_lease: Callable[[], None] | None = None
+    application_name: str = "eventpush"
+
+
 @dataclass
 class WorkerReport:
     """What one run of a worker did."""
@@ -117,11 +136,13 @@ class Engine:
         progress: Callable[[dict], None] | None = None,
         metrics_port: int | None = None,
         metrics_required: bool = True,
+        hand_over: HandOver | None = None,
     ) -> None:
         self.worker = worker
         self.url = url
         self.until_idle = until_idle
         self.max_seconds = max_seconds
+        self.hand_over = hand_over or HandOver()
         self.progress = progress
         self.report = WorkerReport(worker)
         self.runners: dict[int, Runner] = {}
@@ -206,12 +227,24 @@ class Engine:
             await boot.call(sealed.check_stored, give_up_s=STARTUP_GIVE_UP_S)
         finally:
             boot.close()
-        self.lease = DbSlot(
-            self.url, lambda c: store.take_lease(c, self.worker, self.wid), **LEASE_KEEPALIVE
-        )
-        # Take the lease now or fail (waiting out a database that is slow to answer).
-        await self.lease.call(lambda c: None, give_up_s=STARTUP_GIVE_UP_S)
+        hand_over = self.hand_over
+        # Connected before the lease: a successor waiting for it starts pushing sooner.
         self.aux = DbSlot(self.url)
+        await self.aux.call(lambda c: None, give_up_s=STARTUP_GIVE_UP_S)
+        first = [True]  # only the first take waits and calls on_lease; a retake never does
+
+        def take(conn) -> None:
+            if not first[0]:
+                store.take_lease(conn, self.worker, self.wid)
+                return
+            store.take_lease(conn, self.worker, self.wid, hand_over.lease_wait_s)
+            first[0] = False
+            if hand_over.on_lease is not None:
+                hand_over.on_lease()
+
+        self.lease = DbSlot(
+            self.url, take, application_name=hand_over.application_name, **LEASE_KEEPALIVE
+        )
         self.sinks = sinks.Sinks()
         settings = WorkerSettings()
         self.cache = WindowCache(
@@ -237,13 +270,25 @@ class Engine:
             metrics=self.metrics,
         )
         self.lanes.runners = self.runners
-        background = [
-            self._spawn(self._committing(), "committer"),
+        self.background = background = []
+        # Everything that needs no lease is ready before it is taken (the source's reader
+        # listening, the rule engine imported), so a successor that waited for the lease
+        # pushes at once: its LISTEN also hears eventpush publish elsewhere.
+        self._open_source(sources.POSTGRES)
+        import eventpush.rules.patterns  # noqa: F401  (first used once runners are known)
+
+        try:
+            # Take the lease now or fail (waiting out a database that is slow to answer).
+            await self.lease.call(lambda c: None, give_up_s=STARTUP_GIVE_UP_S)
+        except BaseException:
+            await self._close_early(background)
+            raise
+        self.committing = self._spawn(self._committing(), "committer")
+        background += [
+            self.committing,
             self._spawn(self._heartbeat(), "heartbeat"),
             self._spawn(self._sampler(), "metrics sampler"),
         ]
-        self.background = background
-        self._open_source(sources.POSTGRES)  # its LISTEN also hears eventpush publish elsewhere
         try:
             try:
                 await self._refresh()
@@ -264,14 +309,34 @@ class Engine:
             raise self.fatal
         return self.report
 
+    async def _close_early(self, background: list[asyncio.Task]) -> None:
+        """Undo what was set up before the lease, which could not be taken."""
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        for reader in self.sources.values():
+            with contextlib.suppress(Exception):
+                await reader.close()
+        for slot in (self.lease, self.aux):
+            await slot.settle(timeout=FINAL_COMMIT_GIVE_UP_S)
+            slot.close()
+
     async def _supervise(self, started: float) -> None:
         last_progress = 0.0
+        yield_after = self.hand_over.yield_after_s
         while not self.stopping.is_set():
-            await wait_for_event(self.stopping, 0.05)
+            await wait_for_event(self.stopping, HAND_OVER_LOOK_S)
             now = time.monotonic()
             if self.max_seconds is not None and now - started >= self.max_seconds:
                 break
             if self.until_idle and self._idle():
+                break
+            if (
+                yield_after is not None
+                and now - started >= yield_after
+                and await self.aux.call(store.lease_wanted, self.wid)
+            ):
+                log.info("worker %s hands over to the process waiting for it", self.worker)
                 break
             if self.progress and now - last_progress >= 1.0:
                 last_progress = now
@@ -305,9 +370,10 @@ class Engine:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        committer, *others = background
-        for task in others:
-            task.cancel()
+        committer = self.committing
+        for task in background:
+            if task is not committer:
+                task.cancel()
         # A commit under way is let finish; if it will not, it is cancelled and stays
         # pending with its transaction id, and the final commit looks it up first.
         with contextlib.suppress(TimeoutError):
@@ -323,20 +389,21 @@ class Engine:
                     "final commit failed (%s): uncommitted records will be redelivered",
                     first_line(exc),
                 )
+        # The lease goes first, before the clients and readers close: a successor waiting
+        # for it starts pushing while this process tidies up.
+        await self.lease.settle(timeout=FINAL_COMMIT_GIVE_UP_S)
+        if self.lease.conn is not None and not self.lease.conn.closed and self.fatal is None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(store.release_lease, self.lease.conn, self.wid)
+        self.lease.close()
         await self.sinks.close()
         for reader in self.sources.values():
             try:
                 await reader.close()
             except Exception as exc:
                 log.warning("source reader not closed cleanly: %s", first_line(exc))
-        slots = [self.lease, self.aux]
-        for slot in slots:
-            await slot.settle(timeout=FINAL_COMMIT_GIVE_UP_S)
-        if self.lease.conn is not None and not self.lease.conn.closed and self.fatal is None:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(store.release_lease, self.lease.conn, self.wid)
-        for slot in slots:
-            slot.close()
+        await self.aux.settle(timeout=FINAL_COMMIT_GIVE_UP_S)
+        self.aux.close()
 
     async def _quiet(self, committer: asyncio.Task) -> None:
         """Wait until no commit is under way (the committer's next one never starts: the
@@ -642,11 +709,13 @@ def run_worker(
     handle_signals: bool = False,
     metrics_port: int | None = None,
     metrics_required: bool = True,
+    hand_over: HandOver | None = None,
 ) -> WorkerReport:
     """Run one worker's push loop until idle, a time budget, or SIGTERM/SIGINT (graceful:
     in-flight sends finish or are handed back, outcomes are committed, the lease released).
     With ``metrics_port`` (0: any free port) it serves Prometheus ``/metrics`` meanwhile; a
-    port it cannot bind stops it at once unless ``metrics_required`` is False."""
+    port it cannot bind stops it at once unless ``metrics_required`` is False. ``hand_over``:
+    how it takes the lease from and gives it to another run (:class:`HandOver`)."""
     url = url or database_url()
     engine = Engine(
         worker,
@@ -656,6 +725,7 @@ def run_worker(
         progress=progress,
         metrics_port=metrics_port,
         metrics_required=metrics_required,
+        hand_over=hand_over,
     )
 
     async def main() -> WorkerReport:

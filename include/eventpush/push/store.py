@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import psycopg2
+import psycopg2.errors
 import psycopg2.extras
 
 from eventpush.config import setting
@@ -33,6 +34,9 @@ from eventpush.sources import broker_name
 DEFAULT_BROKER = "eventpush"  # the column default: a bus on eventpush's own PostgreSQL store
 LEASE_NAMESPACE = 0x45_50  # first key of the advisory lock; the worker id is the second
 RUNNER_NAMESPACE = 0x45_51  # a runner's claim; the runner id is the second key
+# The application_name of a push slice's lease session: how a DAG task tells the slice it
+# takes over from (it waits for the lease) from a standalone worker (it leaves it alone).
+SLICE_APP = "eventpush push slice"
 
 
 class WorkerBusyError(RuntimeError):
@@ -113,12 +117,18 @@ def worker_id(conn: Connection, name: str) -> int:
     return row[0]
 
 
-def take_lease(conn: Connection, worker: str, wid: int) -> None:
-    """Hold the worker's advisory lock on ``conn`` (autocommit session lock)."""
+def take_lease(conn: Connection, worker: str, wid: int, wait_s: float = 0.0) -> None:
+    """Hold the worker's advisory lock on ``conn`` (autocommit session lock). With ``wait_s``
+    the call waits in PostgreSQL's lock queue that long for the holder to let go (it is
+    granted the moment the holder unlocks: no polling); otherwise it fails at once."""
     conn.autocommit = True
     with conn.cursor() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(%s, %s)", (LEASE_NAMESPACE, wid))
-        if not cur.fetchone()[0]:
+        if wait_s > 0:
+            got = _wait_for_lock(cur, wid, wait_s)
+        else:
+            cur.execute("SELECT pg_try_advisory_lock(%s, %s)", (LEASE_NAMESPACE, wid))
+            got = cur.fetchone()[0]
+        if not got:
             cur.execute(
                 "SELECT host, pid FROM event_push_worker WHERE id = %s",
                 (wid,),
@@ -132,6 +142,49 @@ def take_lease(conn: Connection, worker: str, wid: int) -> None:
             (socket.gethostname(), os.getpid(), wid),
         )
     conn.autocommit = False
+
+
+def _wait_for_lock(cur, wid: int, wait_s: float) -> bool:
+    cur.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(wait_s * 1000)}ms",))
+    try:
+        cur.execute("SELECT pg_advisory_lock(%s, %s)", (LEASE_NAMESPACE, wid))
+        return True
+    except psycopg2.errors.LockNotAvailable:
+        return False
+    finally:
+        cur.execute("SELECT set_config('lock_timeout', '0', false)")
+
+
+# pg_locks lists the advisory locks of every database on the server: only this one's count.
+_THIS_LEASE = (
+    "{p}locktype = 'advisory' AND {p}classid = %s AND {p}objid = %s AND {p}objsubid = 2 "
+    "AND {p}database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+
+def lease_holder(conn: Connection, wid: int) -> str | None:
+    """The ``application_name`` of the session holding the worker's lease (``SLICE_APP`` for
+    a push slice of the DAG), or None when nobody holds it."""
+    with transaction(conn) as cur:
+        cur.execute(
+            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            f"WHERE {_THIS_LEASE.format(p='l.')} AND l.granted",
+            (LEASE_NAMESPACE, wid),
+        )
+        row = cur.fetchone()
+    return row[0] if row else None
+
+
+def lease_wanted(conn: Connection, wid: int) -> bool:
+    """Whether another session waits in the lock queue for the worker's lease (the next push
+    slice, ready to take over)."""
+    with transaction(conn) as cur:
+        cur.execute(
+            f"SELECT EXISTS (SELECT 1 FROM pg_locks WHERE {_THIS_LEASE.format(p='')} "
+            "AND NOT granted)",
+            (LEASE_NAMESPACE, wid),
+        )
+        return cur.fetchone()[0]
 
 
 def release_lease(conn: Connection, wid: int) -> None:

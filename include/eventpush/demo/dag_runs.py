@@ -1,0 +1,97 @@
+"""The demo's DAG runs, all in one Airflow process: what ``airflow dags test`` does, as a call.
+
+``airflow dags test`` is ``DAG.test()`` on the DAG from its file, behind a command that first
+starts Python, imports Airflow with its providers and reads its configuration: seconds each
+time on a small machine, and the demo runs five DAGs. One process, started while the demo
+prepares its data (it migrates Airflow's metadata database meanwhile), pays for that once,
+then runs each DAG the demo asks for, from dags/, one after another.
+
+The parent writes one JSON request a line on the process's stdin (``{"dag_id", "conf"}``);
+the process answers each on a pipe of its own (``{"state", "failed"}`` or ``{"state":
+"error", "error"}``), since the tasks' own output goes to its stdout and stderr, which go to
+a log file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+class DagRuns:
+    """The Airflow process, seen from the demo: ``run(dag_id, conf)`` runs one DAG to its end
+    and raises ``RuntimeError`` (naming the failed tasks and the log) unless it succeeded."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        read_end, write_end = os.pipe()
+        with log_path.open("w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "eventpush.demo.dag_runs", str(write_end)],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_end,),
+                text=True,
+            )
+        os.close(write_end)
+        self.replies = os.fdopen(read_end)
+
+    def run(self, dag_id: str, conf: dict) -> None:
+        self.proc.stdin.write(json.dumps({"dag_id": dag_id, "conf": conf}) + "\n")
+        self.proc.stdin.flush()
+        line = self.replies.readline()
+        if not line:
+            raise RuntimeError(f"the Airflow process ended early: see {self.log_path}")
+        reply = json.loads(line)
+        if reply["state"] != "success":
+            why = reply.get("error") or f"failed tasks: {', '.join(reply['failed']) or 'none'}"
+            raise RuntimeError(f"{dag_id} run {reply['state']} ({why}); log: {self.log_path}")
+
+    def close(self) -> None:
+        if self.proc.stdin and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.replies.close()
+
+
+def _run(folder: Path, dag_id: str, conf: dict) -> dict:
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(folder / f"{dag_id}.py"))
+    if bag.import_errors or dag_id not in bag.dags:
+        return {"state": "error", "error": f"{dag_id} did not load: {bag.import_errors}"}
+    run = bag.dags[dag_id].test(run_conf=conf)
+    failed = sorted({ti.task_id for ti in run.get_task_instances() if ti.state == "failed"})
+    return {"state": str(run.state), "failed": failed}
+
+
+def serve(reply_fd: int) -> None:
+    """Migrate Airflow's metadata database, then run each requested DAG and answer on
+    ``reply_fd``; ends when stdin does."""
+    from airflow.utils import db
+
+    db.initdb()  # created from the models when new, upgraded otherwise
+    folder = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+    with os.fdopen(reply_fd, "w") as replies:
+        for line in sys.stdin:
+            request = json.loads(line)
+            try:
+                reply = _run(folder, request["dag_id"], request["conf"])
+            except Exception as exc:  # said to the demo, which stops on it
+                reply = {"state": "error", "error": f"{type(exc).__name__}: {exc}"[:500]}
+            replies.write(json.dumps(reply) + "\n")
+            replies.flush()
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))
