@@ -50,11 +50,24 @@ def test_a_given_archive_is_shipped_with_the_interpreter_inside_it(monkeypatch, 
     archive = tmp_path / "env.tar.gz"
     archive.write_bytes(b"")
     monkeypatch.setenv(pyenv.PYENV_ENV_VAR, str(archive))
+    monkeypatch.delenv("EVENTPUSH_SECRET_KEY_FILE", raising=False)
     assert pyenv.cluster_conf("spark://127.0.0.1:7077", driver_python="/opt/py") == {
         "spark.archives": f"{archive}#pyenv",
         "spark.pyspark.python": "./pyenv/bin/python",
         "spark.pyspark.driver.python": "/opt/py",
     }
+
+
+def test_executors_are_told_where_the_secret_key_is_never_the_key(monkeypatch, tmp_path):
+    """Replay's executors open target secrets: they get the key file's path, not its text."""
+    archive, key = tmp_path / "env.tar.gz", tmp_path / "secret.key"
+    archive.write_bytes(b"")
+    key.write_text("not-shipped-key-text\n")
+    monkeypatch.setenv(pyenv.PYENV_ENV_VAR, str(archive))
+    monkeypatch.setenv("EVENTPUSH_SECRET_KEY_FILE", str(key))
+    conf = pyenv.cluster_conf("spark://127.0.0.1:7077")
+    assert conf["spark.executorEnv.EVENTPUSH_SECRET_KEY_FILE"] == str(key)
+    assert not any("not-shipped-key-text" in value for value in conf.values())
 
 
 def test_the_operator_submits_the_archive_to_a_cluster(monkeypatch, tmp_path):

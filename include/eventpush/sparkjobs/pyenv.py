@@ -29,6 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from eventpush import sealed
 from eventpush.sparkjobs.errors import SparkSetupError
 
 PYENV_ENV_VAR = "EVENTPUSH_SPARK_PYENV"
@@ -128,11 +129,17 @@ def cluster_conf(master: str, driver_python: str = sys.executable) -> dict[str, 
     archive = archive_for_cluster()
     if archive is None:
         return {}
-    return {
+    conf = {
         "spark.archives": f"{archive}#{ALIAS}",
         "spark.pyspark.python": EXECUTOR_PYTHON,
         "spark.pyspark.driver.python": driver_python,
     }
+    # Replay's executors open target secrets: they read the key from the same path on their
+    # host (only the path travels in the job's properties, never the key).
+    key_file = os.environ.get(sealed.KEY_FILE_ENV, "").strip()
+    if key_file:
+        conf[f"spark.executorEnv.{sealed.KEY_FILE_ENV}"] = key_file
+    return conf
 
 
 def main(argv: list[str] | None = None) -> int:
