@@ -228,13 +228,17 @@ def test_dashboard_renders_charts_in_a_real_browser(api_server, conn, airflow_co
                 break
             assert time.monotonic() < deadline, page
             await asyncio.sleep(0.2)
-        # Live: a new audit with a gap shows up by polling, with no reload of the page.
+        # Live: a new audit with a gap shows up by polling, with no reload of the page. The
+        # line is summed from the report's runners, so the gap is a runner's, as audits write.
         await call("Runtime.evaluate", expression="window.stayed = true")
+        gap = {"runner": "orders/orders-rule/t0", "expected": 40, "delivered": 37}
+        gap |= {"failed": 0, "missing": 3, "pending": 0, "duplicates": 0}
         with conn.cursor() as cur:
             cur.execute(
                 "INSERT INTO event_audit_report (bus, window_start, window_end, expected, "
                 "delivered, failed, missing, pending, duplicates, runners) "
-                "VALUES ('orders', now() - interval '1 hour', now(), 120, 77, 40, 3, 0, 0, '[]')"
+                "VALUES ('orders', now() - interval '1 hour', now(), 40, 37, 0, 3, 0, 0, %s)",
+                (json.dumps([gap]),),
             )
         conn.commit()
         live = (
