@@ -275,3 +275,98 @@ def test_dashboard_renders_charts_in_a_real_browser(api_server, conn, airflow_co
     assert "410" in text  # the real failure the engine recorded
     assert "nothing missing" in text  # the last audit, before the live update
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+
+
+def _rule_state(conn) -> tuple[str, int]:
+    with conn.cursor() as cur:
+        cur.execute("SELECT state, version FROM event_rule WHERE name = 'orders-rule'")
+        row = cur.fetchone()
+    conn.commit()
+    return row
+
+
+def test_a_rule_is_disabled_and_enabled_from_the_catalog_in_a_real_browser(
+    api_server, conn, airflow_conn_env
+):
+    """An editor clicks the rule's button: the rule is DISABLED in the catalog (a new version)
+    and the page says so without a reload; a second click enables it. A viewer's click is
+    refused by the server, shown as the page's alert, and changes nothing."""
+    import httpx
+
+    seed(conn, "http://127.0.0.1:9/ok")
+    tokens = {
+        user: httpx.post(
+            f"{api_server}/auth/token", json={"username": user, "password": PASSWORDS[user]}
+        ).json()["access_token"]
+        for user in ("editor", "viewer")
+    }
+    button = "document.querySelector('button[onclick^=\"ruleSwitch\"]')"
+    probe = (
+        f"JSON.stringify({{ready: document.readyState, button: {button} ? {button}.innerText : '',"
+        " alerted: window.alerted || '', stayed: window.stayed === true})"
+    )
+
+    async def page_of(call) -> dict:
+        result = await call("Runtime.evaluate", expression=probe, returnByValue=True)
+        return json.loads(result["result"]["value"])
+
+    async def until(call, predicate, what: str) -> dict:
+        deadline = time.monotonic() + 20
+        while True:
+            page = await page_of(call)
+            if predicate(page):
+                return page
+            assert time.monotonic() < deadline, f"{what}: {page}"
+            await asyncio.sleep(0.2)
+
+    async def as_user(user: str):
+        async def visit(call, events):
+            await call("Page.enable")
+            await call("Network.enable")
+            await call(
+                "Network.setCookie",
+                name="_token",
+                value=tokens[user],
+                url=api_server,
+                httpOnly=True,
+            )
+            await call("Page.navigate", url=f"{api_server}/eventpush/dashboard")
+            await until(call, lambda p: p["ready"] == "complete" and p["button"], "the page")
+            # The page reports refusals with alert(): recorded instead of a blocking dialog.
+            await call(
+                "Runtime.evaluate",
+                expression="window.alert = m => { window.alerted = String(m) }; "
+                "window.stayed = true",
+            )
+            states = []
+            for _ in range(2):
+                before = (await page_of(call))["button"]
+                await call("Runtime.evaluate", expression=f"{button}.click()")
+                page = await until(
+                    call,
+                    lambda p, b=before: p["button"] != b or p["alerted"],
+                    "the click's answer",
+                )
+                states.append((page["button"], page["alerted"], _rule_state(conn)))
+                assert page["stayed"]  # updated in place, no reload
+                if page["alerted"]:
+                    break
+            return states
+
+        return await browser.session(visit)
+
+    with tempfile.TemporaryDirectory(prefix="eventpush-chromium-") as profile:
+        browser = Browser(profile)
+        try:
+            editor = asyncio.run(as_user("editor"))
+            viewer = asyncio.run(as_user("viewer"))
+        finally:
+            browser.close()
+    assert editor == [
+        ("enable", "", ("DISABLED", 2)),
+        ("disable", "", ("ENABLED", 3)),
+    ]
+    assert len(viewer) == 1
+    label, alerted, state = viewer[0]
+    assert label == "disable" and state == ("ENABLED", 3)
+    assert "Forbidden" in alerted or "permission" in alerted.lower(), alerted
