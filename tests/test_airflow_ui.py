@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ import psycopg2
 import pytest
 from batch_support import events, make_runner, publish_lines, simulate_push
 from conftest import ADMIN_URL, _admin
+from nats_support import free_port
 from receiver_support import receiver
 
 from eventpush import catalog
@@ -52,12 +52,6 @@ BATCH_DAGS = ("eventpush_audit", "eventpush_rebalance", "eventpush_replay")
 # Ceilings for a machine shared with other work, not the expected times: setup (one Airflow
 # start) is charged to the first test, and each run is a real Spark job.
 pytestmark = pytest.mark.timeout(2400)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -140,7 +134,7 @@ def standalone(template_db, receiver):
     proc = None
     try:
         _seed(db_url, receiver.url)
-        port = _free_port()
+        port = free_port()
         # Nothing of the test session's own Airflow setup leaks in: the script alone decides.
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
         env.pop("EVENTPUSH_SPARK_MASTER", None)
@@ -150,8 +144,8 @@ def standalone(template_db, receiver):
             EVENTPUSH_AIRFLOW_PORT=str(port),
             EVENTPUSH_VENV=sys.prefix,
             # the log servers' fixed default ports may be taken by another Airflow here
-            AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(_free_port()),
-            AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(_free_port()),
+            AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(free_port()),
+            AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(free_port()),
         )
         with log.open("wb") as out:
             proc = subprocess.Popen(
@@ -368,3 +362,71 @@ def test_replay_from_the_ui_in_a_real_browser(standalone, receiver):
             shot("06-bad-run-error")
         finally:
             browser.close()
+
+
+def test_replays_through_the_eventbridge_api_run_on_airflow(standalone, receiver, tmp_path):
+    """``eventpush api --airflow-url --airflow-token-file`` on this Airflow: StartReplay with
+    boto3 triggers the replay DAG (every event of the archive's bus in the window, narrowed to
+    one rule), DescribeReplay follows it to COMPLETED and ListReplays lists it; a second
+    StartReplay of that name and a CancelReplay of a finished replay are refused with AWS's
+    codes."""
+    from datetime import UTC, datetime, timedelta
+
+    from api_support import ApiServer
+    from botocore.exceptions import ClientError
+
+    from eventpush import access_keys
+
+    with psycopg2.connect(standalone.db_url) as conn:
+        made = access_keys.create_key(conn, "ops", "admin")
+    token_file = tmp_path / "airflow.token"
+    token_file.write_text(standalone.token())
+    token_file.chmod(0o600)
+    env = {**os.environ, "EVENTPUSH_DATABASE_URL": standalone.db_url}
+    server = ApiServer(
+        env, "--airflow-url", standalone.base, "--airflow-token-file", str(token_file)
+    )
+    before = {path: len(receiver.state.delivered(path)) for path in ("/ok/crm", "/ok/billing")}
+    try:
+        events_api = server.client((made.info.access_key_id, made.secret_access_key))
+        archive = events_api.describe_archive(ArchiveName="orders")
+        rule = events_api.describe_rule(Name="all", EventBusName="orders")
+        now = datetime.now(UTC)
+        request = {
+            "ReplayName": "all-again",
+            "EventSourceArn": archive["ArchiveArn"],
+            "EventStartTime": now - timedelta(days=1),
+            "EventEndTime": now + timedelta(hours=1),
+            "Destination": {"Arn": archive["EventSourceArn"], "FilterArns": [rule["Arn"]]},
+        }
+        started = events_api.start_replay(**request)
+        assert started["State"] in ("STARTING", "RUNNING"), started
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while True:
+            replay = events_api.describe_replay(ReplayName="all-again")
+            if replay["State"] in ("COMPLETED", "FAILED"):
+                break
+            assert time.monotonic() < deadline, replay
+            time.sleep(2)
+        assert replay["State"] == "COMPLETED", (
+            standalone.task_states("eventpush_replay", "replay-all-again"),
+            standalone.log_tail(),
+        )
+        listed = events_api.list_replays(NamePrefix="all-")["Replays"]
+        assert [(r["ReplayName"], r["State"]) for r in listed] == [("all-again", "COMPLETED")]
+        for call, code in (
+            (lambda: events_api.start_replay(**request), "ResourceAlreadyExistsException"),
+            (lambda: events_api.cancel_replay(ReplayName="all-again"), "IllegalStatusException"),
+            (lambda: events_api.describe_replay(ReplayName="nope"), "ResourceNotFoundException"),
+        ):
+            with pytest.raises(ClientError) as refused:
+                call()
+            assert refused.value.response["Error"]["Code"] == code
+    finally:
+        server.stop()
+    # what=all: the bus's six events went again to both of the rule's targets.
+    after = {path: len(receiver.state.delivered(path)) for path in before}
+    assert {path: after[path] - before[path] for path in before} == {
+        "/ok/crm": 6,
+        "/ok/billing": 6,
+    }

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -20,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from nats_support import free_port
 
 from eventpush import catalog
 from eventpush.catalog import TargetSpec
@@ -49,19 +49,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def api_server(airflow_db):
     """The Airflow API server app (with the plugin) under uvicorn on a loopback port."""
     import uvicorn
     from airflow.api_fastapi.app import create_app
 
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app("core"), host="127.0.0.1", port=port, log_level="warning")
     )

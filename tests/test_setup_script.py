@@ -7,7 +7,6 @@ import glob
 import os
 import re
 import shutil
-import socket
 import stat
 import subprocess
 import tempfile
@@ -15,17 +14,12 @@ from pathlib import Path
 
 import psycopg2
 import pytest
+from nats_support import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BINS = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
 pytestmark = pytest.mark.skipif(not BINS, reason="no PostgreSQL server binaries (initdb)")
 AS_POSTGRES = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else []
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -34,7 +28,7 @@ def pg_dir():
     # /tmp/pytest-of-root (0700).
     root = Path(tempfile.mkdtemp(prefix="eventpush-setup-"))
     root.chmod(0o755)
-    port = _free_port()
+    port = free_port()
     try:
         yield root / "var" / "postgres", port
     finally:
