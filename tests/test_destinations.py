@@ -501,3 +501,99 @@ def test_bad_destinations_and_targets_are_refused_in_one_line(conn, ar, tmp_path
     with pytest.raises(catalog.CatalogError, match="give --url or --destination, not both"):
         catalog.create_target(conn, "orders", "r", catalog.TargetSpec("t", ar.url, destination="d"))
     assert catalog.list_destinations(conn)[0].targets == 0 and catalog.list_targets(conn) == []
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+def test_connection_commands_take_secrets_from_stdin_or_a_file_and_never_print_them(
+    conn, cli, ar, tmp_path
+):
+    """The real script (one subprocess family): the secret from stdin and from a file."""
+    done = cli(
+        "connection", "create", "idp", "--auth", "oauth-client-credentials",
+        "--token-url", ar.url + "/token", "--client-id", "client-1",
+        "--client-secret-file", "-", "--scope", "a", "--scope", "b",
+        "--oauth-param", "audience=x", "--header", "X-A: 1", "--query", "t=1", "--json",
+        input="cs-from-stdin\n",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    created = json.loads(done.stdout)
+    assert created["scopes"] == ["a", "b"] and created["headers"] == [["x-a", "1"]]
+    assert created["oauth_params"] == [["audience", "x"]] and created["secret_set"]
+    key_file = secret_file(tmp_path, "key", "k-from-file")
+    done = cli(
+        "connection", "create", "key", "--auth", "api-key", "--key-name", "X-Api-Key",
+        "--key-value-file", key_file,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    shown = cli("connection", "show", "idp", "--json")
+    listed = cli("connection", "list", "--json")
+    assert json.loads(shown.stdout)["client_id"] == "client-1"
+    assert [c["name"] for c in json.loads(listed.stdout)] == ["idp", "key"]
+    for out in (done.stdout, shown.stdout, listed.stdout, shown.stderr):
+        assert "cs-from-stdin" not in out and "k-from-file" not in out
+    [(sealed_secret,)] = rows(conn, "SELECT secret FROM event_connection WHERE name = 'idp'")
+    assert sealed.unseal(sealed_secret) == "cs-from-stdin"
+    refused = cli("connection", "create", "x", "--auth", "basic", "--username", "u")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "error: --auth basic needs its secret: --password-file FILE (or - for stdin)"
+    ]
+    no_argv = cli("connection", "create", "x", "--auth", "basic", "--password", "pw")
+    assert no_argv.returncode == 2 and "No such option '--password'" in no_argv.stderr
+
+
+def run(*args: str, input: str | None = None):
+    """The command in-process (click's runner): for the checks past the one subprocess."""
+    from click.testing import CliRunner
+
+    from eventpush.cli import main
+
+    return CliRunner().invoke(main, list(args), input=input)
+
+
+def test_destination_and_target_commands(conn, ar):
+    bus_and_worker(conn)
+    catalog.create_connection(conn, "key", "api-key", "k", key_name="X-Api-Key")
+    done = run(
+        "destination", "create", "d", "--url", ar.url + "/apikey", "--method", "PUT",
+        "--connection", "key", "--rate-limit", "5", "--json",
+    )  # fmt: skip
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["rate_limit"] == 5.0
+    done = run(
+        "target", "create", "--bus", "orders", "--rule", "r", "--name", "t",
+        "--destination", "d", "--header", "X-T:1", "--concurrency", "auto", "--json",
+    )  # fmt: skip
+    assert done.exit_code == 0, done.output
+    info = json.loads(done.output)
+    assert (info["destination"], info["url"], info["headers"]) == (
+        "d",
+        ar.url + "/apikey",
+        [["x-t", "1"]],
+    )
+    assert info["concurrency_auto"] is True
+    done = run("target", "update", "--bus", "orders", "--rule", "r", "--name", "t",
+               "--concurrency", "4", "--no-header", "--json")  # fmt: skip
+    info = json.loads(done.output)
+    assert (info["concurrency"], info["concurrency_auto"], info["headers"]) == (4, False, [])
+    done = run("destination", "update", "d", "--no-rate-limit", "--no-connection", "--json")
+    assert json.loads(done.output)["rate_limit"] is None
+    assert json.loads(done.output)["connection"] is None
+    for args, why in (
+        (("destination", "delete", "d"), "error: destination 'd' is used by target orders/r/t"),
+        (("connection", "create", "c", "--auth", "api-key", "--key-name", "X",
+          "--password-file", "-"), "error: --password-file applies to --auth basic, not api-key"),
+        (("target", "create", "--bus", "orders", "--rule", "r", "--name", "u"),
+         "error: give --url or --destination (one of them)"),
+        (("target", "create", "--bus", "orders", "--rule", "r", "--name", "u",
+          "--destination", "d", "--concurrency", "lots"),
+         "error: --concurrency must be a number or auto, got 'lots'"),
+        (("target", "create", "--bus", "orders", "--rule", "r", "--name", "u",
+          "--destination", "d", "--header", "nocolon"),
+         "error: --header wants NAME:VALUE, got 'nocolon'"),
+    ):  # fmt: skip
+        done = run(*args, input="secret\n")
+        assert done.exit_code == 2 and done.output.strip().startswith(why), (args, done.output)
+        assert len(done.output.strip().splitlines()) == 1

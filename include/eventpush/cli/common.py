@@ -54,3 +54,34 @@ def handles_errors(func):
 
 def print_json(doc: object) -> None:
     click.echo(json.dumps(doc, indent=2, default=str))
+
+
+def pairs(values: tuple[str, ...], sep: str, option: str) -> list[tuple[str, str]]:
+    """``K:V`` (headers) or ``K=V`` (query, token fields) options as (name, value) pairs."""
+    from eventpush.sinks.headers import HeaderError, split_pair
+
+    try:
+        return [split_pair(v, sep, option) for v in values]
+    except HeaderError as exc:
+        fail(str(exc))
+
+
+def tls_options(func):
+    """--client-cert-file, --client-key-file, --ca-file (destinations and targets)."""
+    func = click.option("--ca-file", default=None, help="CA bundle (PEM) to trust too.")(func)
+    func = click.option("--client-key-file", default=None, help="mTLS: client key (PEM).")(func)
+    return click.option("--client-cert-file", default=None, help="mTLS: client certificate (PEM).")(
+        func
+    )
+
+
+def concurrency_option(text: str | None) -> dict:
+    """``--concurrency N|auto`` as TargetSpec fields."""
+    if text is None:
+        return {}
+    if text.strip().lower() == "auto":
+        return {"concurrency_auto": True}
+    try:
+        return {"concurrency": int(text), "concurrency_auto": False}
+    except ValueError:
+        fail(f"--concurrency must be a number or auto, got {text!r}")
