@@ -210,6 +210,7 @@ class ConnectionInfo:
     version: int
     destinations: int  # live destinations using it
     updated_at: str | None
+    created_at: str | None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -218,7 +219,7 @@ class ConnectionInfo:
 CONNECTION_INFO_SQL = """
 SELECT c.name, c.auth_kind, c.parameters, c.headers, c.query, c.description, c.version,
        (SELECT count(*) FROM event_api_destination d
-         WHERE d.connection_id = c.id AND d.deleted_at IS NULL), c.updated_at
+         WHERE d.connection_id = c.id AND d.deleted_at IS NULL), c.updated_at, c.ctime
 FROM event_connection c
 WHERE c.deleted_at IS NULL
 """
@@ -227,7 +228,7 @@ WHERE c.deleted_at IS NULL
 def _info(row) -> ConnectionInfo:
     from eventpush.config import redact_url
 
-    name, auth, params, headers, query, description, version, used, updated = row
+    name, auth, params, headers, query, description, version, used, updated, created = row
     token_url = params.get("token_url")
     return ConnectionInfo(
         name,
@@ -245,6 +246,7 @@ def _info(row) -> ConnectionInfo:
         version,
         used,
         iso(updated),
+        iso(created),
     )
 
 

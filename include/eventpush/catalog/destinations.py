@@ -147,6 +147,7 @@ class DestinationInfo:
     version: int
     targets: int  # live targets using it
     updated_at: str | None
+    created_at: str | None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -156,7 +157,7 @@ DESTINATION_INFO_SQL = """
 SELECT d.name, d.url, d.method, c.name, d.rate_limit, d.client_cert_file, d.client_key_file,
        d.ca_file, d.description, d.version,
        (SELECT count(*) FROM event_target t
-         WHERE t.destination_id = d.id AND t.deleted_at IS NULL), d.updated_at
+         WHERE t.destination_id = d.id AND t.deleted_at IS NULL), d.updated_at, d.ctime
 FROM event_api_destination d
 LEFT JOIN event_connection c ON c.id = d.connection_id
 WHERE d.deleted_at IS NULL
@@ -166,8 +167,8 @@ WHERE d.deleted_at IS NULL
 def _info(row) -> DestinationInfo:
     from eventpush.config import redact_url
 
-    name, url, *rest, updated = row
-    return DestinationInfo(name, redact_url(url), *rest, iso(updated))
+    name, url, *rest, updated, created = row
+    return DestinationInfo(name, redact_url(url), *rest, iso(updated), iso(created))
 
 
 def destination_row(cur, name: str, lock: str = "") -> tuple[int, str]:

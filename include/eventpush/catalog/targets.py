@@ -446,9 +446,9 @@ def _destination_change(cur, name: str, changes: dict) -> dict:
     """``changes`` with the URL and destination made to agree: a new ``url`` leaves the
     destination; a new ``destination`` brings its URL."""
     destination = changes.get("destination")
-    if changes.get("url") is not None and destination is not None:
+    if changes.get("url") and destination is not None:
         raise CatalogError(f"target {name!r}: give --url or --destination, not both")
-    if "url" in changes:
+    if changes.get("url"):
         return {**changes, "destination": None}
     if destination is not None:
         return {**changes, "url": destination_row(cur, destination)[1]}

@@ -379,7 +379,7 @@ class HttpSink:
             return self.fetch_token(auth, target)
 
         try:
-            token = await self.tokens.get(auth, fetch)
+            token = self.tokens.fresh(auth) or await self.tokens.get(auth, fetch)
             outcome = await post(self.session, target, body, _bearer(headers, token))
             if outcome.http_status != 401:
                 return outcome

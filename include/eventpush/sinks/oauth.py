@@ -99,13 +99,20 @@ class Tokens:
         self._tokens: dict[tuple[int, int], tuple[str, float]] = {}
         self._fetching: dict[tuple[int, int], asyncio.Future] = {}
 
+    def fresh(self, auth: Auth) -> str | None:
+        """The token held for ``auth`` while it is fresh (no await on the hot path)."""
+        held = self._tokens.get(auth.key)
+        if held is not None and held[1] > self.clock():
+            return held[0]
+        return None
+
     async def get(self, auth: Auth, fetch: Fetch) -> str:
         """A fresh token for ``auth``: the one held, or the result of the one fetch under way
         (started here when none is). TokenError when that fetch fails."""
+        held = self.fresh(auth)
+        if held is not None:
+            return held
         key = auth.key
-        held = self._tokens.get(key)
-        if held is not None and held[1] > self.clock():
-            return held[0]
         task = self._fetching.get(key)
         if task is None:
             task = self._fetching[key] = asyncio.ensure_future(self._fetch(auth, fetch))
