@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from auth_receiver_support import AuthReceiver
-from support import events, rows
+from support import events, rows, wait_until
 
 from eventpush import catalog, sealed
 from eventpush.addresses import AddressPolicy
@@ -132,6 +132,46 @@ def test_query_parameters_and_method_reach_the_destination(conn, ar):
     seen = ar.state.delivered("/apikey")
     assert [x.query for x in seen] == [{"fixed": "1", "tenant": "t 1", "v": "2"}] * 2
     assert [x.method for x in seen] == ["POST"] * 2
+
+
+def test_a_running_worker_takes_a_connection_change_live(conn, db_url, ar):
+    """The connection's new key reaches a running worker without a restart (the change moves
+    its targets' versions on, which workers hear of as of any target change)."""
+    import threading
+
+    from eventpush.push.engine import Engine
+
+    bus_and_worker(conn)
+    catalog.create_connection(conn, "key", "api-key", "key-1", key_name="X-Api-Key")
+    catalog.create_destination(conn, "d", ar.url + "/any", connection="key")
+    target_via(conn, "d")
+    engine = Engine("w1", db_url, max_seconds=120)
+    box: dict = {}
+
+    def run() -> None:
+        async def main():
+            box["loop"] = asyncio.get_running_loop()
+            return await engine.run()
+
+        box["report"] = asyncio.run(main())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        publish(conn, "orders", events(1))
+        wait_until(lambda: len(ar.state.delivered("/any")) == 1, what="the first delivery")
+        catalog.update_connection(conn, "key", secret="key-2")
+        wait_until(
+            lambda: [r.target.auth.secret for r in list(engine.runners.values())] == ["key-2"],
+            what="the worker to take the new key",
+        )
+        publish(conn, "orders", events(1))
+        wait_until(lambda: len(ar.state.delivered("/any")) == 2, what="the second delivery")
+    finally:
+        box["loop"].call_soon_threadsafe(engine.stop)
+        thread.join(60)
+    keys = [x.headers["x-api-key"] for x in ar.state.delivered("/any")]
+    assert keys == ["key-1", "key-2"] and box["report"].delivered == 2
 
 
 # --- the token cache: one fetch per expiry, one refresh per 401, a failing endpoint ----------
