@@ -21,7 +21,7 @@ import contextlib
 import ssl
 import threading
 from dataclasses import dataclass, field
-from urllib.parse import unquote
+from urllib.parse import unquote_plus
 
 from aiohttp import web
 
@@ -42,7 +42,7 @@ class AuthState:
     user: str = "alice"
     password: str = "p@ss:word w"
     client_id: str = "client-1"
-    client_secret: str = "cs-secret/+="
+    client_secret: str = "cs secret/+="
     token_lifetime: int | None = 3600
     token_fails: bool = False
     token_delay_s: float = 0.0
@@ -81,7 +81,7 @@ def make_app(state: AuthState) -> web.Application:
             return web.json_response({"error": "temporarily_unavailable"}, status=500)
         creds = _basic(request.headers.get("Authorization", ""))
         expected = (state.client_id, state.client_secret)
-        if creds is None or tuple(unquote(c) for c in creds) != expected:
+        if creds is None or tuple(unquote_plus(c) for c in creds) != expected:
             return web.json_response({"error": "invalid_client"}, status=401)
         if form.get("grant_type") != "client_credentials":
             return web.json_response({"error": "unsupported_grant_type"}, status=400)

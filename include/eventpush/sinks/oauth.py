@@ -22,7 +22,7 @@ import base64
 import json
 import time
 from collections.abc import Awaitable, Callable
-from urllib.parse import quote
+from urllib.parse import quote_plus
 
 from authlib.oauth2.rfc6749.parameters import prepare_token_request
 
@@ -43,7 +43,7 @@ def token_request(auth: Auth) -> tuple[bytes, dict[str, str]]:
     if auth.scopes:
         extra["scope"] = list(auth.scopes)
     body = prepare_token_request("client_credentials", **extra)
-    basic = f"{quote(auth.name, safe='')}:{quote(auth.secret, safe='')}"
+    basic = f"{quote_plus(auth.name)}:{quote_plus(auth.secret)}"
     return body.encode(), {
         "content-type": "application/x-www-form-urlencoded",
         "accept": "application/json",
