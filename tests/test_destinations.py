@@ -11,6 +11,7 @@ import datetime as dt
 import ipaddress
 import json
 import logging
+import os
 import ssl
 from pathlib import Path
 
@@ -428,6 +429,12 @@ def test_show_never_gives_a_secret_and_changes_move_the_targets_on(conn, ar):
     )
     assert loaded.auth.name == "Authorization"
     assert sealed.SEALED[-1] == ("event_connection", "id", "secret")
+    new_key = Path(os.environ["EVENTPUSH_SECRET_KEY_FILE"]).with_name("rotated.key")
+    sealed.write_key_file(new_key)
+    assert sealed.rotate_key(conn, new_key) == 1  # `secrets rotate-key` covers connections
+    [(token,)] = rows(conn, "SELECT secret FROM event_connection")
+    assert sealed.unseal(token, sealed.load_keys(new_key)) == "sekrit-value-2"
+    new_key.unlink()
     with pytest.raises(catalog.ConflictError, match="connection 'key' is used by destination d"):
         catalog.delete_connection(conn, "key")
     with pytest.raises(catalog.ConflictError, match="destination 'd' is used by target orders/r/t"):
@@ -532,6 +539,15 @@ def test_bad_destinations_and_targets_are_refused_in_one_line(conn, ar, tmp_path
             ),
             "eventpush's own",
         ),
+        (
+            lambda: catalog.create_target(
+                conn,
+                "orders",
+                "r",
+                catalog.TargetSpec("t", "nats://127.0.0.1:4222/x", headers=[("x-a", "1")]),
+            ),
+            "apply to http and https targets only",
+        ),
     ]
     for call, why in cases:
         with pytest.raises(catalog.CatalogError) as info:
@@ -618,6 +634,15 @@ def test_destination_and_target_commands(conn, ar):
                "--concurrency", "4", "--no-header", "--json")  # fmt: skip
     info = json.loads(done.output)
     assert (info["concurrency"], info["concurrency_auto"], info["headers"]) == (4, False, [])
+    done = run(
+        "connection", "update", "key", "--key-value-file", "-", "--header", "X-B:2", "--json",
+        input="k2\n",
+    )  # fmt: skip
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["headers"] == [["x-b", "2"]] and "k2" not in done.output
+    with conn.cursor() as cur:
+        [loaded] = store.load_targets(cur)
+    assert loaded.auth.secret == "k2" and loaded.headers == (("x-b", "2"),)
     done = run("destination", "update", "d", "--no-rate-limit", "--no-connection", "--json")
     assert json.loads(done.output)["rate_limit"] is None
     assert json.loads(done.output)["connection"] is None
