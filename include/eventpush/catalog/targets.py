@@ -451,7 +451,8 @@ def _destination_change(cur, name: str, changes: dict) -> dict:
     if changes.get("url"):
         return {**changes, "destination": None}
     if destination is not None:
-        return {**changes, "url": destination_row(cur, destination)[1]}
+        # Under a share lock: its URL cannot change before this transaction commits.
+        return {**changes, "url": destination_row(cur, destination, "share")[1]}
     if "destination" in changes:
         raise CatalogError(f"target {name!r}: leaving its destination needs a new --url")
     return changes

@@ -9,6 +9,7 @@ import click
 
 from eventpush import catalog
 from eventpush.cli.common import (
+    NumberOrAuto,
     concurrency_option,
     fail,
     handles_errors,
@@ -190,7 +191,8 @@ def read_secret(secret: str | None, secret_file: str | None) -> str | None:
 )
 @click.option(
     "--concurrency",
-    default=str(DEFAULTS.concurrency),
+    type=NumberOrAuto(),
+    default=DEFAULTS.concurrency,
     show_default=True,
     help="Sends in flight, or auto: the limit follows the destination's answers.",
 )
@@ -219,7 +221,7 @@ def target_create(
     max_age_s: int,
     timeout_ms: int,
     batch_size: int | None,
-    concurrency: str,
+    concurrency: int | str,
     ordered: bool,
     transform: str,
     transform_spec: str | None,

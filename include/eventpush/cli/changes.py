@@ -15,6 +15,7 @@ from rich.table import Table
 from eventpush import catalog
 from eventpush.cli.catalog import bus, read_secret, rule, target
 from eventpush.cli.common import (
+    NumberOrAuto,
     concurrency_option,
     fail,
     handles_errors,
@@ -273,7 +274,7 @@ def target_show(bus_name: str, rule_name: str, name: str, as_json: bool) -> None
 @click.option("--max-age-s", type=int, default=None)
 @click.option("--timeout-ms", type=int, default=None)
 @click.option("--batch-size", type=int, default=None)
-@click.option("--concurrency", default=None, help="Sends in flight, or auto.")
+@click.option("--concurrency", type=NumberOrAuto(), default=None, help="Sends in flight, or auto.")
 @click.option("--ordered/--unordered", default=None)
 @click.option(
     "--transform",

@@ -75,13 +75,25 @@ def tls_options(func):
     )
 
 
-def concurrency_option(text: str | None) -> dict:
+class NumberOrAuto(click.ParamType):
+    """``--concurrency N|auto``: the value as given (its default stays the number), judged by
+    :func:`concurrency_option` so a wrong one is refused in one line."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        return value if isinstance(value, int) else str(value)
+
+
+def concurrency_option(value: int | str | None) -> dict:
     """``--concurrency N|auto`` as TargetSpec fields."""
-    if text is None:
+    if value is None:
         return {}
-    if text.strip().lower() == "auto":
+    if isinstance(value, int):
+        return {"concurrency": value, "concurrency_auto": False}
+    if value.strip().lower() == "auto":
         return {"concurrency_auto": True}
     try:
-        return {"concurrency": int(text), "concurrency_auto": False}
+        return {"concurrency": int(value), "concurrency_auto": False}
     except ValueError:
-        fail(f"--concurrency must be a number or auto, got {text!r}")
+        fail(f"--concurrency must be a number or auto, got {value!r}")
