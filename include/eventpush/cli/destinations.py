@@ -4,6 +4,8 @@ authenticate, and the endpoints targets send through. Secrets come from a file o
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from eventpush import catalog
@@ -22,7 +24,7 @@ SECRET_FILES = {
 def read_secret_file(path: str, option: str) -> str:
     """A secret from a file, or from stdin for ``-``; its line ending dropped."""
     if path == "-":
-        text = click.get_text_stream("stdin").read()
+        text = sys.stdin.read()
     else:
         try:
             with open(path, encoding="utf-8") as f:
