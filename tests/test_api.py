@@ -27,6 +27,7 @@ from api_support import (
     send,
     signed_request,
 )
+from auth_receiver_support import AuthReceiver
 from botocore.exceptions import ClientError
 from conftest import ADMIN_URL, RUN_ID, _admin, _drop, _server, run_cli
 
@@ -416,11 +417,7 @@ def test_bad_input_is_refused_with_aws_codes_and_nothing_written(server, admin, 
         events.describe_event_bus(Name="arn:aws:events:us-east-1:123456789012:event-bus/default")
     assert code_of(other_account) == "AccessDeniedException"
     with pytest.raises(ClientError) as unknown:
-        events.create_connection(
-            Name="c",
-            AuthorizationType="API_KEY",
-            AuthParameters={"ApiKeyAuthParameters": {"ApiKeyName": "k", "ApiKeyValue": "v"}},
-        )
+        events.list_partner_event_sources(NamePrefix="aws.partner")
     assert code_of(unknown) == "UnknownOperationException"
     big = raw("PutEvents", b"{" + b" " * (5 * 1024 * 1024) + b"}")
     assert big.status_code == 413
@@ -524,3 +521,72 @@ def test_sigkill_under_load_loses_no_acknowledged_event(api_env, admin):
     finally:
         conn.close()
     assert set(acknowledged) <= found, f"{len(set(acknowledged) - found)} acknowledged lost"
+
+
+def test_connections_and_api_destinations_through_the_api(api_env, events):
+    """CreateConnection, CreateApiDestination and a PutTargets entry naming the destination's
+    ARN: the worker sends with the connection's API key and the target's headers; describe
+    and list never answer the secret; deletes are refused while used."""
+    with AuthReceiver() as ar:
+        key = ar.state.api_key
+        made = events.create_connection(
+            Name="partner",
+            AuthorizationType="API_KEY",
+            AuthParameters={
+                "ApiKeyAuthParameters": {"ApiKeyName": "X-Api-Key", "ApiKeyValue": key},
+                "InvocationHttpParameters": {
+                    "QueryStringParameters": [{"Key": "tenant", "Value": "t1"}]
+                },
+            },
+        )
+        assert made["ConnectionArn"].endswith(":connection/partner")
+        described = events.describe_connection(Name="partner")
+        assert described["AuthParameters"]["ApiKeyAuthParameters"] == {"ApiKeyName": "X-Api-Key"}
+        listed = events.list_connections(NamePrefix="part")["Connections"]
+        assert [c["AuthorizationType"] for c in listed] == ["API_KEY"]
+        assert key not in json.dumps(described, default=str) + json.dumps(listed, default=str)
+        dest = events.create_api_destination(
+            Name="partner-api",
+            ConnectionArn=made["ConnectionArn"],
+            InvocationEndpoint=ar.url + "/apikey",
+            HttpMethod="PUT",
+            InvocationRateLimitPerSecond=20,
+        )
+        shown = events.describe_api_destination(Name="partner-api")
+        assert (shown["HttpMethod"], shown["InvocationRateLimitPerSecond"]) == ("PUT", 20)
+        events.create_event_bus(Name="dest")
+        events.put_rule(Name="r", EventBusName="dest", EventPattern='{"source": ["shop"]}')
+        answer = events.put_targets(
+            Rule="r",
+            EventBusName="dest",
+            Targets=[
+                {
+                    "Id": "api",
+                    "Arn": dest["ApiDestinationArn"],
+                    "HttpParameters": {"HeaderParameters": {"X-From": "api"}},
+                }
+            ],
+        )
+        assert answer["FailedEntryCount"] == 0, answer
+        [shape] = events.list_targets_by_rule(Rule="r", EventBusName="dest")["Targets"]
+        assert shape["Arn"] == dest["ApiDestinationArn"]
+        events.put_events(
+            Entries=[{"EventBusName": "dest", "Source": "shop", "DetailType": "o", "Detail": "{}"}]
+        )
+        run_worker(api_env)
+        [seen] = ar.state.delivered("/apikey")
+        assert (seen.method, seen.query, seen.headers["x-from"]) == ("PUT", {"tenant": "t1"}, "api")
+        with pytest.raises(ClientError) as used:
+            events.delete_connection(Name="partner")
+        assert code_of(used) == "ConcurrentModificationException"
+        with pytest.raises(ClientError) as bad:
+            events.create_connection(
+                Name="bad",
+                AuthorizationType="BASIC",
+                AuthParameters={"BasicAuthParameters": {"Username": "a:b", "Password": "pw"}},
+            )
+        assert code_of(bad) == "ValidationException" and "pw" not in str(bad.value)
+        events.remove_targets(Rule="r", EventBusName="dest", Ids=["api"])
+        events.delete_api_destination(Name="partner-api")
+        assert events.delete_connection(Name="partner")["ConnectionState"] == "DELETING"
+        assert events.list_api_destinations()["ApiDestinations"] == []

@@ -27,6 +27,7 @@ SEALED: list[tuple[str, str, str]] = [
     ("event_target", "id", "secret"),
     ("event_target", "id", "secret_old"),
     ("event_api_key", "id", "secret"),  # the API's secret access keys (eventpush.access_keys)
+    ("event_connection", "id", "secret"),  # API key values, passwords, client secrets (issue 32)
 ]
 
 

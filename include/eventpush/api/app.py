@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from eventpush.api import archives, auth, buses, events, rules, targets
+from eventpush.api import archives, auth, buses, destinations, events, rules, targets
 from eventpush.api.errors import CONTENT_TYPE, ApiError, error_response
 from eventpush.api.service import Call, Service, Settings
 
@@ -39,6 +39,7 @@ OPERATIONS = {
     **rules.OPERATIONS,
     **targets.OPERATIONS,
     **archives.OPERATIONS,
+    **destinations.OPERATIONS,
 }
 PRODUCER_OPERATIONS = frozenset({"PutEvents", "TestEventPattern"})
 _decode = msgspec.json.Decoder().decode

@@ -8,9 +8,11 @@ target functions (the CLI's). A target's ``Id`` is our target's name.
   ``InputTransformer`` -> ``TEMPLATE`` (EventBridge's own filling rules); none -> ``ORIGINAL``.
 - ``RetryPolicy``: ``MaximumRetryAttempts`` N -> N + 1 attempts, ``MaximumEventAgeInSeconds``
   -> the target's maximum age.
+- An API destination's ARN sends through that destination (its URL, method, connection and
+  rate limit: eventpush.api.destinations).
 - ``HttpParameters``: ``QueryStringParameters`` are added to the URL's query,
-  ``PathParameterValues`` fill the URL's ``*`` wildcards in order; ``HeaderParameters`` are
-  refused until targets carry headers (the destinations issue).
+  ``PathParameterValues`` fill the URL's ``*`` wildcards in order (neither for an API
+  destination, whose URL is its own); ``HeaderParameters`` are the target's headers.
 
 An existing ``Id`` is updated in place (its runner keeps its offsets), as AWS does.
 """
@@ -21,6 +23,7 @@ import json
 from urllib.parse import urlencode
 
 from eventpush import catalog
+from eventpush.api.destinations import name_of_arn
 from eventpush.api.errors import ApiError, validation
 from eventpush.api.rules import rule_bus
 from eventpush.api.service import Call
@@ -44,8 +47,11 @@ UNSUPPORTED = (
 def _with_http_parameters(url: str, params: dict | None) -> str:
     if not params:
         return url
-    if params.get("HeaderParameters"):
-        raise validation("HttpParameters.HeaderParameters is not supported yet by eventpush")
+    if not url and (params.get("PathParameterValues") or params.get("QueryStringParameters")):
+        raise validation(
+            "HttpParameters: an API destination's URL is its own: give its query and path "
+            "in its InvocationEndpoint"
+        )
     for value in checked(params.get("PathParameterValues") or [], "PathParameterValues", list):
         if "*" not in url:
             raise validation("HttpParameters.PathParameterValues has more values than '*' in Arn")
@@ -77,11 +83,21 @@ def _spec_fields(target: dict) -> dict:
     for member in UNSUPPORTED:
         if target.get(member):
             raise validation(f"target member '{member}' is not supported by eventpush")
-    url = _with_http_parameters(
-        url_of_arn(required(target, "Arn")), optional(target, "HttpParameters", dict)
-    )
+    arn = required(target, "Arn")
+    destination = None
+    if ":api-destination/" in arn:
+        destination, url = name_of_arn(arn, "api-destination"), ""
+    else:
+        url = url_of_arn(arn)
+    params = optional(target, "HttpParameters", dict)
+    url = _with_http_parameters(url, params)
     kind, spec = _transform(target)
     fields = {"url": url, "transform_kind": kind, "transform_spec": spec}
+    if destination is not None:
+        fields["destination"] = destination
+    headers = checked((params or {}).get("HeaderParameters") or {}, "HeaderParameters", dict)
+    if headers:
+        fields["headers"] = tuple(headers.items())
     retry = optional(target, "RetryPolicy", dict)
     if retry:
         attempts = retry.get("MaximumRetryAttempts")
@@ -130,14 +146,18 @@ def _failed(target_id: object, exc: ApiError) -> dict:
     return {"TargetId": target_id, "ErrorCode": exc.code, "ErrorMessage": exc.message}
 
 
-def arn_of_url(call: Call, url: str, account: str, region: str) -> str:
+def arn_of_url(call: Call, url: str, account: str, region: str, destination=None) -> str:
+    if destination is not None:
+        return f"arn:aws:events:{region}:{account}:api-destination/{destination}"
     if url.startswith(BUS_SCHEME):
         return bus_arn(account, region, url.removeprefix(BUS_SCHEME))
     return url
 
 
 def target_shape(call: Call, info, account: str, region: str) -> dict:
-    shape = {"Id": info.name, "Arn": arn_of_url(call, info.url, account, region)}
+    shape = {"Id": info.name, "Arn": arn_of_url(call, info.url, account, region, info.destination)}
+    if info.headers:
+        shape["HttpParameters"] = {"HeaderParameters": dict(info.headers)}
     if info.transform_kind == "CONSTANT":
         spec = info.transform_spec
         shape["Input"] = spec if isinstance(spec, str) else json.dumps(spec)

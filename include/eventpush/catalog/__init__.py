@@ -1,4 +1,5 @@
-"""The catalog: buses, rules, targets, runners and workers (docs/ARCHITECTURE.md, "Catalog").
+"""The catalog: buses, rules, targets, runners, workers, connections and API destinations
+(docs/ARCHITECTURE.md, "Catalog").
 
 One implementation for the CLI, the EventBridge API and the dashboard
 (/work/coord/catalog-contract.md is the agreed shape). Every function takes an open psycopg2
@@ -24,6 +25,23 @@ from eventpush.catalog.common import (
     NotFoundError,
     check_name,
     runner_name,
+)
+from eventpush.catalog.connections import (
+    ConnectionInfo,
+    create_connection,
+    delete_connection,
+    get_connection,
+    list_connections,
+    update_connection,
+)
+from eventpush.catalog.destinations import (
+    METHODS,
+    DestinationInfo,
+    create_destination,
+    delete_destination,
+    get_destination,
+    list_destinations,
+    update_destination,
 )
 from eventpush.catalog.rules import (
     RuleInfo,
@@ -62,6 +80,7 @@ __all__ = [
     "CATALOG_CHANNEL",
     "DEFAULTS",
     "LIMITS",
+    "METHODS",
     "MAX_QUEUES",
     "NAME_RE",
     "REGION_RE",
@@ -69,6 +88,8 @@ __all__ = [
     "BusInfo",
     "CatalogError",
     "ConflictError",
+    "ConnectionInfo",
+    "DestinationInfo",
     "NotFoundError",
     "RuleInfo",
     "TargetInfo",
@@ -79,17 +100,25 @@ __all__ = [
     "check_secret",
     "check_target",
     "create_bus",
+    "create_connection",
+    "create_destination",
     "create_rule",
     "create_target",
     "create_worker",
     "delete_bus",
+    "delete_connection",
+    "delete_destination",
     "delete_rule",
     "delete_target",
     "delete_worker",
     "get_bus",
+    "get_connection",
+    "get_destination",
     "get_rule",
     "get_target",
     "list_buses",
+    "list_connections",
+    "list_destinations",
     "list_rules",
     "list_targets",
     "list_workers",
@@ -97,6 +126,8 @@ __all__ = [
     "runner_name",
     "set_rule_enabled",
     "set_worker_enabled",
+    "update_connection",
+    "update_destination",
     "update_rule",
     "update_target",
 ]

@@ -85,3 +85,36 @@ def notify(cur, bus_id: int) -> None:
 
 def iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
+
+
+LOCKS = {"": "", "share": " FOR SHARE", "update": " FOR UPDATE"}
+
+
+def named_row(cur, table: str, kind: str, name: str, columns: str = "id", lock: str = ""):
+    """``columns`` of the live row ``name`` of a top-level table (connections, destinations);
+    ``table`` and ``columns`` are fixed names from this package, ``lock`` a key of LOCKS."""
+    cur.execute(
+        f"SELECT {columns} FROM {table} WHERE name = %s AND deleted_at IS NULL" + LOCKS[lock],
+        (name,),
+    )
+    row = cur.fetchone()
+    if row is None:
+        raise NotFoundError(f"unknown {kind} {name!r}")
+    return row
+
+
+def check_changes(kind: str, name: str, changes: dict, allowed) -> None:
+    """An update names fields that exist, and at least one."""
+    unknown = sorted(set(changes) - set(allowed))
+    if unknown:
+        raise CatalogError(f"{kind} {name!r}: no such field {unknown[0]!r}")
+    if not changes:
+        raise CatalogError(f"{kind} {name!r}: nothing to change")
+
+
+def refuse_if_used(kind: str, name: str, users: list[str], what: str, hint: str) -> None:
+    """A delete refused while ``users`` (names of ``what``) still use the row."""
+    if users:
+        shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
+        plural = "s" if len(users) > 1 else ""
+        raise ConflictError(f"{kind} {name!r} is used by {what}{plural} {shown}: {hint}")

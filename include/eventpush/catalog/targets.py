@@ -32,9 +32,11 @@ from eventpush.catalog.common import (
     rule_row,
     runner_name,
 )
+from eventpush.catalog.destinations import check_tls_files, destination_row
 from eventpush.db import Connection, transaction
 from eventpush.policy import DEFAULTS, LIMITS, defaults_for
 from eventpush.sinks import validate_url
+from eventpush.sinks.headers import HeaderError, check_headers
 
 TRANSFORM_KINDS = ("ORIGINAL", "CONSTANT", "JSONPATH", "TEMPLATE")
 POLICY_FIELDS = (
@@ -78,12 +80,21 @@ class TargetSpec:
     batch_size: int | None = None  # None: the default of the URL's kind (policy.defaults_for)
     concurrency: int = DEFAULTS.concurrency
     ordered: bool = False
+    # Issue 32: send through an API destination (its URL, method, connection, rate limit and
+    # TLS files; ``url`` is then left empty and filled from it), headers of the target's own,
+    # adaptive concurrency, and TLS files of the target's own (over the destination's).
+    destination: str | None = None
+    headers: tuple = ()
+    concurrency_auto: bool = False
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+    ca_file: str | None = None
 
     def resolved(self) -> TargetSpec:
         """This spec with the fields left to its kind's defaults filled in."""
         if self.batch_size is not None:
             return self
-        return replace(self, batch_size=defaults_for(self.url).batch_size)
+        return replace(self, batch_size=defaults_for(self.url or "").batch_size)
 
 
 SPEC_FIELDS = tuple(f.name for f in fields(TargetSpec))
@@ -96,6 +107,18 @@ def check_target(spec: TargetSpec) -> None:
         validate_url(spec.url)
     except InvalidTargetUrlError as exc:
         raise CatalogError(str(exc)) from None
+    where = f"target {spec.name!r}"
+    http = spec.url.strip().lower().startswith(("http://", "https://"))
+    tls = (spec.client_cert_file, spec.client_key_file, spec.ca_file)
+    if (spec.headers or any(tls)) and not http:
+        raise CatalogError(f"{where}: --header and TLS files apply to http and https targets only")
+    try:
+        check_headers(spec.headers, where)
+    except HeaderError as exc:
+        raise CatalogError(str(exc)) from None
+    check_tls_files(where, *tls)
+    if not isinstance(spec.concurrency_auto, bool):
+        raise CatalogError(f"{where}: concurrency_auto must be true or false")
     if spec.secret is not None:
         check_secret(spec.secret)
     for field, (low, high) in LIMITS.items():
@@ -136,6 +159,11 @@ def create_target(conn: Connection, bus: str, rule: str, spec: TargetSpec) -> st
     Returns the runner's name. New runners see the events published after their creation,
     as a new EventBridge rule does; an archive replay covers what came before.
     """
+    if spec.destination is not None:
+        if spec.url:
+            raise CatalogError(f"target {spec.name!r}: give --url or --destination, not both")
+        with transaction(conn) as cur:
+            spec = replace(spec, url=destination_row(cur, spec.destination)[1])
     spec = spec.resolved()
     check_target(spec)
     name = runner_name(bus, rule, spec.name)
@@ -146,15 +174,19 @@ def create_target(conn: Connection, bus: str, rule: str, spec: TargetSpec) -> st
             rule_id, bus_id = rule_row(cur, bus, rule)
             cur.execute("SELECT source_url FROM event_bus WHERE id = %s", (bus_id,))
             broker = sources.broker_name(cur.fetchone()[0])
+            destination_id, url = None, spec.url
+            if spec.destination is not None:  # its URL as it is now, held until commit
+                destination_id, url = destination_row(cur, spec.destination, "share")
             cur.execute(
                 "INSERT INTO event_target (rule_id, name, url, secret, transform_kind, "
                 "transform_spec, max_attempts, backoff_ms, max_age_s, timeout_ms, batch_size, "
-                "concurrency, ordered) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                "RETURNING id",
+                "concurrency, ordered, destination_id, headers, concurrency_auto, "
+                "client_cert_file, client_key_file, ca_file) VALUES (%s, %s, %s, %s, %s, %s, "
+                "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
                 (
                     rule_id,
                     spec.name,
-                    spec.url,
+                    url,
                     secret,
                     spec.transform_kind.upper(),
                     None if spec.transform_spec is None else json.dumps(spec.transform_spec),
@@ -165,6 +197,12 @@ def create_target(conn: Connection, bus: str, rule: str, spec: TargetSpec) -> st
                     spec.batch_size,
                     spec.concurrency,
                     spec.ordered,
+                    destination_id,
+                    _headers_json(spec.headers),
+                    spec.concurrency_auto,
+                    spec.client_cert_file,
+                    spec.client_key_file,
+                    spec.ca_file,
                 ),
             )
             target_id = cur.fetchone()[0]
@@ -219,6 +257,12 @@ class TargetInfo:
     version: int
     worker: str | None
     updated_at: str | None
+    destination: str | None  # the API destination it sends through (its url is then that's)
+    headers: list[list[str]]
+    concurrency_auto: bool
+    client_cert_file: str | None
+    client_key_file: str | None
+    ca_file: str | None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -227,12 +271,14 @@ class TargetInfo:
 TARGET_INFO_SQL = """
 SELECT b.name, ru.name, t.name, r.name, t.url, t.transform_kind, t.transform_spec,
        t.max_attempts, t.backoff_ms, t.max_age_s, t.timeout_ms, t.batch_size, t.concurrency,
-       t.ordered, t.secret, t.secret_old_until, r.state, t.version, w.name, t.updated_at
+       t.ordered, t.secret, t.secret_old_until, r.state, t.version, w.name, t.updated_at,
+       d.name, t.headers, t.concurrency_auto, t.client_cert_file, t.client_key_file, t.ca_file
 FROM event_target t
 JOIN event_target_runner r ON r.target_id = t.id
 JOIN event_rule ru ON ru.id = t.rule_id
 JOIN event_bus b ON b.id = ru.bus_id
 LEFT JOIN event_push_worker w ON w.id = r.worker_id
+LEFT JOIN event_api_destination d ON d.id = t.destination_id
 WHERE t.deleted_at IS NULL AND ru.deleted_at IS NULL AND b.deleted_at IS NULL
 """
 
@@ -241,7 +287,7 @@ def _target_info(row) -> TargetInfo:
     from eventpush.config import redact_url
 
     (bus, rule, name, runner, url, kind, spec, *policy, secret, old_until) = row[:16]
-    state, version, worker, updated = row[16:]
+    state, version, worker, updated = row[16:20]
     secret_set = secret is not None
     return TargetInfo(
         bus,
@@ -259,6 +305,7 @@ def _target_info(row) -> TargetInfo:
         version,
         worker,
         iso(updated),
+        *row[20:],
     )
 
 
@@ -331,19 +378,25 @@ def update_target(
     with transaction(conn) as cur:
         target_id, bus_id = _target_row(cur, bus, rule, name, lock=True)
         cur.execute(
-            "SELECT url, secret, transform_kind, transform_spec, max_attempts, backoff_ms, "
-            "max_age_s, timeout_ms, batch_size, concurrency, ordered, version "
-            "FROM event_target WHERE id = %s",
+            "SELECT t.url, t.secret, t.transform_kind, t.transform_spec, t.max_attempts, "
+            "t.backoff_ms, t.max_age_s, t.timeout_ms, t.batch_size, t.concurrency, t.ordered, "
+            "d.name, t.headers, t.concurrency_auto, t.client_cert_file, t.client_key_file, "
+            "t.ca_file, t.version FROM event_target t "
+            "LEFT JOIN event_api_destination d ON d.id = t.destination_id WHERE t.id = %s",
             (target_id,),
         )
         url, secret, kind, tspec, *policy, version = cur.fetchone()
         check_version("target", f"{bus}/{rule}/{name}", version, expected_version)
         current = TargetSpec(name, url, None, kind, tspec, *policy)
+        changes = _destination_change(cur, name, changes)
         merged = replace(current, **{k: v for k, v in changes.items() if k != "secret"})
         if "batch_size" not in changes and "url" in changes:
             merged = replace(merged, batch_size=None)  # the new kind's default
         merged = merged.resolved()
         check_target(replace(merged, secret=changes.get("secret")))
+        destination_id = None
+        if merged.destination is not None:
+            destination_id, _ = destination_row(cur, merged.destination, "share")
         new_secret, old_secret, old_until = secret, None, None
         if "secret" in changes:
             new_secret = None if changes["secret"] is None else sealed.seal(changes["secret"])
@@ -359,7 +412,9 @@ def update_target(
             "UPDATE event_target SET url = %s, secret = %s, secret_old = %s, "
             "secret_old_until = %s, transform_kind = %s, transform_spec = %s, "
             "max_attempts = %s, backoff_ms = %s, max_age_s = %s, timeout_ms = %s, "
-            "batch_size = %s, concurrency = %s, ordered = %s, version = version + 1, "
+            "batch_size = %s, concurrency = %s, ordered = %s, destination_id = %s, "
+            "headers = %s, concurrency_auto = %s, client_cert_file = %s, "
+            "client_key_file = %s, ca_file = %s, version = version + 1, "
             "updated_at = now() WHERE id = %s",
             (
                 merged.url,
@@ -369,12 +424,38 @@ def update_target(
                 merged.transform_kind.upper(),
                 None if merged.transform_spec is None else json.dumps(merged.transform_spec),
                 *(getattr(merged, f) for f in POLICY_FIELDS),
+                destination_id,
+                _headers_json(merged.headers),
+                merged.concurrency_auto,
+                merged.client_cert_file,
+                merged.client_key_file,
+                merged.ca_file,
                 target_id,
             ),
         )
         notify(cur, bus_id)
         cur.execute(TARGET_INFO_SQL + " AND t.id = %s", (target_id,))
         return _target_info(cur.fetchone())
+
+
+def _headers_json(headers) -> str:
+    return json.dumps([[k.lower(), v] for k, v in dict(headers).items()])
+
+
+def _destination_change(cur, name: str, changes: dict) -> dict:
+    """``changes`` with the URL and destination made to agree: a new ``url`` leaves the
+    destination; a new ``destination`` brings its URL."""
+    destination = changes.get("destination")
+    if changes.get("url") and destination is not None:
+        raise CatalogError(f"target {name!r}: give --url or --destination, not both")
+    if changes.get("url"):
+        return {**changes, "destination": None}
+    if destination is not None:
+        # Under a share lock: its URL cannot change before this transaction commits.
+        return {**changes, "url": destination_row(cur, destination, "share")[1]}
+    if "destination" in changes:
+        raise CatalogError(f"target {name!r}: leaving its destination needs a new --url")
+    return changes
 
 
 def mark_targets_deleted(cur, where: str, params: tuple) -> int:

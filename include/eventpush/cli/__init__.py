@@ -13,6 +13,7 @@ from eventpush.cli import changes  # noqa: F401  (adds list, show, update, delet
 from eventpush.cli.api import api_cmd
 from eventpush.cli.batch import audit, rebalance, replay
 from eventpush.cli.catalog import assign_cmd, bus, db, rule, target
+from eventpush.cli.destinations import connection, destination
 from eventpush.cli.keys import key
 from eventpush.cli.publish import publish_cmd
 from eventpush.cli.secrets import secrets
@@ -30,6 +31,8 @@ for _command in (
     bus,
     rule,
     target,
+    connection,
+    destination,
     worker,
     runner,
     assign_cmd,

@@ -8,7 +8,16 @@ import json
 import click
 
 from eventpush import catalog
-from eventpush.cli.common import fail, handles_errors, out
+from eventpush.cli.common import (
+    NumberOrAuto,
+    concurrency_option,
+    fail,
+    handles_errors,
+    out,
+    pairs,
+    print_json,
+    tls_options,
+)
 from eventpush.config import redact_url
 from eventpush.db import connection
 from eventpush.policy import DEFAULTS, SCHEME_DEFAULTS
@@ -146,10 +155,17 @@ def read_secret(secret: str | None, secret_file: str | None) -> str | None:
 @click.option("--name", required=True)
 @click.option(
     "--url",
-    required=True,
+    default=None,
     help="http or https endpoint, nats://HOST:PORT/SUBJECT (a JetStream subject), or a scheme "
     "a sink plug-in adds.",
 )
+@click.option(
+    "--destination",
+    default=None,
+    help="Send through this API destination (its URL, method, connection, rate limit) "
+    "instead of --url.",
+)
+@click.option("--header", "headers", multiple=True, metavar="K:V", help="Header, repeatable.")
 @click.option(
     "--secret",
     default=None,
@@ -173,7 +189,13 @@ def read_secret(secret: str | None, secret_file: str | None) -> str | None:
     help=f"Records per send [default: {DEFAULTS.batch_size}; "
     f"{SCHEME_DEFAULTS['nats'].batch_size} for nats:// targets, each record still a message]",
 )
-@click.option("--concurrency", type=int, default=DEFAULTS.concurrency, show_default=True)
+@click.option(
+    "--concurrency",
+    type=NumberOrAuto(),
+    default=DEFAULTS.concurrency,
+    show_default=True,
+    help="Sends in flight, or auto: the limit follows the destination's answers.",
+)
 @click.option("--ordered", is_flag=True, help="Deliver in order per queue.")
 @click.option(
     "--transform",
@@ -182,12 +204,16 @@ def read_secret(secret: str | None, secret_file: str | None) -> str | None:
     show_default=True,
 )
 @click.option("--transform-spec", default=None, help="The transform's spec, as JSON.")
+@tls_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @handles_errors
 def target_create(
     bus_name: str,
     rule_name: str,
     name: str,
-    url: str,
+    url: str | None,
+    destination: str | None,
+    headers: tuple[str, ...],
     secret: str | None,
     secret_file: str | None,
     max_attempts: int,
@@ -195,12 +221,16 @@ def target_create(
     max_age_s: int,
     timeout_ms: int,
     batch_size: int | None,
-    concurrency: int,
+    concurrency: int | str,
     ordered: bool,
     transform: str,
     transform_spec: str | None,
+    as_json: bool,
+    **tls,
 ) -> None:
-    """Create a target on a rule, and its runner."""
+    """Create a target on a rule, and its runner (--url or --destination)."""
+    if (url is None) == (destination is None):
+        fail("give --url or --destination (one of them)")
     secret = read_secret(secret, secret_file)
     spec_value = None
     if transform_spec is not None:
@@ -210,7 +240,11 @@ def target_create(
             fail(f"--transform-spec is not valid JSON: {exc}")
     spec = catalog.TargetSpec(
         name=name,
-        url=url,
+        url=url or "",
+        destination=destination,
+        headers=tuple(pairs(headers, ":", "--header")),
+        **concurrency_option(concurrency),
+        **tls,
         secret=secret,
         transform_kind=transform.upper(),
         transform_spec=spec_value,
@@ -219,12 +253,17 @@ def target_create(
         max_age_s=max_age_s,
         timeout_ms=timeout_ms,
         batch_size=batch_size,
-        concurrency=concurrency,
         ordered=ordered,
     )
     with connection() as conn:
         runner = catalog.create_target(conn, bus_name, rule_name, spec)
-    out.print(f"target created; runner {runner} -> {redact_url(url)}", markup=False, soft_wrap=True)
+        info = catalog.get_target(conn, bus_name, rule_name, name)
+    if as_json:
+        print_json(info.to_json())
+        return
+    via = f" (destination {destination})" if destination else ""
+    message = f"target created; runner {runner} -> {redact_url(info.url)}{via}"
+    out.print(message, markup=False, soft_wrap=True)
 
 
 @click.command("assign")

@@ -14,7 +14,16 @@ from rich.table import Table
 
 from eventpush import catalog
 from eventpush.cli.catalog import bus, read_secret, rule, target
-from eventpush.cli.common import fail, handles_errors, out, print_json
+from eventpush.cli.common import (
+    NumberOrAuto,
+    concurrency_option,
+    fail,
+    handles_errors,
+    out,
+    pairs,
+    print_json,
+    tls_options,
+)
 from eventpush.cli.workers import worker
 from eventpush.db import connection
 
@@ -246,7 +255,12 @@ def target_show(bus_name: str, rule_name: str, name: str, as_json: bool) -> None
 
 @target.command("update")
 @target_options
-@click.option("--url", default=None)
+@click.option("--url", default=None, help="A new URL (the target leaves its destination).")
+@click.option("--destination", default=None, help="Send through this API destination.")
+@click.option("--header", "headers", multiple=True, metavar="K:V", help="Replaces all headers.")
+@click.option("--no-header", is_flag=True, help="Drop every header of the target's own.")
+@tls_options
+@click.option("--no-tls", is_flag=True, help="Drop the target's own TLS files.")
 @click.option("--secret", default=None, help="A new secret, whsec_<base64>; '-' reads stdin.")
 @click.option("--secret-file", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--no-secret", is_flag=True, help="Stop signing (the secret is removed).")
@@ -260,7 +274,7 @@ def target_show(bus_name: str, rule_name: str, name: str, as_json: bool) -> None
 @click.option("--max-age-s", type=int, default=None)
 @click.option("--timeout-ms", type=int, default=None)
 @click.option("--batch-size", type=int, default=None)
-@click.option("--concurrency", type=int, default=None)
+@click.option("--concurrency", type=NumberOrAuto(), default=None, help="Sends in flight, or auto.")
 @click.option("--ordered/--unordered", default=None)
 @click.option(
     "--transform",
@@ -283,10 +297,19 @@ def target_update(
     transform_spec: str | None,
     expected_version: int | None,
     as_json: bool,
+    headers: tuple[str, ...],
+    no_header: bool,
+    no_tls: bool,
+    concurrency: str | None,
     **policy,
 ) -> None:
     """Change a target: any option of ``target create``; running workers apply it within 2 s."""
     changes = {k: v for k, v in policy.items() if v is not None}
+    changes.update(concurrency_option(concurrency))
+    if headers or no_header:
+        changes["headers"] = tuple(pairs(headers, ":", "--header"))
+    if no_tls:
+        changes.update(client_cert_file=None, client_key_file=None, ca_file=None)
     secret = read_secret(secret, secret_file)
     if no_secret and secret is not None:
         fail("give a new secret or --no-secret, not both")

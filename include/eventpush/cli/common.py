@@ -54,3 +54,46 @@ def handles_errors(func):
 
 def print_json(doc: object) -> None:
     click.echo(json.dumps(doc, indent=2, default=str))
+
+
+def pairs(values: tuple[str, ...], sep: str, option: str) -> list[tuple[str, str]]:
+    """``K:V`` (headers) or ``K=V`` (query, token fields) options as (name, value) pairs."""
+    from eventpush.sinks.headers import HeaderError, split_pair
+
+    try:
+        return [split_pair(v, sep, option) for v in values]
+    except HeaderError as exc:
+        fail(str(exc))
+
+
+def tls_options(func):
+    """--client-cert-file, --client-key-file, --ca-file (destinations and targets)."""
+    func = click.option("--ca-file", default=None, help="CA bundle (PEM) to trust too.")(func)
+    func = click.option("--client-key-file", default=None, help="mTLS: client key (PEM).")(func)
+    return click.option("--client-cert-file", default=None, help="mTLS: client certificate (PEM).")(
+        func
+    )
+
+
+class NumberOrAuto(click.ParamType):
+    """``--concurrency N|auto``: the value as given (its default stays the number), judged by
+    :func:`concurrency_option` so a wrong one is refused in one line."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        return value if isinstance(value, int) else str(value)
+
+
+def concurrency_option(value: int | str | None) -> dict:
+    """``--concurrency N|auto`` as TargetSpec fields."""
+    if value is None:
+        return {}
+    if isinstance(value, int):
+        return {"concurrency": value, "concurrency_auto": False}
+    if value.strip().lower() == "auto":
+        return {"concurrency_auto": True}
+    try:
+        return {"concurrency": int(value), "concurrency_auto": False}
+    except ValueError:
+        fail(f"--concurrency must be a number or auto, got {value!r}")

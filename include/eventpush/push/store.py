@@ -28,7 +28,7 @@ import psycopg2.extras
 
 from eventpush.config import setting
 from eventpush.db import Connection, copy_text, transaction
-from eventpush.sinks.contract import Target
+from eventpush.sinks.contract import Auth, Target, Tls
 from eventpush.sources import broker_name
 
 DEFAULT_BROKER = "eventpush"  # the column default: a bus on eventpush's own PostgreSQL store
@@ -277,11 +277,17 @@ TARGET_SQL = """
 SELECT r.id, r.name, b.name, b.id, ru.name, ru.pattern::text, t.name, t.url, t.secret,
        t.transform_kind, t.transform_spec, t.max_attempts, t.backoff_ms, t.max_age_s,
        t.timeout_ms, t.batch_size, t.concurrency, t.ordered, b.account, b.region,
-       t.secret_old, t.secret_old_until, ru.version, t.version, ru.state, b.source_url
+       t.secret_old, t.secret_old_until, ru.version, t.version, ru.state, b.source_url,
+       d.name, d.method, d.rate_limit, t.concurrency_auto, t.headers,
+       coalesce(t.client_cert_file, d.client_cert_file),
+       coalesce(t.client_key_file, d.client_key_file), coalesce(t.ca_file, d.ca_file),
+       c.id, c.name, c.version, c.auth_kind, c.parameters, c.secret, c.headers, c.query
 FROM event_target_runner r
 JOIN event_target t ON t.id = r.target_id
 JOIN event_rule ru ON ru.id = t.rule_id
 JOIN event_bus b ON b.id = ru.bus_id
+LEFT JOIN event_api_destination d ON d.id = t.destination_id
+LEFT JOIN event_connection c ON c.id = d.connection_id
 """
 
 
@@ -294,7 +300,7 @@ def load_targets(cur, where: str = "TRUE", params: tuple = ()) -> list[Target]:
     cur.execute(f"{TARGET_SQL} WHERE {where} ORDER BY r.id", params)
     targets = []
     for row in cur.fetchall():
-        (*head, secret), rest = row[:9], row[9:]
+        (*head, secret), rest = row[:9], row[9:26]
         *middle, old, old_until, rule_version, target_version, state, source = rest
         targets.append(
             Target(
@@ -307,9 +313,44 @@ def load_targets(cur, where: str = "TRUE", params: tuple = ()) -> list[Target]:
                 rule_version=rule_version,
                 target_version=target_version,
                 rule_state=state,
+                **_destination_fields(row[26:]),
             )
         )
     return targets
+
+
+def _destination_fields(row: tuple) -> dict:
+    """The Target fields of issue 32: destination, method, rate limit, adaptive concurrency,
+    headers (the connection's, then the target's own over them), query, TLS files (the
+    target's own over the destination's) and the connection's credentials, unsealed."""
+    from eventpush import sealed
+
+    destination, method, rate_limit, auto, target_headers, cert, key, ca = row[:8]
+    connection_id, connection, version, kind, params, secret, headers, query = row[8:]
+    fields: dict = {"concurrency_auto": auto}
+    if destination is not None:
+        fields.update(destination=destination, method=method, rate_limit=rate_limit)
+    merged = dict((k, v) for k, v in (headers or []) + (target_headers or []))
+    if merged:
+        fields["headers"] = tuple(merged.items())
+    if query:
+        fields["query"] = tuple((k, v) for k, v in query)
+    if cert is not None or ca is not None:
+        fields["tls"] = Tls(cert, key, ca)
+    if connection_id is not None:
+        name = params.get("key_name") or params.get("username") or params.get("client_id")
+        fields["auth"] = Auth(
+            connection_id,
+            connection,
+            version,
+            kind,
+            name,
+            sealed.unseal(secret),
+            token_url=params.get("token_url"),
+            scopes=tuple(params.get("scopes", ())),
+            params=tuple((k, v) for k, v in params.get("oauth_params", ())),
+        )
+    return fields
 
 
 def read_targets(conn: Connection, runner_ids: list[int]) -> list[Target]:

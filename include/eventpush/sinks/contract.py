@@ -22,6 +22,46 @@ RETRY = "retry"
 FINAL = "final"
 
 
+API_KEY = "api-key"
+BASIC = "basic"
+OAUTH = "oauth-client-credentials"
+AUTH_KINDS = (API_KEY, BASIC, OAUTH)
+
+
+@dataclass(frozen=True)
+class Auth:
+    """A connection's credentials as a sink applies them (secret included: never log this).
+
+    ``name`` is the API key's header name, the Basic user name or the OAuth2 client id;
+    ``secret`` the key's value, the password or the client secret. ``connection_id`` and
+    ``version`` key what a sink caches for it (an OAuth2 token): a changed or re-created
+    connection never reuses the token of the one before."""
+
+    connection_id: int
+    connection: str  # its name, for errors
+    version: int
+    kind: str  # one of AUTH_KINDS
+    name: str
+    secret: str = field(repr=False)
+    token_url: str | None = None
+    scopes: tuple[str, ...] = ()
+    params: tuple[tuple[str, str], ...] = ()  # extra fields of the token request
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.connection_id, self.version)
+
+
+@dataclass(frozen=True)
+class Tls:
+    """Client certificate and key (PEM files, both or neither) and a CA bundle to trust
+    besides the system's, by path on the worker's host."""
+
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+    ca_file: str | None = None
+
+
 @dataclass(frozen=True)
 class Target:
     """A runner's target as the engine pushes it (secret included: never log this object)."""
@@ -57,6 +97,21 @@ class Target:
     rule_version: int = 1
     target_version: int = 1
     rule_state: str = "ENABLED"
+    # Issue 32: the API destination this target sends through (None: a plain --url target).
+    # ``destination`` keys the whole-destination rate limit and the adaptive concurrency.
+    destination: str | None = None
+    method: str = "POST"
+    rate_limit: float | None = None  # invocations per second for the destination as a whole
+    concurrency_auto: bool = False  # --concurrency auto: the in-flight limit adapts (AIMD)
+    # Issue 32, what each request carries besides the body and the Standard Webhooks headers:
+    # the connection's credentials (secrets: repr off), the connection's then the target's
+    # headers (lower-case names, checked at create: never a webhook-*, traceparent or
+    # hop-by-hop one), the connection's query parameters, and the client certificate and CA
+    # files (mTLS, private CAs).
+    auth: Auth | None = field(default=None, repr=False)
+    headers: tuple[tuple[str, str], ...] = ()
+    query: tuple[tuple[str, str], ...] = ()
+    tls: Tls | None = None
 
     def signing_secrets(self, now: datetime) -> list[str]:
         """The secrets that sign a request sent at ``now``: the current one first."""

@@ -16,6 +16,7 @@ to it before it connects (:class:`Session`), and every error text passes
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ipaddress
 import socket
@@ -42,7 +43,20 @@ from eventpush.config import redact, redact_url
 from eventpush.errors import first_line
 from eventpush.policy import LIMITS
 from eventpush.sinks import transform_failed
-from eventpush.sinks.contract import DELIVERED, FINAL, RETRY, Outcome, Record, Target
+from eventpush.sinks.contract import (
+    API_KEY,
+    BASIC,
+    DELIVERED,
+    FINAL,
+    OAUTH,
+    RETRY,
+    Auth,
+    Outcome,
+    Record,
+    Target,
+    Tls,
+)
+from eventpush.sinks.oauth import TokenError, Tokens, parse_token, token_request
 from eventpush.sinks.request import build_request
 from eventpush.sinks.retry import classify, parse_retry_after
 
@@ -117,21 +131,24 @@ class Session:
             td = self._timeouts[ms] = timedelta(milliseconds=ms)
         return td
 
-    def pinned(self, url: str) -> Client | None:
-        """The client pinned to ``url`` while its pin is fresh (no await on the hot path)."""
-        route = self._routes.get(url)
+    def pinned(self, url: str, tls: Tls | None = None) -> Client | None:
+        """The client pinned to ``url`` (with the TLS files ``tls``) while its pin is fresh
+        (no await on the hot path)."""
+        route = self._routes.get(url if tls is None else (url, tls))
         if route is not None and route.expires > time.monotonic():
             return route.client
         return None
 
-    async def client_for(self, url: str) -> Client:
-        """The client pinned to ``url``'s checked address; raises RefusedAddressError for a
-        denied one, InvalidTargetUrlError for a URL that cannot be sent to, OSError when the
-        name does not resolve."""
-        client = self.pinned(url)
+    async def client_for(self, url: str, tls: Tls | None = None) -> Client:
+        """The client pinned to ``url``'s checked address, presenting and trusting the
+        certificates of ``tls``; raises RefusedAddressError for a denied address,
+        InvalidTargetUrlError for a URL that cannot be sent to, OSError when the name does
+        not resolve or a TLS file cannot be read."""
+        client = self.pinned(url, tls)
         if client is not None:
             return client
-        route = self._routes.get(url)
+        key = url if tls is None else (url, tls)
+        route = self._routes.get(key)
         now = time.monotonic()
         origin = _origin(url)
         addresses = await self._checked_addresses(origin[1], origin[2])
@@ -139,16 +156,22 @@ class Session:
             route.expires = now + PIN_TTL_S
             return route.client
         for other in self._routes.values():  # another target's fresh route to that origin
-            if other.origin == origin and other.address in addresses and other.expires > now:
-                self._routes[url] = other
+            if (
+                other.origin == origin
+                and other.tls == tls
+                and other.address in addresses
+                and other.expires > now
+            ):
+                self._routes[key] = other
                 return other.client
         if route is not None:
             self._retire(route.client, now)
-        route = self._routes[url] = _Route(self._build(origin, addresses[0]), origin, addresses[0])
+        client = self._build(origin, addresses[0], tls)
+        route = self._routes[key] = _Route(client, origin, addresses[0], tls)
         route.expires = now + PIN_TTL_S
         return route.client
 
-    def _build(self, origin: tuple[str, str, int], address: str) -> Client:
+    def _build(self, origin: tuple[str, str, int], address: str, tls: Tls | None = None) -> Client:
         _, host, port = origin
         builder = (
             ClientBuilder()
@@ -164,6 +187,12 @@ class Session:
             builder = builder.max_connections(self._limit)
         if address != host:  # a name: its one route is the address we checked
             builder = builder.resolve(host, address, port)
+        if tls is not None:
+            if tls.client_cert_file is not None:  # reqwest wants the key and chain in one PEM
+                identity = _read(tls.client_key_file) + b"\n" + _read(tls.client_cert_file)
+                builder = builder.identity_pem(identity)
+            if tls.ca_file is not None:
+                builder = builder.add_root_certificate_pem(_read(tls.ca_file))
         return builder.build()
 
     def _retire(self, client: Client, now: float) -> None:
@@ -197,7 +226,17 @@ class _Route:
     client: Client
     origin: tuple[str, str, int]  # scheme, host, port
     address: str
+    tls: Tls | None = None
     expires: float = 0.0
+
+
+def _read(path: str) -> bytes:
+    """A TLS file's bytes; OSError naming it (never its contents) when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise OSError(f"TLS file {path}: {exc.strerror or exc}") from None
 
 
 def _origin(url: str) -> tuple[str, str, int]:
@@ -243,10 +282,16 @@ async def post(session: Session, target: Target, body: bytes, headers: dict[str,
     status: int | None = None
     retry_after = location = None
     try:
-        client = session.pinned(target.url) or await session.client_for(target.url)
+        url, tls = target.url, target.tls
+        client = session.pinned(url, tls) or await session.client_for(url, tls)
+        if target.method == "POST":
+            builder = client.post(session.url(url))
+        else:
+            builder = client.request(target.method, session.url(url))
+        if target.query:
+            builder = builder.query(target.query)
         request = (
-            client.post(session.url(target.url))
-            .headers(headers)
+            builder.headers(headers)
             .body_bytes(body)
             .timeout(session.timeout(target.timeout_ms))
             .streamed_read_buffer_limit(BODY_CAP)
@@ -293,12 +338,14 @@ def _outcome(
 
 
 class HttpSink:
-    """One pooled HTTP session for every http(s) target of the process."""
+    """One pooled HTTP session for every http(s) target of the process, and the OAuth2
+    tokens of their connections (:mod:`eventpush.sinks.oauth`)."""
 
     validate_url = staticmethod(validate_url)
 
     def __init__(self, policy: AddressPolicy) -> None:
         self.session = new_session(policy=policy)
+        self.tokens = Tokens()
 
     def send(self, target: Target, records: list[Record], transform) -> Awaitable[Outcome]:
         """The attempt's awaitable: the request coroutine itself, so a send costs no
@@ -311,7 +358,68 @@ class HttpSink:
             )
         except Exception as exc:
             return _ready(transform_failed(exc))
+        auth = target.auth
+        if auth is None:
+            return post(self.session, target, body, headers)
+        if auth.kind == OAUTH:
+            return self._send_with_token(target, body, headers)
+        name, value = credential_header(auth)
+        headers[name] = value
         return post(self.session, target, body, headers)
+
+    async def _send_with_token(
+        self, target: Target, body: bytes, headers: dict[str, str]
+    ) -> Outcome:
+        """The send with the connection's bearer token; answered 401, the token is refreshed
+        once and the send made again. No token (the endpoint failed) is a retry."""
+        auth = target.auth
+        started = time.perf_counter()
+
+        def fetch(auth: Auth) -> Awaitable[tuple[str, float | None]]:
+            return self.fetch_token(auth, target)
+
+        try:
+            token = self.tokens.fresh(auth) or await self.tokens.get(auth, fetch)
+            outcome = await post(self.session, target, body, _bearer(headers, token))
+            if outcome.http_status != 401:
+                return outcome
+            self.tokens.refused(auth, token)
+            token = await self.tokens.get(auth, fetch)
+        except TokenError as exc:
+            error = f"connection {auth.connection}: no OAuth token: {exc}"
+            outcome = _outcome(target, RETRY, None, error, started)
+            outcome.reached = False
+            return outcome
+        return await post(self.session, target, body, _bearer(headers, token))
+
+    async def fetch_token(self, auth: Auth, target: Target) -> tuple[str, float | None]:
+        """One token request to the connection's token URL, through the session (the address
+        policy at connect time) with the target's timeout; TokenError says why it gave none."""
+        where = redact_url(auth.token_url)
+        body, headers = token_request(auth)
+        try:
+            client = await self.session.client_for(auth.token_url)
+            request = (
+                client.post(self.session.url(auth.token_url))
+                .headers(headers)
+                .body_bytes(body)
+                .timeout(self.session.timeout(target.timeout_ms))
+                .streamed_read_buffer_limit(BODY_CAP)
+                .build_streamed()
+            )
+            async with request as resp:
+                status, answer = resp.status, await _read_capped(resp)
+        except (RefusedAddressError, InvalidTargetUrlError) as exc:
+            raise TokenError(f"token URL {where}: refused address: {exc}") from None
+        except RequestTimeoutError:
+            raise TokenError(f"token URL {where}: timed out after {target.timeout_ms} ms") from None
+        except (PyreqwestError, OSError, ValueError) as exc:
+            why = redact(first_line(exc)[:300], auth.token_url)
+            raise TokenError(f"token URL {where}: connection failed: {why}") from None
+        try:
+            return parse_token(status, answer)
+        except TokenError as exc:
+            raise TokenError(f"token URL {where} answered {exc}") from None
 
     async def close(self) -> None:
         await self.session.close()
@@ -319,3 +427,29 @@ class HttpSink:
 
 async def _ready(outcome: Outcome) -> Outcome:
     return outcome
+
+
+def _bearer(headers: dict[str, str], token: str) -> dict[str, str]:
+    return {**headers, "authorization": f"Bearer {token}"}
+
+
+def credential_header(auth: Auth) -> tuple[str, str]:
+    """The header an API-key or Basic connection adds to each request."""
+    if auth.kind == API_KEY:
+        return auth.name.lower(), auth.secret
+    if auth.kind == BASIC:
+        basic = base64.b64encode(f"{auth.name}:{auth.secret}".encode()).decode()
+        return "authorization", f"Basic {basic}"
+    raise ValueError(f"connection {auth.connection}: no header for auth kind {auth.kind!r}")
+
+
+async def _read_capped(resp) -> bytes:
+    """At most ``BODY_CAP`` bytes of an answer's body."""
+    chunks, size = [], 0
+    while size < BODY_CAP:
+        chunk = await resp.body_reader.read_chunk()
+        if chunk is None:
+            break
+        chunks.append(bytes(chunk))
+        size += len(chunk)
+    return b"".join(chunks)[:BODY_CAP]

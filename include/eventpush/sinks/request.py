@@ -1,5 +1,6 @@
 """What every built-in sink sends for a batch: the body (the event as stored, or transformed;
-a JSON array for batch targets) and the Standard Webhooks headers (id, timestamp, signature)."""
+a JSON array for batch targets), the headers of the target's connection and its own, and the
+Standard Webhooks headers (id, timestamp, signature), set last so nothing overrides them."""
 
 from __future__ import annotations
 
@@ -26,7 +27,10 @@ def build_request(
     else:
         body = _body(target, records[0], transform)
     msg_id = webhook_id(target, records)
-    headers = {"content-type": "application/json", "user-agent": USER_AGENT, "webhook-id": msg_id}
+    headers = {"content-type": "application/json", "user-agent": USER_AGENT}
+    if target.headers:  # the connection's and the target's, before eventpush's own
+        headers.update(target.headers)
+    headers["webhook-id"] = msg_id
     if target.secret:
         now = now or datetime.now(UTC)
         headers["webhook-timestamp"] = str(int(now.timestamp()))
