@@ -57,6 +57,12 @@ class Target:
     rule_version: int = 1
     target_version: int = 1
     rule_state: str = "ENABLED"
+    # Issue 32: the API destination this target sends through (None: a plain --url target).
+    # ``destination`` keys the whole-destination rate limit and the adaptive concurrency.
+    destination: str | None = None
+    method: str = "POST"
+    rate_limit: float | None = None  # invocations per second for the destination as a whole
+    concurrency_auto: bool = False  # --concurrency auto: the in-flight limit adapts (AIMD)
 
     def signing_secrets(self, now: datetime) -> list[str]:
         """The secrets that sign a request sent at ``now``: the current one first."""
