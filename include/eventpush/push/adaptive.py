@@ -7,13 +7,19 @@ end of each window:
 - **back-pressure** (a 429, a 503, a timeout or a connection error in the window): the limit
   is halved;
 - **rising latency** (the window's mean latency above ``LATENCY_RISE`` times the best seen):
-  the limit shrinks by a tenth (by one at least), and the next window only settles (its
-  answers are partly to requests sent at the old limit);
+  the limit shrinks by a tenth (by one at least; by up to half when the latency is that far
+  above its best);
 - otherwise, when the window used the whole limit, it grows: doubling below the slow-start
   threshold (at first the ceiling, so a fast target is not held at one for long), by one
   above it;
 - the target's circuit breaker opening (nearly every answer failed) drops it to one at once,
   with the threshold at half what it was, as TCP does after a timeout.
+
+Only answers to requests sent since the last change (the answer's time less its latency)
+tell of the limit in force, and a window waits for half the limit's worth of them: a limit
+that grew is judged on the latency it brings, not on answers still coming to the smaller one
+(slow start would otherwise overshoot by a doubling or two). A limit that grows wakes the
+runner's dispatcher, so the new slots are used at once.
 
 The limit stays between 1 and its ceiling, the worker's pool (``pool_max``), or the runner's
 ``concurrency`` control when set lower. The best latency is the lowest window mean, which
@@ -28,14 +34,14 @@ import time
 from collections import deque
 
 from eventpush.push.limits import Limiter
-from eventpush.sinks.contract import DELIVERED, RETRY, Outcome
+from eventpush.sinks.contract import RETRY, Outcome
 
 BACKPRESSURE_STATUS = frozenset({429, 503})
 MIN_WINDOW_S = 0.05
 MAX_WINDOW_S = 1.0
-LATENCY_RISE = 1.25
+LATENCY_RISE = 1.15
 LATENCY_SLACK_MS = 1.0  # a rise smaller than this is noise, whatever the ratio
-BEST_FORGETS = 0.01
+BEST_FORGETS = 0.005
 BACKPRESSURE_DECREASE = 0.5
 LATENCY_DECREASE = 0.9
 
@@ -57,15 +63,16 @@ class AdaptiveLimiter(Limiter):
         self.requested = ceiling  # the ceiling asked for (the runner's concurrency control)
         self.ssthresh = self.ceiling  # doubling below this, one by one above
         self.best_ms: float | None = None
-        self.window_start = time.monotonic()
+        self.window_start: float | None = None  # the first answer starts the first window
         self.window_s = MIN_WINDOW_S
         self.count = 0
         self.sum_ms = 0.0
         self.pressed = False
         self.saturated = False
-        self.settling = False  # the window after a decrease for latency: no latency verdict
+        self.changed_at = float("-inf")  # when the limit last changed
+        self.wake = None  # set when the limit grows: the runner's dispatcher hands out more
         self.decisions: deque[tuple[float, int, str]] = deque(maxlen=4096)
-        self.decisions.append((self.window_start, 1, "start"))
+        self.decisions.append((time.monotonic(), 1, "start"))
 
     def resize(self, limit: int) -> None:
         """An operator's limit is the ceiling here; the limit itself adapts."""
@@ -84,17 +91,21 @@ class AdaptiveLimiter(Limiter):
 
     def observe(self, outcome: Outcome, now: float | None = None) -> None:
         """One answer, while its send still holds its slot."""
-        if self.in_use >= self.limit:
-            self.saturated = True
+        now = time.monotonic() if now is None else now
         if backpressure(outcome):
             self.pressed = True
-        elif outcome.kind == DELIVERED:
-            self.count += 1
-            self.sum_ms += outcome.latency_ms
         elif not outcome.reached:
             return
-        now = time.monotonic() if now is None else now
-        if now - self.window_start >= self.window_s:
+        elif now - outcome.latency_ms / 1000 >= self.changed_at:  # sent at the current limit
+            self.count += 1
+            self.sum_ms += outcome.latency_ms
+            if self.in_use >= self.limit:
+                self.saturated = True
+        if self.window_start is None:
+            self.window_start = now
+        elif now - self.window_start >= self.window_s and (
+            self.pressed or self.count >= max(1, self.limit // 2)
+        ):
             self._decide(now)
 
     def breaker_opened(self, now: float | None = None) -> None:
@@ -110,16 +121,16 @@ class AdaptiveLimiter(Limiter):
         if self.pressed:
             self._set(max(1, int(limit * BACKPRESSURE_DECREASE)), "back-pressure", now)
             self.ssthresh = self.limit
-        elif self.settling:
-            self.settling = False
         elif mean is not None:
             best = self.best_ms
             if best is None or mean < best:
                 self.best_ms = best = mean
             if mean > best * LATENCY_RISE and mean - best > LATENCY_SLACK_MS:
-                self._set(max(1, min(int(limit * LATENCY_DECREASE), limit - 1)), "latency", now)
+                # By a tenth, or in proportion when far above its best (an overshoot).
+                rise = LATENCY_RISE * best / mean
+                factor = min(LATENCY_DECREASE, max(BACKPRESSURE_DECREASE, rise))
+                self._set(max(1, min(int(limit * factor), limit - 1)), "latency", now)
                 self.ssthresh = self.limit
-                self.settling = True
             elif self.saturated and limit < self.ceiling:
                 grown = min(limit * 2, self.ssthresh) if limit < self.ssthresh else limit + 1
                 self._set(min(grown, self.ceiling), "increase", now)
@@ -130,10 +141,13 @@ class AdaptiveLimiter(Limiter):
         self.count = 0
         self.sum_ms = 0.0
         self.pressed = False
-        self.saturated = self.in_use >= self.limit
+        self.saturated = False
 
     def _set(self, limit: int, why: str, now: float) -> None:
         if limit != self.limit:
+            if limit > self.limit and self.wake is not None:
+                self.wake.set()
             self.limit = limit
+            self.changed_at = now
             self.decisions.append((now, limit, why))
             self._changed.set()

@@ -98,6 +98,8 @@ class Runner:
             self.breaker = CircuitBreaker()
         self.gate: DestinationGate | None = None  # its destination's rate limit (Lanes.attach)
         self.wake = asyncio.Event()  # retries, breaker or limits changed: the dispatcher looks
+        if self.adaptive is not None:
+            self.adaptive.wake = self.wake
         self.room = asyncio.Event()  # records finished or committed: feeders may pull again
         # A blocked feeder is woken once a share of what was in flight has finished, not by
         # every record that finishes (a wake per delivery was a large part of its cost).
