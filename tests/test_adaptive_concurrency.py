@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import time
 
-from destination_support import Congested, EngineThread, through_destination
+from destination_support import EngineThread, through_destination
 from support import events, wait_until
 
 from eventpush import catalog
+from eventpush.demo.congested import Congested
 from eventpush.publish import publish
 from eventpush.push import adaptive
 from eventpush.push.adaptive import AdaptiveLimiter

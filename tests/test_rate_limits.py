@@ -7,10 +7,11 @@ import threading
 import time
 
 import psycopg2
-from destination_support import Congested, EngineThread, through_destination
+from destination_support import EngineThread, through_destination
 from support import events, rows, wait_until
 
 from eventpush import catalog
+from eventpush.demo.congested import Congested
 from eventpush.publish import publish
 from eventpush.push import rates
 
@@ -132,3 +133,26 @@ def test_two_workers_two_rules_one_destination_hold_its_rate_while_runners_move(
     # Both workers sent through the one destination and waited for its tokens.
     assert all(f["api"]["sent"] > 0 and f["api"]["throttled_s"] > 1 for f in figures), figures
     assert all(f["api"]["rate_limit"] == LIMIT for f in figures)
+    # The waiting shows in /metrics and in each worker's heartbeat (status).
+    for worker in workers:
+        scraped = {
+            (m.name, s.name): s.value
+            for m in worker.engine.metrics.registry.collect()
+            for s in m.samples
+            if s.labels.get("destination") == "api"
+        }
+        assert (
+            scraped[("eventpush_destination_rate_limit", "eventpush_destination_rate_limit")] == 50
+        )
+        assert (
+            scraped[
+                (
+                    "eventpush_destination_throttled_seconds",
+                    "eventpush_destination_throttled_seconds_total",
+                )
+            ]
+            > 1
+        )
+    beats = rows(conn, "SELECT metrics->'destinations'->'api' FROM event_push_worker ORDER BY name")
+    assert [b["rate_limit"] for (b,) in beats] == [LIMIT, LIMIT]
+    assert all(b["throttled_s"] > 0 for (b,) in beats)
