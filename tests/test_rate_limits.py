@@ -7,6 +7,7 @@ import threading
 import time
 
 import psycopg2
+import psycopg2.errors
 from destination_support import EngineThread, through_destination
 from support import events, rows, wait_until
 
@@ -31,8 +32,20 @@ def most_in_any_window(times: list[float], window: float) -> int:
     return best
 
 
-def move(conn, runner: str, worker: str) -> None:
-    """Move one runner to a worker as the rebalancer applies a move (a new generation)."""
+def move(conn, runner: str, worker: str, tries: int = 5) -> None:
+    """Move one runner to a worker as the rebalancer applies a move (a new generation). A
+    worker's commit (runner rows FOR SHARE, then its counters updated) and this move (the
+    table locked, then the row updated) can deadlock; PostgreSQL aborts one of the two and
+    that one tries again (the worker's committer does; so does this)."""
+    try:
+        _move(conn, runner, worker)
+    except psycopg2.errors.DeadlockDetected:
+        if tries <= 1:
+            raise
+        move(conn, runner, worker, tries - 1)
+
+
+def _move(conn, runner: str, worker: str) -> None:
     with conn, conn.cursor() as cur:
         cur.execute("LOCK TABLE event_target_runner IN SHARE ROW EXCLUSIVE MODE")
         cur.execute(

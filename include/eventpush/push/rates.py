@@ -76,12 +76,6 @@ def lease(conn: Connection, destination: str, rate: float, want: int) -> tuple[i
     return granted, 0.0 if granted else (1.0 - avail) / rate
 
 
-def forget(conn: Connection, destination: str) -> None:
-    """Drop a destination's bucket (its destination was deleted)."""
-    with transaction(conn) as cur:
-        cur.execute("DELETE FROM event_destination_rate WHERE destination = %s", (destination,))
-
-
 Lease = Callable[[str, float, int], Awaitable[tuple[int, float]]]
 
 
