@@ -14,7 +14,7 @@ from support import events, rows, wait_until
 from eventpush import catalog
 from eventpush.demo.congested import Congested
 from eventpush.publish import publish
-from eventpush.push import rates
+from eventpush.push import rates, run_worker
 
 LIMIT = 50.0
 WINDOW_S = 10.0
@@ -169,3 +169,26 @@ def test_two_workers_two_rules_one_destination_hold_its_rate_while_runners_move(
     beats = rows(conn, "SELECT metrics->'destinations'->'api' FROM event_push_worker ORDER BY name")
     assert [b["rate_limit"] for (b,) in beats] == [LIMIT, LIMIT]
     assert all(b["throttled_s"] > 0 for (b,) in beats)
+
+
+def test_an_ordered_target_waits_for_its_destinations_tokens_in_order(conn, db_url, monkeypatch):
+    rate, n = 20.0, 30
+    with Congested(base_ms=1) as rx:
+        catalog.create_bus(conn, "orders", 1)
+        catalog.create_rule(conn, "orders", "r", {"source": ["shop"]})
+        catalog.create_target(
+            conn, "orders", "r", catalog.TargetSpec(name="t", url=f"{rx.url}/o", ordered=True)
+        )
+        catalog.create_worker(conn, "w1")
+        catalog.assign(conn)
+        through_destination(monkeypatch, t={"destination": "slow-api", "rate_limit": rate})
+        publish(conn, "orders", events(n))
+        report = run_worker("w1", until_idle=True, max_seconds=60)
+    arrivals = rx.arrivals()
+    assert report.delivered == n and len(arrivals) == n
+    # The bucket starts empty: n sends need (n - 1) / rate seconds at least.
+    assert arrivals[-1] - arrivals[0] >= (n - 1) / rate * 0.95
+    assert most_in_any_window(arrivals, 1.0) <= rate + 1
+    assert [o for (o,) in rows(conn, 'SELECT "offset" FROM event_push_delivery ORDER BY id')] == (
+        list(range(n))
+    )
