@@ -211,6 +211,31 @@ class WorkerMetrics:
             ["runner"],
             registry=r,
         )
+        self.concurrency = Gauge(
+            "eventpush_concurrency_limit",
+            "Requests the runner may have in flight now (adapting with --concurrency auto)",
+            ["runner"],
+            registry=r,
+        )
+        self.rate_limit = Gauge(
+            "eventpush_destination_rate_limit",
+            "The destination's rate limit, invocations per second for all its targets",
+            ["destination"],
+            registry=r,
+        )
+        self.throttled = Counter(
+            "eventpush_destination_throttled_seconds",
+            "Seconds this worker's sends to the destination waited for its rate limit",
+            ["destination"],
+            registry=r,
+        )
+        self.rate_sent = Counter(
+            "eventpush_destination_invocations",
+            "Invocations this worker sent through the destination's rate limit",
+            ["destination"],
+            registry=r,
+        )
+        self.destinations_seen: dict[str, tuple[float, int]] = {}  # throttled_s, sent reported
         self.loop_lag = Gauge(
             "eventpush_event_loop_lag_seconds",
             "How late the worker's event loop ran a short timer",
@@ -245,15 +270,19 @@ class WorkerMetrics:
         """``n`` first sends ``destination`` already held (see ``Lanes.held_on_first_send``)."""
         self.sink_duplicates.labels(runner, destination).inc(n)
 
-    def runner_state(self, runners: dict[str, tuple[int, bool]]) -> None:
-        """runner name -> (in-flight records, breaker open), for the runners held now."""
-        for name, (in_flight, breaker_open) in runners.items():
+    def runner_state(self, runners: dict[str, tuple]) -> None:
+        """runner name -> (in-flight records, breaker open[, concurrency limit]), for the
+        runners held now."""
+        for name, (in_flight, breaker_open, *limit) in runners.items():
             self.in_flight.labels(name).set(in_flight)
             self.breaker_open.labels(name).set(1 if breaker_open else 0)
+            if limit:
+                self.concurrency.labels(name).set(limit[0])
         for gone in self.held - set(runners):
             for gauge in (
                 self.in_flight,
                 self.breaker_open,
+                self.concurrency,
                 self.waiting,
                 self.lag_events,
                 self.lag_seconds,
@@ -261,6 +290,21 @@ class WorkerMetrics:
                 with contextlib.suppress(KeyError):
                     gauge.remove(gone)
         self.held = set(runners)
+
+    def destinations(self, figures: dict[str, dict]) -> None:
+        """Destinations' rate limits as ``RateGates.figures`` gives them (cumulative figures:
+        the counters move by what changed since the last call)."""
+        for name, f in figures.items():
+            throttled, sent = self.destinations_seen.get(name, (0.0, 0))
+            self.rate_limit.labels(name).set(f["rate_limit"])
+            if f["throttled_s"] > throttled:
+                self.throttled.labels(name).inc(f["throttled_s"] - throttled)
+            if f["sent"] > sent:
+                self.rate_sent.labels(name).inc(f["sent"] - sent)
+            self.destinations_seen[name] = (
+                max(f["throttled_s"], throttled),
+                max(f["sent"], sent),
+            )
 
     def lag(self, runner: str, events: int, waiting: int, seconds: float) -> None:
         """Lag figures of a runner held now (read at the heartbeat)."""

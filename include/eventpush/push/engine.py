@@ -35,7 +35,7 @@ from eventpush.db import is_transient
 from eventpush.dbslot import DbSlot
 from eventpush.errors import first_line
 from eventpush.metrics import WorkerMetrics, metrics_host
-from eventpush.push import store
+from eventpush.push import rates, store
 from eventpush.push.committing import Committer
 from eventpush.push.controls import WorkerSettings, worker_settings
 from eventpush.push.lanes import Lanes, Runner, wait_for_event
@@ -260,6 +260,10 @@ class Engine:
             self._committed,
             metrics=self.metrics,
         )
+        # Destinations' rate limits: tokens leased from their buckets on a connection of
+        # their own, so a lease never queues behind a commit or a heartbeat.
+        self.rate_slot = DbSlot(self.url)
+        self.rates = rates.RateGates(self._lease_tokens, self._spawn)
         self.lanes = Lanes(
             self.report,
             self.sinks,
@@ -268,6 +272,7 @@ class Engine:
             self.committer,
             self._spawn,
             metrics=self.metrics,
+            rates=self.rates,
         )
         self.lanes.runners = self.runners
         self.background = background = []
@@ -317,7 +322,7 @@ class Engine:
         for reader in self.sources.values():
             with contextlib.suppress(Exception):
                 await reader.close()
-        for slot in (self.lease, self.aux):
+        for slot in (self.lease, self.aux, self.rate_slot):
             await slot.settle(timeout=FINAL_COMMIT_GIVE_UP_S)
             slot.close()
 
@@ -370,6 +375,7 @@ class Engine:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        await self.rates.close()
         committer = self.committing
         for task in background:
             if task is not committer:
@@ -402,8 +408,12 @@ class Engine:
                 await reader.close()
             except Exception as exc:
                 log.warning("source reader not closed cleanly: %s", first_line(exc))
-        await self.aux.settle(timeout=FINAL_COMMIT_GIVE_UP_S)
-        self.aux.close()
+        for slot in (self.aux, self.rate_slot):
+            await slot.settle(timeout=FINAL_COMMIT_GIVE_UP_S)
+            slot.close()
+
+    async def _lease_tokens(self, destination: str, rate: float, want: int) -> tuple[int, float]:
+        return await self.rate_slot.call(rates.lease, destination, rate, want)
 
     async def _quiet(self, committer: asyncio.Task) -> None:
         """Wait until no commit is under way (the committer's next one never starts: the
@@ -442,6 +452,8 @@ class Engine:
             self.lanes.settings = settings
             self.lanes.pool.resize(settings.pool_max)
             self.cache.max_bytes = settings.buffer_bytes // CACHE_SHARE
+            for runner in self.runners.values():  # an adaptive limit's ceiling is the pool
+                self.lanes.attach(runner)
             self.lanes.wake_all()  # a resume or wider limits are acted on now
         moved = [
             rid
@@ -499,10 +511,14 @@ class Engine:
             runner = self.runners.get(target.runner_id)
             if runner is None:
                 continue
-            if target.ordered != runner.target.ordered:
+            if (target.ordered, target.concurrency_auto) != (
+                runner.target.ordered,
+                runner.target.concurrency_auto,
+            ):
                 restart.append(runner.id)
                 continue
             self.committer.versions.extend(runner.retarget(target))
+            self.lanes.attach(runner)  # its destination or rate limit may have changed
             self._forget_bus(target.bus_id)
             runner.epoch = self.cache.epoch
             log.info(
@@ -618,10 +634,11 @@ class Engine:
             self.metrics.loop_lag.labels(self.worker).set(lag)
             self.metrics.runner_state(
                 {
-                    r.target.runner: (r.inflight, r.breaker.is_open)
+                    r.target.runner: (r.inflight, r.breaker.is_open, r.limiter.limit)
                     for r in list(self.runners.values())
                 }
             )
+            self.metrics.destinations(self.rates.figures())
 
     def _loop_lag_ms(self) -> float | None:
         """The mean loop lag since the last heartbeat, for the rebalancer's headroom (the
@@ -665,6 +682,8 @@ class Engine:
                 "retry": sum(map(len, runner.retry)) + sum(len(d[2]) for d in runner.delayed),
                 "in_flight": runner.inflight,
                 "concurrency": runner.limiter.limit,
+                "concurrency_auto": runner.adaptive is not None,
+                "destination": runner.target.destination,
                 "active": runner.limiter.in_use,
                 "breaker_open": runner.breaker.is_open,
                 "paused": runner.paused,
@@ -688,6 +707,9 @@ class Engine:
             "loop_lag_ms": self._loop_lag_ms(),
             "report": self.report.as_dict(),
             "lanes": lanes,
+            # Per destination with a rate limit: its limit, sends let through by this worker,
+            # seconds sends waited for it (growing while it holds them back), waiting now.
+            "destinations": self.rates.figures(),
         }
         try:
             await self._record_heads()

@@ -35,10 +35,12 @@ from collections.abc import Callable, Coroutine
 
 from eventpush import tracing
 from eventpush.backoff import finite
+from eventpush.push.adaptive import AdaptiveLimiter
 from eventpush.push.committing import Committer
 from eventpush.push.controls import WorkerSettings
 from eventpush.push.cursor import UNCOMMITTED_SPANS, QueueCursor
 from eventpush.push.limits import CircuitBreaker, Limiter, Pass
+from eventpush.push.rates import DestinationGate, RateGates
 from eventpush.push.reading import BusSignals, WindowCache
 from eventpush.push.store import VersionRow
 from eventpush.push.versions import ENABLED, History, version
@@ -55,6 +57,9 @@ POLL_INTERVAL_S = 1.0
 IDLE_WAIT_S = 0.5
 MIN_WAIT_S = 0.001
 MAX_RETRY_DELAY_S = 300.0
+# The breaker's longest cool-down for --concurrency auto targets: a destination that answers
+# again is probed within this long, and the adaptive limit grows back from there.
+AUTO_MAX_COOLDOWN_S = 4.0
 
 
 class Runner:
@@ -82,9 +87,19 @@ class Runner:
         self.delayed: list[tuple[float, int, list[Record]]] = []
         self.ordered_lines: dict[int, deque[Record]] = {qid: deque() for qid in self.cursors}
         self.inflight = 0
-        self.limiter = Limiter(target.concurrency)
-        self.breaker = CircuitBreaker()
+        # --concurrency auto: the limit follows the answers (push/adaptive.py) under a ceiling
+        # (the runner's concurrency control and the worker's pool; see Lanes.attach).
+        self.adaptive: AdaptiveLimiter | None = None
+        if target.concurrency_auto:
+            self.limiter = self.adaptive = AdaptiveLimiter(1024)
+            self.breaker = CircuitBreaker(max_cooldown=AUTO_MAX_COOLDOWN_S)
+        else:
+            self.limiter = Limiter(target.concurrency)
+            self.breaker = CircuitBreaker()
+        self.gate: DestinationGate | None = None  # its destination's rate limit (Lanes.attach)
         self.wake = asyncio.Event()  # retries, breaker or limits changed: the dispatcher looks
+        if self.adaptive is not None:
+            self.adaptive.wake = self.wake
         self.room = asyncio.Event()  # records finished or committed: feeders may pull again
         # A blocked feeder is woken once a share of what was in flight has finished, not by
         # every record that finishes (a wake per delivery was a large part of its cost).
@@ -112,9 +127,12 @@ class Runner:
         state, _generation, controls = settings
         self.paused = state == "PAUSED" or bool(controls.get("paused", False))
         self.lane_limit = self._control(controls, "lane_limit", 10_000)
-        self.limiter.resize(
-            min(self._control(controls, "concurrency", self.target.concurrency), 1024)
-        )
+        if self.adaptive is not None:  # only a control of the operator's caps it
+            self.adaptive.set_ceiling(min(self._control(controls, "concurrency", 1024), 1024))
+        else:
+            self.limiter.resize(
+                min(self._control(controls, "concurrency", self.target.concurrency), 1024)
+            )
         # A resume, a wider lane or more concurrency must be acted on now, not at the next
         # wake-up of the dispatcher and the feeders.
         self.wake.set()
@@ -206,6 +224,7 @@ class Lanes:
         committer: Committer,
         spawn: Callable[[Coroutine, str], asyncio.Task],
         metrics=None,
+        rates: RateGates | None = None,
     ) -> None:
         self.report = report
         self.sinks = sinks  # eventpush.sinks.Sinks: how a record reaches its target's kind
@@ -222,11 +241,22 @@ class Lanes:
         # Its per-request counters, called straight from the hot path.
         self.attempts = metrics.attempts if metrics is not None else None
         self.warned_held: set[int] = set()  # runners warned of a destination's held keys
+        self.rates = rates  # the destinations' rate limits (push/rates.py), or None
+
+    def attach(self, runner: Runner) -> None:
+        """The runner's destination's rate-limit gate and, for an adaptive limit, the pool as
+        its ceiling: at its start, after a new version of its target, and after new worker
+        settings."""
+        t = runner.target
+        runner.gate = self.rates.gate_for(t.destination, t.rate_limit) if self.rates else None
+        if runner.adaptive is not None:
+            runner.adaptive.set_pool(self.settings.pool_max)
 
     # --- life of a runner -----------------------------------------------------------------
 
     def start(self, runner: Runner) -> None:
         name = runner.target.runner
+        self.attach(runner)
         for cursor in runner.cursors.values():
             qid = cursor.queue_id
             span = UNCOMMITTED_SPANS * self.settings.buffer_span
@@ -360,18 +390,28 @@ class Lanes:
             self._promote_due(runner, time.monotonic())
         if not (runner.fresh or runner.retry) or runner.paused or self.paused or runner.stopped:
             return None
-        # The slots are taken first (each take is its own check) and given back when the
-        # breaker says no: the rare case pays, not every send.
+        # The destination's rate-limit token and the slots are taken first (each take is its
+        # own check) and given back when the breaker says no: the rare case pays, not every
+        # send. A runner without a token is woken when its destination's next slice comes.
+        gate = runner.gate
+        if gate is not None and not gate.try_take(runner.wake):
+            return None
         limiter, pool = runner.limiter, self.pool
         if not limiter.try_acquire():
+            if gate is not None:
+                gate.give_back()
             return None
         if not pool.try_acquire():
             limiter.release()
+            if gate is not None:
+                gate.give_back()
             return None
         granted = runner.breaker.admit()
         if granted is None:
             limiter.release()
             pool.release()
+            if gate is not None:
+                gate.give_back()
             return None
         fresh = runner.fresh
         if runner.retry and (not fresh or granted.probe or runner.fresh_streak >= FRESH_PER_RETRY):
@@ -516,7 +556,15 @@ class Lanes:
         # A request that never left (transform failed, address refused) says nothing about the
         # target's health.
         kind = outcome.kind
-        runner.breaker.record(granted, reached=outcome.reached, failed=kind == contract.RETRY)
+        adaptive = runner.adaptive
+        if adaptive is None:
+            runner.breaker.record(granted, reached=outcome.reached, failed=kind == contract.RETRY)
+        else:
+            adaptive.observe(outcome)
+            was_open = runner.breaker.is_open
+            runner.breaker.record(granted, reached=outcome.reached, failed=kind == contract.RETRY)
+            if runner.breaker.is_open and not was_open:
+                adaptive.breaker_opened()
         if self.attempts is not None:
             self.attempts.add(runner.target.runner, kind, outcome.latency_ms / 1000, retry)
         return outcome
@@ -612,6 +660,9 @@ class Lanes:
                     granted = breaker.admit()
                 if outcome is not None:
                     break
+                while runner.gate is not None and not runner.gate.try_take(runner.wake):
+                    runner.wake.clear()  # set when the destination's next tokens come
+                    await wait_for_event(runner.wake, IDLE_WAIT_S)
                 while not runner.limiter.try_acquire():
                     await runner.limiter.changed(IDLE_WAIT_S)
                 while not self.pool.try_acquire():

@@ -1,6 +1,7 @@
 """The cost of a connection's auth per delivery (issue 32), paired against plain targets.
 
-    flock /tmp/eventpush-bench.lock .venv/bin/python bench/destinations.py [--events N] [--rounds R]
+    flock /tmp/eventpush-bench.lock .venv/bin/python bench/destination_auth.py [--events N]
+        [--rounds R]
 
 Each round drains the same events to four targets with one worker, three ways in turn: plain
 ``--url`` targets, targets through an API destination with an API-key connection, and through

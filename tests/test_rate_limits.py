@@ -1,0 +1,194 @@
+"""A destination's rate limit (issue 32): one token bucket in PostgreSQL for the destination
+as a whole, whichever workers and runners send through it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg2
+import psycopg2.errors
+from destination_support import EngineThread, through_destination
+from support import events, rows, wait_until
+
+from eventpush import catalog
+from eventpush.demo.congested import Congested
+from eventpush.publish import publish
+from eventpush.push import rates, run_worker
+
+LIMIT = 50.0
+WINDOW_S = 10.0
+
+
+def most_in_any_window(times: list[float], window: float) -> int:
+    """The most arrivals in any window of ``window`` seconds (windows starting at arrivals
+    are enough: any other window holds no more than the one starting at its first)."""
+    times = sorted(times)
+    best, j = 0, 0
+    for i, start in enumerate(times):
+        while j < len(times) and times[j] < start + window:
+            j += 1
+        best = max(best, j - i)
+    return best
+
+
+def move(conn, runner: str, worker: str, tries: int = 5) -> None:
+    """Move one runner to a worker as the rebalancer applies a move (a new generation). A
+    worker's commit (runner rows FOR SHARE, then its counters updated) and this move (the
+    table locked, then the row updated) can deadlock; PostgreSQL aborts one of the two and
+    that one tries again (the worker's committer does; so does this)."""
+    try:
+        _move(conn, runner, worker)
+    except psycopg2.errors.DeadlockDetected:
+        if tries <= 1:
+            raise
+        move(conn, runner, worker, tries - 1)
+
+
+def _move(conn, runner: str, worker: str) -> None:
+    with conn, conn.cursor() as cur:
+        cur.execute("LOCK TABLE event_target_runner IN SHARE ROW EXCLUSIVE MODE")
+        cur.execute(
+            "INSERT INTO event_assignment (origin, moves) VALUES ('test move', 1) "
+            "RETURNING generation"
+        )
+        cur.execute(
+            "UPDATE event_target_runner SET generation = %s, "
+            "worker_id = (SELECT id FROM event_push_worker WHERE name = %s) WHERE name = %s",
+            (cur.fetchone()[0], worker, runner),
+        )
+
+
+def test_a_bucket_leased_from_two_connections_at_once_never_gives_more_than_its_rate(db_url):
+    rate, seconds = 200.0, 1.5
+    granted: list[int] = []
+    lock = threading.Lock()
+
+    def hammer() -> None:
+        conn = psycopg2.connect(db_url)
+        try:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                n, wait = rates.lease(conn, "d", rate, rates.slice_size(rate))
+                assert n > 0 or wait > 0
+                with lock:
+                    granted.append(n)
+        finally:
+            conn.close()
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=hammer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - started
+    total = sum(granted)
+    # A new bucket starts empty and holds at most BURST_S of the rate.
+    assert total <= rate * elapsed + rates.bucket_size(rate)
+    assert total >= rate * (seconds - 0.2)
+    assert max(granted) <= rates.slice_size(rate)
+
+
+def test_two_workers_two_rules_one_destination_hold_its_rate_while_runners_move(
+    conn, db_url, monkeypatch
+):
+    with Congested(base_ms=1) as rx:
+        catalog.create_bus(conn, "orders", 2)
+        for rule in ("a", "b"):
+            catalog.create_rule(conn, "orders", rule, {"source": ["shop"]})
+            catalog.create_target(
+                conn, "orders", rule, catalog.TargetSpec(name=f"t{rule}", url=f"{rx.url}/{rule}")
+            )
+        catalog.create_worker(conn, "w1")
+        catalog.create_worker(conn, "w2")
+        catalog.assign(conn)
+        assert rows(
+            conn,
+            "SELECT r.name, w.name FROM event_target_runner r "
+            "JOIN event_push_worker w ON w.id = r.worker_id ORDER BY r.name",
+        ) == [("orders/a/ta", "w1"), ("orders/b/tb", "w2")]
+        shared = {"destination": "api", "rate_limit": LIMIT}
+        through_destination(monkeypatch, ta=shared, tb=shared)
+        publish(conn, "orders", events(500))  # 1,000 sends wanted: 20 s at the limit
+        workers = [EngineThread(w, db_url).start() for w in ("w1", "w2")]
+        try:
+            wait_until(lambda: rx.log, timeout=30, what="the first delivery")
+            first = rx.log[0][0]
+            # Runners move while the limit binds, one at a time (the other keeps the
+            # destination busy meanwhile): each to the other worker and back.
+            where = {"orders/a/ta": "w1", "orders/b/tb": "w2"}
+            for name in ("orders/a/ta", "orders/b/tb", "orders/a/ta"):
+                time.sleep(2.5)
+                where[name] = "w2" if where[name] == "w1" else "w1"
+                move(conn, name, where[name])
+            wait_until(
+                lambda: time.monotonic() - first > WINDOW_S + 1.5, timeout=30, what="the window"
+            )
+            figures = [w.engine.rates.figures() for w in workers]
+        finally:
+            reports = [w.stop() for w in workers]
+    arrivals = rx.arrivals()
+    most = most_in_any_window(arrivals, WINDOW_S)
+    # Within 10 % over any 10-second window, and the limit used (events wait, never fail).
+    assert most <= LIMIT * WINDOW_S * 1.1, most
+    assert most >= LIMIT * WINDOW_S * 0.85, most
+    assert {p for _, p, _, _ in rx.log} == {"/a", "/b"}
+    assert sum(r.failed for r in reports) == 0
+    # Every move happened, and the runners were pushed where they went.
+    assert rows(
+        conn,
+        "SELECT r.name, w.name FROM event_target_runner r "
+        "JOIN event_push_worker w ON w.id = r.worker_id ORDER BY r.name",
+    ) == sorted(where.items())
+    assert rows(conn, "SELECT count(DISTINCT generation) FROM event_target_runner") == [(2,)]
+    assert rows(conn, "SELECT count(*) FROM event_push_failure") == [(0,)]
+    # Both workers sent through the one destination and waited for its tokens.
+    assert all(f["api"]["sent"] > 0 and f["api"]["throttled_s"] > 1 for f in figures), figures
+    assert all(f["api"]["rate_limit"] == LIMIT for f in figures)
+    # The waiting shows in /metrics and in each worker's heartbeat (status).
+    for worker in workers:
+        scraped = {
+            (m.name, s.name): s.value
+            for m in worker.engine.metrics.registry.collect()
+            for s in m.samples
+            if s.labels.get("destination") == "api"
+        }
+        assert (
+            scraped[("eventpush_destination_rate_limit", "eventpush_destination_rate_limit")] == 50
+        )
+        assert (
+            scraped[
+                (
+                    "eventpush_destination_throttled_seconds",
+                    "eventpush_destination_throttled_seconds_total",
+                )
+            ]
+            > 1
+        )
+    beats = rows(conn, "SELECT metrics->'destinations'->'api' FROM event_push_worker ORDER BY name")
+    assert [b["rate_limit"] for (b,) in beats] == [LIMIT, LIMIT]
+    assert all(b["throttled_s"] > 0 for (b,) in beats)
+
+
+def test_an_ordered_target_waits_for_its_destinations_tokens_in_order(conn, db_url, monkeypatch):
+    rate, n = 20.0, 30
+    with Congested(base_ms=1) as rx:
+        catalog.create_bus(conn, "orders", 1)
+        catalog.create_rule(conn, "orders", "r", {"source": ["shop"]})
+        catalog.create_target(
+            conn, "orders", "r", catalog.TargetSpec(name="t", url=f"{rx.url}/o", ordered=True)
+        )
+        catalog.create_worker(conn, "w1")
+        catalog.assign(conn)
+        through_destination(monkeypatch, t={"destination": "slow-api", "rate_limit": rate})
+        publish(conn, "orders", events(n))
+        report = run_worker("w1", until_idle=True, max_seconds=60)
+    arrivals = rx.arrivals()
+    assert report.delivered == n and len(arrivals) == n
+    # The bucket starts empty: n sends need (n - 1) / rate seconds at least.
+    assert arrivals[-1] - arrivals[0] >= (n - 1) / rate * 0.95
+    assert most_in_any_window(arrivals, 1.0) <= rate + 1
+    assert [o for (o,) in rows(conn, 'SELECT "offset" FROM event_push_delivery ORDER BY id')] == (
+        list(range(n))
+    )
