@@ -18,6 +18,8 @@ from pathlib import Path
 import nats
 import psycopg2
 import pytest
+from batch_support import spark  # noqa: F401
+from click.testing import CliRunner
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats_support import (
     free_port,
@@ -27,6 +29,7 @@ from nats_support import (
 
 from eventpush import catalog
 from eventpush.addresses import InvalidTargetUrlError, address_policy
+from eventpush.cli.batch import replay
 from eventpush.publish import publish
 from eventpush.push import run_worker
 from eventpush.push.controls import WorkerSettings
@@ -220,7 +223,13 @@ def test_a_message_the_stream_refuses_fails_alone_in_its_batch(conn, nats_server
     assert rows(conn, "SELECT count(*) FROM event_push_delivery") == [(40 - len(big),)]
 
 
-def test_no_stream_is_final_and_replay_delivers_once_a_stream_exists(conn, nats_server, cli):  # noqa: F811
+def test_no_stream_is_final_and_replay_delivers_once_a_stream_exists(
+    conn,
+    nats_server,  # noqa: F811
+    spark,  # noqa: F811
+):
+    """The replays are the real ``eventpush replay`` command run in this process, so its Spark
+    session is the suite's one JVM (a subprocess would start one per call)."""
     topology(conn, f"{nats_server.url}/out.orders")
     publish(conn, "orders", events(5))
     started = time.monotonic()
@@ -235,8 +244,8 @@ def test_no_stream_is_final_and_replay_delivers_once_a_stream_exists(conn, nats_
         assert (attempts, status, state) == (1, None, "failed")
         assert "no JetStream stream takes subject 'out.orders'" in error
     add_stream(nats_server.url)
-    r = cli("replay", "--bus", "orders", "--what", "failed", "--json")
-    assert r.returncode == 0, r.stderr
+    r = CliRunner().invoke(replay, ["--bus", "orders", "--what", "failed", "--json"])
+    assert r.exit_code == 0, r.output
     result = json.loads(r.stdout)
     assert (result["selected"], result["delivered"], result["failed"]) == (5, 5, 0)
     assert sorted(mid for mid, _ in messages(nats_server.url)) == sorted(keys_of(conn).values())
@@ -244,8 +253,8 @@ def test_no_stream_is_final_and_replay_delivers_once_a_stream_exists(conn, nats_
     assert rows(conn, "SELECT DISTINCT status FROM event_push_failure") == [("replayed",)]
     # A replay sent again lands nowhere new: the server drops it by Nats-Msg-Id.
     since = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
-    r = cli("replay", "--bus", "orders", "--what", "all", "--since", since, "--json")
-    assert r.returncode == 0, r.stderr
+    r = CliRunner().invoke(replay, ["--bus", "orders", "--what", "all", "--since", since, "--json"])
+    assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["delivered"] == 5
     assert len(messages(nats_server.url)) == 5
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The whole suite as `./dev test` runs it with no arguments: two pytest processes side by
+# side. The cluster tests and the standalone Airflow platform (a Spark standalone cluster,
+# Celery workers, a scheduler: minutes spent mostly waiting on their own JVMs and services)
+# run in a lane of their own while every other module runs in the first, so their waits
+# overlap instead of adding up. Each lane makes its own databases (its own run id). The
+# second lane's output follows the first's; the exit code is the first failing lane's.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${VENV:-$ROOT/.venv}/bin/python"
+SIDE=(tests/test_cluster.py tests/test_airflow_ui.py)
+
+cd "$ROOT"
+side_log="$(mktemp -t eventpush-side-lane.XXXXXX)"
+trap 'rm -f "$side_log"' EXIT
+
+"$PY" -m pytest -p no:cacheprovider "${SIDE[@]}" >"$side_log" 2>&1 &
+side_pid=$!
+# A Ctrl-C or a CI timeout stops the side lane too.
+trap 'kill -- "$side_pid" 2>/dev/null; rm -f "$side_log"' EXIT INT TERM
+
+ignore=()
+for f in "${SIDE[@]}"; do ignore+=(--ignore "$f"); done
+"$PY" -m pytest "${ignore[@]}"
+main_rc=$?
+
+wait "$side_pid"
+side_rc=$?
+echo
+echo "==== side lane: ${SIDE[*]} (ran beside the tests above) ===="
+cat "$side_log"
+if ((main_rc != 0)); then exit "$main_rc"; fi
+exit "$side_rc"
