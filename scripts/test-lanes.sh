@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The whole suite as `./dev test` runs it with no arguments: two pytest processes side by
-# side. The cluster tests and the standalone Airflow platform (a Spark standalone cluster,
-# Celery workers, a scheduler: minutes spent mostly waiting on their own JVMs and services)
-# run in a lane of their own while every other module runs in the first, so their waits
-# overlap instead of adding up. Each lane makes its own databases (its own run id). The
+# side. The cluster tests, the standalone Airflow platform and the batch DAGs' runs (a Spark
+# standalone cluster, Celery workers, a scheduler, a spark-submit JVM per job: minutes spent
+# mostly waiting on their own processes) run in a lane of their own while every other
+# module runs in the first, so their waits overlap instead of adding up. Each lane makes its own databases (its own run id). The
 # second lane's output follows the first's; the exit code is the first failing lane's.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${VENV:-$ROOT/.venv}/bin/python"
-SIDE=(tests/test_cluster.py tests/test_airflow_ui.py)
+SIDE=(tests/test_cluster.py tests/test_airflow_ui.py tests/test_dags_batch.py)
 
 cd "$ROOT"
 side_log="$(mktemp -t eventpush-side-lane.XXXXXX)"
