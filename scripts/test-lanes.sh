@@ -3,8 +3,9 @@
 # side. The cluster tests, the standalone Airflow platform and the batch DAGs' runs (a Spark
 # standalone cluster, Celery workers, a scheduler, a spark-submit JVM per job: minutes spent
 # mostly waiting on their own processes) run in a lane of their own while every other
-# module runs in the first, so their waits overlap instead of adding up. Each lane makes its own databases (its own run id). The
-# second lane's output follows the first's; the exit code is the first failing lane's.
+# module runs in the first, so their waits overlap instead of adding up. Each lane makes its
+# own databases (its own run id). The side lane's output follows the first's; the exit code
+# is the first failing lane's.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${VENV:-$ROOT/.venv}/bin/python"
