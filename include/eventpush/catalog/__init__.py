@@ -15,6 +15,7 @@ from eventpush.catalog.buses import (
     delete_bus,
     get_bus,
     list_buses,
+    update_bus_retention,
 )
 from eventpush.catalog.common import (
     CATALOG_CHANNEL,
@@ -90,6 +91,7 @@ __all__ = [
     "get_rule",
     "get_target",
     "list_buses",
+    "update_bus_retention",
     "list_rules",
     "list_targets",
     "list_workers",

@@ -74,6 +74,8 @@ def audit(bus, since, until, verify_sinks, as_json) -> None:
         result = run_audit(
             _spark(), url, bus=bus, since=since, until=until, verify_sinks=verify_sinks
         )
+    for warning in result.warnings:
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     if as_json:
         print_json(result.to_json())
     else:

@@ -33,6 +33,7 @@ from functools import lru_cache
 
 from eventpush.db import connection, transaction
 from eventpush.metrics import audit_results, publish_batch
+from eventpush.partitions import clip_window, kept_since_by_bus
 from eventpush.rules.patterns import RuleIndex
 from eventpush.sources import sync_heads
 from eventpush.sparkjobs import jdbc
@@ -97,6 +98,8 @@ class AuditResult:
 
     # runner name -> the absent records, (queue_id, offset, message_id), at most ABSENT_LISTED
     absent_records: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict)
+    # One line per bus whose kept events begin inside the window (retention clipped it).
+    warnings: list[str] = field(default_factory=list)
 
     def totals(self) -> dict[str, int]:
         keys = ("expected", "delivered", "failed", "missing", "pending", "duplicates")
@@ -130,6 +133,7 @@ class AuditResult:
             "report_id": self.report_id,
             "since": self.since.isoformat() if self.since else None,
             "until": self.until.isoformat() if self.until else None,
+            "warnings": self.warnings,
         }
 
 
@@ -558,6 +562,11 @@ def run_audit(
             if cur.fetchone() is None:
                 raise ValueError(f"unknown bus {bus!r}")
         scope = load_scope(cur, bus=bus)
+        # Retention's horizon: a window wholly past it is refused, one reaching past it is
+        # answered from where the kept events begin (what is gone is not expected, never
+        # missing) with a warning.
+        kept = kept_since_by_bus(cur, sorted({r.bus_id for r in scope.runners}))
+        warnings = clip_window(kept, since, until, "audit")
     records = classify(spark, db_url, scope, since, until, slice_size, delivered_at=verify_sinks)
     listed: dict = {}
     if verify_sinks and scope.runners:
@@ -577,7 +586,7 @@ def run_audit(
     if save:
         with connection(db_url) as conn, transaction(conn) as cur:
             report_id = write_report(cur, bus, since, until, runners, verified=verify_sinks)
-    result = AuditResult(runners, report_id, since, until, listed)
+    result = AuditResult(runners, report_id, since, until, listed, warnings)
     if save:  # a saved audit is a result operators watch: textfile / Pushgateway when set
         publish_batch("audit", audit_results(result))
     return result
