@@ -332,3 +332,70 @@ def test_retention_dag_in_dag_test(airflow_db, airflow_conn_env, conn):
             "SELECT success FROM event_check_result WHERE suite = 'retention' ORDER BY id DESC"
         )
         assert cur.fetchone() == (True,)
+
+
+def test_a_rolled_up_window_audits_to_the_same_figures(conn, db_url, spark):
+    """Two runners on one bus audited over a closed window with roll-up: the clean one (one
+    failure, one duplicate) gets one summary row instead of its delivery rows, the one with
+    a gap keeps its rows. Later audits of that window, and of a wider one, answer the same
+    figures; a replay of gaps selects nothing of the rolled-up runner."""
+    from batch_support import events, publish_lines, simulate_push
+
+    from eventpush.sparkjobs.audit import run_audit
+    from eventpush.sparkjobs.replay import ReplayRequest, select
+
+    pattern = '{"source": ["app.orders"]}'
+    clean = make_runner(conn, "books", "r1", "clean", pattern)
+    gappy = make_runner(conn, "books", "r2", "gappy", pattern)
+    since = datetime.now(UTC) - timedelta(minutes=5)
+    publish_lines(conn, "books", events(12))
+    until = datetime.now(UTC)
+    simulate_push(conn, clean, fail={3})
+    simulate_push(conn, gappy)
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT id, name FROM event_target_runner")
+        ids = {name: rid for rid, name in cur.fetchall()}
+        cur.execute(  # a duplicate of the clean runner's first delivery
+            "INSERT INTO event_push_delivery (runner_id, consumer_group, topic_name, queue_id, "
+            '"offset", message_id, attempts, http_status, latency_ms) SELECT runner_id, '
+            'consumer_group, topic_name, queue_id, "offset", message_id, 1, 200, 1 '
+            "FROM event_push_delivery WHERE runner_id = %s ORDER BY id LIMIT 1",
+            (ids[clean],),
+        )
+        cur.execute(  # a lost record of the other runner
+            "DELETE FROM event_push_delivery WHERE id = (SELECT min(id) FROM "
+            "event_push_delivery WHERE runner_id = %s)",
+            (ids[gappy],),
+        )
+
+    def figures(result) -> dict:
+        return {
+            r.runner: (r.expected, r.delivered, r.failed, r.missing, r.duplicates)
+            for r in result.runners
+        }
+
+    first = run_audit(spark, db_url, bus="books", since=since, until=until, roll_up=True)
+    assert figures(first) == {clean: (12, 11, 1, 0, 1), gappy: (12, 11, 0, 1, 0)}
+    assert first.rolled_up == {clean: 12}  # 11 deliveries and the duplicate
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT runner_id, count(*) FROM event_push_delivery GROUP BY runner_id")
+        assert dict(cur.fetchall()) == {ids[gappy]: 11}
+        cur.execute(
+            "SELECT expected, delivered, failed, duplicates, rows_rolled, offsets "
+            "FROM event_delivery_rollup"
+        )
+        ((expected, delivered, failed, dups, rows, covered),) = cur.fetchall()
+        assert (expected, delivered, failed, dups, rows) == (12, 11, 1, 1, 12)
+        assert sum(n for _, _, n in covered.values()) == 12
+
+    again = run_audit(spark, db_url, bus="books", since=since, until=until)
+    assert figures(again) == figures(first)
+    wider = run_audit(spark, db_url, bus="books", since=since - DAY, until=until + DAY)
+    assert figures(wider) == figures(first)
+    # A second roll-up of the same window leaves the first alone.
+    third = run_audit(spark, db_url, bus="books", since=since, until=until, roll_up=True)
+    assert third.rolled_up == {} and figures(third) == figures(first)
+
+    req = ReplayRequest(what="missing", bus="books", since=since, until=until)
+    picked = select(spark, db_url, req, [ids[clean], ids[gappy]]).collect()
+    assert [(row["runner_id"]) for row in picked] == [ids[gappy]]

@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 
 from psycopg2 import sql
 
-from eventpush import config
+from eventpush import config, rollups
 from eventpush.db import Connection, transaction
 
 DAY = timedelta(days=1)
@@ -248,6 +248,7 @@ def maintain(conn: Connection, now: datetime | None = None) -> MaintenanceReport
     with transaction(conn) as cur:
         cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         report.dropped += _drop_behind(cur, DELIVERY, horizon(longest, now))
+        rollups.prune(cur, horizon(longest, now))
         report.created += make_ahead(cur, DELIVERY, now)
     with transaction(conn) as cur:
         failure_s = max(config.failure_retention_s(), longest)
