@@ -34,7 +34,7 @@ import psycopg2  # noqa: E402
 from common import machine, scratch_database  # noqa: E402
 
 from eventpush import catalog, rollups  # noqa: E402
-from eventpush.partitions import DAY, day_start, maintain  # noqa: E402
+from eventpush.partitions import DAY, compact, day_start, maintain  # noqa: E402
 from eventpush.publish import publish  # noqa: E402
 
 DETAIL = "x" * 200
@@ -120,26 +120,41 @@ def bench_sizes(n: int) -> None:
         started = time.perf_counter()
         replaced = rollups.roll_up(conn, since, until, windows)
         took = time.perf_counter() - started
+        print(
+            f"roll-up of {sum(replaced.values()):,} delivery rows into {len(replaced)} rows: "
+            f"{took:.2f} s; {load()}"
+        )
         conn.autocommit = True
         with conn.cursor() as cur:
-            cur.execute("VACUUM ANALYZE")
-            after_vacuum = tree_size(cur, "event_push_delivery")
+            cur.execute("VACUUM event_push_delivery")
+            vacuumed = tree_size(cur, "event_push_delivery") + tree_size(
+                cur, "event_delivery_rollup"
+            )
+        conn.autocommit = False
+        print(
+            f"  after a plain VACUUM: {vacuumed / deliveries:.1f} B/delivery (the heap's "
+            "empty end is cut, the indexes keep their pages)"
+        )
+        started = time.perf_counter()
+        compacted = compact(conn, day_start(datetime.now(UTC)) + DAY)  # as maintain tomorrow
+        compact_s = time.perf_counter() - started
+        with conn, conn.cursor() as cur:
+            after_compact = tree_size(cur, "event_push_delivery")
             roll = tree_size(cur, "event_delivery_rollup")
+        print(
+            f"  after maintenance's compaction of past days ({', '.join(compacted)}: VACUUM, "
+            f"REINDEX CONCURRENTLY; {compact_s:.2f} s): delivery log + roll-ups "
+            f"{(after_compact + roll) / deliveries:.2f} B/delivery"
+        )
+        conn.autocommit = True
+        with conn.cursor() as cur:
             cur.execute("VACUUM FULL event_push_delivery")
             cur.execute("VACUUM FULL event_delivery_rollup")
             after_full = tree_size(cur, "event_push_delivery")
             roll_full = tree_size(cur, "event_delivery_rollup")
         print(
-            f"roll-up of {sum(replaced.values()):,} delivery rows into {len(replaced)} rows: "
-            f"{took:.2f} s; {load()}"
-        )
-        print(
-            f"  after VACUUM: delivery log + roll-ups {(after_vacuum + roll) / deliveries:.1f} "
-            "B/delivery (the table keeps its pages, free for the next rows: no file shrinks "
-            "without a rewrite)"
-        )
-        print(
-            f"  after VACUUM FULL: {(after_full + roll_full) / deliveries:.2f} B/delivery "
+            "  for reference, after VACUUM FULL: "
+            f"{(after_full + roll_full) / deliveries:.2f} B/delivery "
             f"(delivery log {after_full:,} B, roll-ups {roll_full:,} B: the empty "
             "partitions' and indexes' own pages)"
         )

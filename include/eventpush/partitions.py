@@ -50,6 +50,7 @@ class MaintenanceReport:
     created: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     failures_deleted: int = 0
+    compacted: list[str] = field(default_factory=list)
     horizons: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -250,11 +251,49 @@ def maintain(conn: Connection, now: datetime | None = None) -> MaintenanceReport
         report.dropped += _drop_behind(cur, DELIVERY, horizon(longest, now))
         rollups.prune(cur, horizon(longest, now))
         report.created += make_ahead(cur, DELIVERY, now)
+    report.compacted = compact(conn, day_start(now))
     with transaction(conn) as cur:
         failure_s = max(config.failure_retention_s(), longest)
         cur.execute("DELETE FROM event_push_failure WHERE ctime < %s", (horizon(failure_s, now),))
         report.failures_deleted = cur.rowcount
     return report
+
+
+# Past days' delivery partitions are compacted when their indexes hold this many times the
+# bytes of their rows (and at least BLOAT_MIN_BYTES): what roll-ups leave behind.
+BLOAT_FACTOR = 2
+BLOAT_MIN_BYTES = 1 << 20
+
+
+def compact(conn: Connection, before: datetime, min_bytes: int = BLOAT_MIN_BYTES) -> list[str]:
+    """The delivery log's partitions of days before ``before``, which no writer touches any
+    more (live pushes and replays write today's): vacuumed (which also cuts the empty pages
+    at the end of the table), and reindexed concurrently when their indexes outgrew their
+    rows, as after a roll-up deleted most of them. Returns the partitions reindexed."""
+    with transaction(conn) as cur:
+        names = [p.name for p in partitions(cur, DELIVERY) if p.hi is not None and p.hi <= before]
+    reindexed = []
+    autocommit = conn.autocommit
+    conn.autocommit = True  # VACUUM and REINDEX CONCURRENTLY run outside a transaction
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+            for name in names:
+                table = sql.Identifier(name)
+                cur.execute(sql.SQL("VACUUM {}").format(table))
+                cur.execute(
+                    "SELECT pg_total_relation_size(%s::regclass) - pg_indexes_size(%s::regclass),"
+                    " pg_indexes_size(%s::regclass)",
+                    (name, name, name),
+                )
+                rows, indexes = cur.fetchone()
+                if indexes > max(min_bytes, BLOAT_FACTOR * rows):
+                    cur.execute(sql.SQL("REINDEX TABLE CONCURRENTLY {}").format(table))
+                    reindexed.append(name)
+            cur.execute("RESET lock_timeout")
+    finally:
+        conn.autocommit = autocommit
+    return reindexed
 
 
 # --- the horizon: what audits and replays may still ask about ---------------------------------
