@@ -174,7 +174,12 @@ def test_horizon_refuses_and_clips(conn, two_buses, db_url):
     the window is past retention, clipped with a warning when it reaches past it; a replay
     of failures whose events are gone says so in one line."""
     from eventpush.partitions import clip_window, kept_since_by_bus
-    from eventpush.sparkjobs.replay import ReplayRequest, ReplayRequestError, check_request
+    from eventpush.sparkjobs.replay import (
+        ReplayRequest,
+        ReplayRequestError,
+        check_request,
+        gone_failures,
+    )
 
     short, _ = two_buses
     runner = runner_id(conn, "short")
@@ -214,6 +219,13 @@ def test_horizon_refuses_and_clips(conn, two_buses, db_url):
             (runner,),
         )
         assert check_request(ReplayRequest(what="failed", bus="short"), cur) == [runner]
+        # ... and run_replay warns, in one line, of the one it skips.
+        assert gone_failures(ReplayRequest(what="failed", bus="short"), cur, [runner]) == (
+            2,
+            1,
+            "short",
+            D0 - 2 * DAY,
+        )
 
 
 def test_audit_of_a_window_spanning_the_horizon_is_clipped_not_missing(

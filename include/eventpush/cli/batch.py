@@ -231,6 +231,8 @@ def replay(
             result = run_replay(_spark(), url, req)
     except CheckFailed as exc:
         fail(str(exc), EXIT_MISSING)
+    for warning in result.warnings:
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     if as_json:
         print_json(result.to_json())
         return

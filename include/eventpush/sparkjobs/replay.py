@@ -105,6 +105,7 @@ class ReplayResult:
     skipped: int = 0
     dry_run: bool = False
     runners: dict = field(default_factory=dict)  # runner name -> selected count
+    warnings: list = field(default_factory=list)  # one line each, e.g. events past retention
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -243,8 +244,20 @@ def check_horizon(req: ReplayRequest, cur, runner_ids: list[int], bus_ids: set[i
                 f"{name!r} keeps events (from {start.isoformat()}): give --since "
                 f"{start.isoformat()} or later"
             )
+    total, gone, bus, start = gone_failures(req, cur, runner_ids)
+    if total and gone == total:
+        raise ReplayRequestError(
+            f"replay refused: the {total} failed records selected are of events gone by "
+            f"retention (bus {bus!r} keeps events from {start.isoformat()}): they can no "
+            "longer be replayed"
+        )
+
+
+def gone_failures(req: ReplayRequest, cur, runner_ids: list[int]) -> tuple:
+    """For a ``failed`` replay: how many open failures it selects, how many of them are of
+    events retention dropped, and the first such bus and where it keeps events from."""
     if req.what != "failed":
-        return
+        return 0, 0, None, None
     cur.execute(
         GONE_FAILURES_SQL,
         {
@@ -254,13 +267,7 @@ def check_horizon(req: ReplayRequest, cur, runner_ids: list[int], bus_ids: set[i
             "ids": list(req.message_ids) or None,
         },
     )
-    total, gone, bus, start = cur.fetchone()
-    if total and gone == total:
-        raise ReplayRequestError(
-            f"replay refused: the {total} failed records selected are of events gone by "
-            f"retention (bus {bus!r} keeps events from {start.isoformat()}): they can no "
-            "longer be replayed"
-        )
+    return cur.fetchone()
 
 
 # ``absent``: delivered in the books, not held by its destination (a ``missing`` replay).
@@ -610,8 +617,14 @@ def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -
     policy = address_policy()  # read on the driver: a bad range fails before anything runs
     with connection(db_url) as conn, transaction(conn) as cur:
         runner_ids = check_request(req, cur)
+        _, gone, bus, start = gone_failures(req, cur, runner_ids)
     replay_id = start_run(db_url, req)
     result = ReplayResult(replay_id=replay_id, selected=0, dry_run=req.dry_run)
+    if gone:  # pushed nowhere: skipped, and said
+        result.warnings.append(
+            f"{gone} failed records are of events gone by retention (bus {bus!r} keeps events "
+            f"from {start.isoformat()}): they can no longer be replayed and are skipped"
+        )
     try:
         # One read of the selection to the driver (its keys are few columns, and the check
         # and the counts need them all), then one Spark job that pushes it: no cache, no
