@@ -13,7 +13,8 @@ triggered without a logical date; a time without an offset is UTC).
    duplicates. With the form's `verify_sinks` (off by default), readable destinations
    (JetStream) are read back too: `absent` (delivered in the books, not in the stream: fails
    the run like a missing record) and `expired` (aged out by the stream's own limits). Writes
-   an `event_audit_report` row.
+   an `event_audit_report` row. With the form's `roll_up` (off by default), each runner found
+   clean has the window's delivery rows replaced by one summary row (`eventpush.rollups`).
 3. **report**: reads that report back.
 4. **check**: a Great Expectations suite: no runner has a missing record and the counts add
    up. Any missing record fails the run, and the task's failure callback raises the
@@ -91,6 +92,13 @@ GAPS = Asset(GAPS_URI)
             description="also read JetStream destinations back: records the books call "
             "delivered but the stream does not hold are absent (and fail the audit)",
         ),
+        "roll_up": Param(
+            False,
+            type="boolean",
+            title="Roll up clean runners",
+            description="replace the window's delivery rows of every runner found clean by "
+            "one summary row each (later audits of the window answer the same figures)",
+        ),
         "replay_missing": Param(
             False,
             type="boolean",
@@ -130,6 +138,7 @@ def eventpush_audit() -> None:
                     raise AirflowFailException(f"unknown bus {bus!r}")
         args = ["--since", since, "--until", until] + (["--bus", bus] if bus else [])
         args += ["--verify-sinks"] if verify else []
+        args += ["--roll-up"] if audit_flag(dict(context["params"]), "roll_up") else []
         return {"since": since, "until": until, "bus": bus, "args": args}
 
     spec = window()

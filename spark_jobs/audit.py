@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--until", type=iso)
     parser.add_argument("--master", help="default: as spark-submit set it")
     parser.add_argument("--verify-sinks", action="store_true", help="read destinations back")
+    parser.add_argument("--roll-up", action="store_true", help="roll clean runners' rows up")
     args = parser.parse_args(argv)
 
     from eventpush.config import database_url
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         since=args.since,
         until=args.until,
         verify_sinks=args.verify_sinks,
+        roll_up=args.roll_up,
     )
     print(json.dumps(result.to_json()))
     spark.stop()

@@ -80,9 +80,12 @@ def setup(conn, server, url: str, *, queues: int = 3, pattern=None, **spec) -> N
 
 
 def test_bus_create_makes_the_stream_and_refuses_what_it_cannot_adopt(conn, nats_server):
-    catalog.create_bus(conn, "orders", 4, source=nats_server.url)
+    catalog.create_bus(conn, "orders", 4, source=nats_server.url, retention="2d")
     info = stream_info(nats_server.url, "orders")
     assert info.config.subjects == ["orders.*"]
+    assert info.config.max_age == 2 * 86400  # the bus's retention (issue 35)
+    catalog.update_bus_retention(conn, "orders", "36h")
+    assert stream_info(nats_server.url, "orders").config.max_age == 36 * 3600
     [(source_url, heads)] = rows(
         conn,
         "SELECT b.source_url, array_agg(q.next_offset ORDER BY q.queue_id) FROM event_bus b "

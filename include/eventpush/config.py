@@ -155,3 +155,56 @@ def redact(text: str, *urls: str | None) -> str:
             for secret in _secret_parts(url):
                 text = text.replace(secret, MASK)
     return text
+
+
+# --- retention ---------------------------------------------------------------------------------
+
+RETENTION_ENV = "EVENTPUSH_RETENTION"
+FAILURE_RETENTION_ENV = "EVENTPUSH_FAILURE_RETENTION"
+PARTITIONS_AHEAD_ENV = "EVENTPUSH_PARTITIONS_AHEAD_DAYS"
+DEFAULT_RETENTION = "7d"  # Kafka's retention.ms default; EventBridge archives keep by days
+DEFAULT_FAILURE_RETENTION = "30d"  # the dead-letter store outlives the events, on purpose
+MIN_RETENTION_S = 3600
+MAX_RETENTION_S = 3650 * 86400
+_RETENTION = re.compile(r"(\d+)([hdw])")
+_RETENTION_UNITS = {"h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def retention_seconds(text: str, where: str) -> int:
+    """``12h``, ``7d``, ``2w``: a retention in seconds, between an hour and ten years.
+    ValueError naming ``where`` (an option or a variable) otherwise."""
+    found = _RETENTION.fullmatch(str(text).strip())
+    seconds = int(found[1]) * _RETENTION_UNITS[found[2]] if found else 0
+    if not MIN_RETENTION_S <= seconds <= MAX_RETENTION_S:
+        raise ValueError(
+            f"{where} must be a number and a unit (h, d or w) between 1h and 3650d, "
+            f"such as 7d; got {text!r}"
+        )
+    return seconds
+
+
+def format_retention(seconds: int) -> str:
+    """The shortest exact spelling: 604800 -> '7d', 7200 -> '2h'."""
+    return f"{seconds // 86400}d" if seconds % 86400 == 0 else f"{seconds // 3600}h"
+
+
+def _retention_env(name: str, default: str) -> int:
+    try:
+        return retention_seconds(os.environ.get(name, "").strip() or default, name)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def default_retention_s() -> int:
+    """How long a bus without its own ``--retention`` keeps its events (EVENTPUSH_RETENTION)."""
+    return _retention_env(RETENTION_ENV, DEFAULT_RETENTION)
+
+
+def failure_retention_s() -> int:
+    """How long failure rows (the dead-letter store) are kept (EVENTPUSH_FAILURE_RETENTION)."""
+    return _retention_env(FAILURE_RETENTION_ENV, DEFAULT_FAILURE_RETENTION)
+
+
+def partitions_ahead_days() -> int:
+    """How many days of partitions maintenance keeps made ahead of today."""
+    return int(setting(PARTITIONS_AHEAD_ENV, 3))

@@ -16,6 +16,7 @@ from eventpush.catalog.buses import (
     delete_bus,
     get_bus,
     list_buses,
+    update_bus_retention,
 )
 from eventpush.catalog.common import (
     CATALOG_CHANNEL,
@@ -119,6 +120,7 @@ __all__ = [
     "list_buses",
     "list_connections",
     "list_destinations",
+    "update_bus_retention",
     "list_rules",
     "list_targets",
     "list_workers",

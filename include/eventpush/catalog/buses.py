@@ -7,9 +7,8 @@ from dataclasses import asdict, dataclass
 
 import psycopg2
 import psycopg2.errors
-from psycopg2 import sql
 
-from eventpush import sources
+from eventpush import partitions, sources
 from eventpush.catalog.common import (
     CatalogError,
     ConflictError,
@@ -36,6 +35,9 @@ class BusInfo:
     source_url: str | None  # redacted
     rules: int
     created_at: str | None
+    retention: str  # e.g. "7d"; the configured default when the bus has none of its own
+    retention_default: bool  # True: the bus follows the configured default
+    events_kept_since: str | None  # events before this were dropped by retention
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -50,6 +52,7 @@ def create_bus(
     account: str | None = None,
     region: str | None = None,
     source: str | None = None,
+    retention: str | None = None,
 ) -> int:
     """A bus with ``queues`` queues, and its partition of ``bus_event``. With ``source`` (a
     URL such as ``nats://HOST:PORT``) its events live there instead (eventpush.sources): the
@@ -57,7 +60,10 @@ def create_bus(
 
     ``account`` and ``region`` are what the input transformer reports for events that carry
     none (``<aws.events.event>``, ``<aws.events.rule-arn>``); defaults in rules/transforms.py.
+    ``retention`` (``7d``, ``12h``, ``2w``): how long its events are kept; without it, the
+    configured default (EVENTPUSH_RETENTION). A NATS stream gets it as its ``max_age``.
     """
+
     from eventpush.rules.transforms import DEFAULT_ACCOUNT, DEFAULT_REGION
 
     check_name("bus", name)
@@ -69,6 +75,7 @@ def create_bus(
         raise CatalogError(f"--account must be a 12-digit AWS account id, got {account!r}")
     if not isinstance(region, str) or not REGION_RE.fullmatch(region):
         raise CatalogError(f"--region must look like an AWS region (us-east-1), got {region!r}")
+    retention_s = _retention(retention)
     kind = None
     if source is not None:
         kind = sources.kind_for(source)
@@ -76,9 +83,9 @@ def create_bus(
     try:
         with transaction(conn) as cur:
             cur.execute(
-                "INSERT INTO event_bus (name, queues, description, account, region, source_url) "
-                "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
-                (name, queues, description, account, region, source),
+                "INSERT INTO event_bus (name, queues, description, account, region, source_url, "
+                "retention_s) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                (name, queues, description, account, region, source, retention_s),
             )
             bus_id = cur.fetchone()[0]
             cur.execute(
@@ -86,15 +93,11 @@ def create_bus(
                 "SELECT %s, q FROM generate_series(0, %s - 1) AS q",
                 (bus_id, queues),
             )
-            cur.execute(
-                sql.SQL("CREATE TABLE {} PARTITION OF bus_event FOR VALUES IN ({})").format(
-                    sql.Identifier(f"bus_event_{bus_id}"), sql.Literal(bus_id)
-                )
-            )
+            partitions.create_bus_partition(cur, bus_id)
             if kind is not None:
                 from eventpush.sources import Bus, write_heads
 
-                bus = Bus(bus_id, name, queues, source)
+                bus = Bus(bus_id, name, queues, source, retention_s=effective(retention_s))
                 kind.create(conn, bus)
                 write_heads(cur, bus_id, kind.heads(conn, bus))  # an adopted stream's ends
     except psycopg2.errors.UniqueViolation:
@@ -105,17 +108,67 @@ def create_bus(
 BUS_SQL = """
 SELECT b.name, b.queues, b.description, b.account, b.region, b.source_url,
        (SELECT count(*) FROM event_rule ru WHERE ru.bus_id = b.id AND ru.deleted_at IS NULL),
-       b.ctime
+       b.ctime, b.retention_s, b.events_kept_since
 FROM event_bus b WHERE b.deleted_at IS NULL
 """
 
 
 def _bus_info(row) -> BusInfo:
-    from eventpush.config import redact_url
+    from eventpush.config import format_retention, redact_url
 
-    name, queues, description, account, region, source, rules, ctime = row
+    name, queues, description, account, region, source, rules, ctime, retention_s, kept = row
     source = None if source is None else redact_url(source)
-    return BusInfo(name, queues, description, account, region, source, rules, iso(ctime))
+    return BusInfo(
+        name,
+        queues,
+        description,
+        account,
+        region,
+        source,
+        rules,
+        iso(ctime),
+        format_retention(effective(retention_s)),
+        retention_s is None,
+        iso(kept),
+    )
+
+
+def _retention(text: str | None) -> int | None:
+    from eventpush.config import retention_seconds
+
+    if text is None:
+        return None
+    try:
+        return retention_seconds(text, "--retention")
+    except ValueError as exc:
+        raise CatalogError(str(exc)) from None
+
+
+def effective(retention_s: int | None) -> int:
+    """A bus's retention in seconds: its own, else the configured default."""
+    from eventpush.config import default_retention_s
+
+    return default_retention_s() if retention_s is None else retention_s
+
+
+def update_bus_retention(conn: Connection, name: str, retention: str | None) -> BusInfo:
+    """Set the bus's retention (``None``: follow the configured default again). A NATS bus's
+    stream gets the new ``max_age`` before the row commits; the next maintenance run drops
+    what the new retention no longer keeps."""
+    retention_s = _retention(retention)
+    with transaction(conn) as cur:
+        bus_id, _ = bus_row(cur, name)
+        cur.execute("SELECT queues, source_url FROM event_bus WHERE id = %s FOR UPDATE", (bus_id,))
+        queues, source = cur.fetchone()
+        cur.execute("UPDATE event_bus SET retention_s = %s WHERE id = %s", (retention_s, bus_id))
+        if source is not None:
+            from eventpush.sources import Bus
+
+            kind = sources.kind_for(source)
+            if kind.set_retention is not None:
+                kind.set_retention(conn, Bus(bus_id, name, queues, source), effective(retention_s))
+        notify(cur, bus_id)
+    return get_bus(conn, name)
 
 
 def get_bus(conn: Connection, name: str) -> BusInfo:

@@ -60,9 +60,15 @@ def _spark():
     help="Also read readable destinations (JetStream) back: records delivered in the books "
     "but not there are absent (counted as missing in the exit code), aged out ones expired.",
 )
+@click.option(
+    "--roll-up",
+    is_flag=True,
+    help="For a closed window: each runner found clean has the window's delivery rows "
+    "replaced by one summary row (later audits of the window answer the same figures).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @handles_errors
-def audit(bus, since, until, verify_sinks, as_json) -> None:
+def audit(bus, since, until, verify_sinks, roll_up, as_json) -> None:
     """Per runner: expected, delivered, failed, missing, pending, duplicated. Exit 1 on missing
     (with --verify-sinks: or absent, or a readable destination that could not be read)."""
     # Deferred: the Spark jobs are loaded only by the batch commands.
@@ -72,8 +78,16 @@ def audit(bus, since, until, verify_sinks, as_json) -> None:
     url = database_url()
     with err.status("auditing deliveries with Spark..."):
         result = run_audit(
-            _spark(), url, bus=bus, since=since, until=until, verify_sinks=verify_sinks
+            _spark(),
+            url,
+            bus=bus,
+            since=since,
+            until=until,
+            verify_sinks=verify_sinks,
+            roll_up=roll_up,
         )
+    for warning in result.warnings:
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     if as_json:
         print_json(result.to_json())
     else:
@@ -94,6 +108,8 @@ def audit(bus, since, until, verify_sinks, as_json) -> None:
         said = [f"{totals['missing']} missing"] if totals["missing"] else []
         said += [f"{totals['absent']} absent from their destination"] if totals["absent"] else []
         out.print(", ".join(said) if said else "nothing missing")
+        for runner, rows in result.rolled_up.items():
+            out.print(f"{runner}: {rows} delivery rows rolled up into one")
         for runner, records in result.absent_records.items():
             shown = ", ".join(f"{q}/{o}" for q, o, _ in records[:20])
             more = f" and {len(records) - 20} more" if len(records) > 20 else ""
@@ -215,6 +231,8 @@ def replay(
             result = run_replay(_spark(), url, req)
     except CheckFailed as exc:
         fail(str(exc), EXIT_MISSING)
+    for warning in result.warnings:
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     if as_json:
         print_json(result.to_json())
         return

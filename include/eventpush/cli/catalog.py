@@ -45,6 +45,28 @@ def db_migrate() -> None:
             out.print(f"bus {DEFAULT_BUS} created (where API events that name no bus go)")
 
 
+@db.command("maintain")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@handles_errors
+def db_maintain(as_json: bool) -> None:
+    """Make time partitions ahead and drop those behind each bus's retention; delete failure
+    rows past theirs (what the eventpush_retention DAG runs daily)."""
+    # Deferred: partition maintenance is loaded only by this command.
+    from eventpush.partitions import maintain
+
+    with connection() as conn:
+        report = maintain(conn)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+        return
+    out.print(
+        f"{len(report.created)} partitions made, {len(report.dropped)} dropped, "
+        f"{report.failures_deleted} failure rows deleted"
+    )
+    for name in report.dropped:
+        out.print(f"dropped {name}")
+
+
 DEFAULT_BUS = "default"  # as on AWS: PutEvents entries without EventBusName go there
 
 
@@ -86,6 +108,12 @@ def bus() -> None:
     help="Where the events live: nats://HOST:PORT for the JetStream stream NAME (made or "
     "adopted) [default: the built-in PostgreSQL store].",
 )
+@click.option(
+    "--retention",
+    default=None,
+    help="How long events are kept (12h, 7d, 2w; whole days are dropped at once); a new "
+    "JetStream stream's max_age [default: EVENTPUSH_RETENTION, else 7d].",
+)
 @handles_errors
 def bus_create(
     name: str,
@@ -94,11 +122,19 @@ def bus_create(
     account: str | None,
     region: str | None,
     source: str | None,
+    retention: str | None,
 ) -> None:
     """Create bus NAME with --queues queues."""
     with connection() as conn:
         catalog.create_bus(
-            conn, name, queues, description, account=account, region=region, source=source
+            conn,
+            name,
+            queues,
+            description,
+            account=account,
+            region=region,
+            source=source,
+            retention=retention,
         )
     where = f" on {source.strip()}" if source else ""
     out.print(f"bus {name} created with {queues} queues{where}")

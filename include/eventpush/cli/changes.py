@@ -112,6 +112,26 @@ def bus_show(name: str, as_json: bool) -> None:
         show(catalog.get_bus(conn, name), as_json, f"bus {name}")
 
 
+@bus.command("update")
+@click.argument("name")
+@click.option(
+    "--retention",
+    default=None,
+    help="How long events are kept (12h, 7d, 2w), or 'default' for EVENTPUSH_RETENTION; a "
+    "JetStream stream's max_age changes with it.",
+)
+@as_json_option
+@handles_errors
+def bus_update(name: str, retention: str | None, as_json: bool) -> None:
+    """Change bus NAME (its retention)."""
+    if retention is None:
+        fail("bus update: nothing to change (give --retention)")
+    own = None if retention.strip() == "default" else retention
+    with connection() as conn:
+        info = catalog.update_bus_retention(conn, name, own)
+    said(f"bus {name} keeps its events {info.retention}", as_json, info.to_json())
+
+
 @bus.command("delete")
 @click.argument("name")
 @click.option("--force", is_flag=True, help="Delete its rules and targets too.")

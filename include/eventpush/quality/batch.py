@@ -171,6 +171,34 @@ def check_audit(runners, run_label: str, db_url: str | None = None, **kw) -> Che
     return run_suite("audit", df, audit_expectations(), run_label, db_url, **kw)
 
 
+# --------------------------------------------------------------------------- retention
+
+
+def retention_expectations(ahead_days: int) -> list:
+    # Deferred: Great Expectations takes seconds to import: only a suite run loads it.
+    import great_expectations as gx
+
+    E = gx.expectations
+    return [
+        E.ExpectColumnValuesToBeUnique(column="table"),
+        E.ExpectColumnValuesToBeBetween(column="ahead", min_value=ahead_days),
+        E.ExpectColumnValuesToBeBetween(column="behind", min_value=0, max_value=0),
+    ]
+
+
+def check_retention(layout: list[dict], run_label: str, db_url: str | None = None, **kw):
+    """After maintenance: every partitioned table has its days made ``ahead`` and no
+    partition left behind its retention. ``layout``: eventpush.partitions.layout's rows."""
+    # Deferred: pandas is loaded only by the suites that hand it a frame.
+    import pandas as pd
+
+    from eventpush.config import partitions_ahead_days
+
+    df = pd.DataFrame(layout, columns=["table", "ahead", "behind"])
+    expectations = retention_expectations(partitions_ahead_days())
+    return run_suite("retention", df, expectations, run_label, db_url, **kw)
+
+
 # --------------------------------------------------------------------------- replay
 
 

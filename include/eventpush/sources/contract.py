@@ -31,6 +31,7 @@ class Bus:
     name: str
     queues: int
     source_url: str | None  # None: the built-in PostgreSQL store
+    retention_s: int | None = None  # for a broker that ages events out itself (max_age)
 
     @property
     def scheme(self) -> str:
@@ -104,6 +105,9 @@ class SourceKind:
       ``start <= position < stop``, in order (the batch jobs' reader).
     - ``position_at(conn, bus, queue_id, when)``: the first position of the queue whose event
       was stored at or after ``when`` (the batch jobs' time windows).
+    - ``set_retention(conn, bus, seconds)``: for a broker that ages events out itself (a
+      JetStream stream's ``max_age``), apply the bus's retention; None where eventpush's
+      own partition maintenance is the retention (the PostgreSQL store).
     """
 
     scheme: str
@@ -114,6 +118,7 @@ class SourceKind:
     heads: Callable[[Connection, Bus], dict[int, int]]
     read_range: Callable[[Connection, Bus, int, int, int], Iterator[Stored]]
     position_at: Callable[[Connection, Bus, int, datetime], int]
+    set_retention: Callable[[Connection, Bus, int], None] | None = None
 
 
 def source_scheme(url: str | None) -> str:

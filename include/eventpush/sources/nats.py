@@ -152,7 +152,13 @@ async def _create(nc, bus: Bus) -> None:
         info = await js.stream_info(bus.name)
     except NotFoundError:
         await js.add_stream(
-            StreamConfig(name=bus.name, subjects=[wanted], storage=StorageType.FILE)
+            StreamConfig(
+                name=bus.name,
+                subjects=[wanted],
+                storage=StorageType.FILE,
+                # The bus's retention; an adopted stream keeps its own until `bus update`.
+                max_age=float(bus.retention_s) if bus.retention_s else None,
+            )
         )
         return
     subjects = set(info.config.subjects or [])
@@ -164,6 +170,19 @@ async def _create(nc, bus: Bus) -> None:
             f"stream {bus.name!r} exists with subjects {sorted(subjects)}, which do not cover "
             f"{bus.name}.0 … {bus.name}.{bus.queues - 1}: it is not adopted"
         )
+
+
+def set_retention(conn: Connection, bus: Bus, seconds: int) -> None:
+    """The stream's ``max_age`` becomes the bus's retention."""
+    run(_with_nats, bus, lambda nc: _set_max_age(nc, bus, seconds))
+
+
+async def _set_max_age(nc, bus: Bus, seconds: int) -> None:
+    js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
+    info = await js.stream_info(bus.name)
+    config = info.config
+    config.max_age = float(seconds)
+    await js.update_stream(config)
 
 
 # --- publishing ---------------------------------------------------------------------------------
@@ -609,4 +628,5 @@ KIND = SourceKind(
     heads=heads,
     read_range=read_range,
     position_at=position_at,
+    set_retention=set_retention,
 )

@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import lru_cache
 
+from eventpush import rollups
 from eventpush.db import connection, transaction
 from eventpush.metrics import audit_results, publish_batch
+from eventpush.partitions import clip_window, kept_since_by_bus
 from eventpush.rules.patterns import RuleIndex
 from eventpush.sources import sync_heads
 from eventpush.sparkjobs import jdbc
@@ -97,6 +99,10 @@ class AuditResult:
 
     # runner name -> the absent records, (queue_id, offset, message_id), at most ABSENT_LISTED
     absent_records: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict)
+    # One line per bus whose kept events begin inside the window (retention clipped it).
+    warnings: list[str] = field(default_factory=list)
+    # With roll_up: runner name -> delivery rows its clean window's summary row replaced.
+    rolled_up: dict[str, int] = field(default_factory=dict)
 
     def totals(self) -> dict[str, int]:
         keys = ("expected", "delivered", "failed", "missing", "pending", "duplicates")
@@ -130,6 +136,8 @@ class AuditResult:
             "report_id": self.report_id,
             "since": self.since.isoformat() if self.since else None,
             "until": self.until.isoformat() if self.until else None,
+            "warnings": self.warnings,
+            "rolled_up": self.rolled_up,
         }
 
 
@@ -143,6 +151,7 @@ class AuditScope:
     # The versions' patterns (vid -> (bus id, pattern JSON)) and where each judged.
     patterns: dict[int, tuple[int, str]] = field(default_factory=dict)
     segments: list[VersionSegment] = field(default_factory=list)
+    rollups: list[rollups.Rollup] = field(default_factory=list)  # rolled-up clean windows
 
 
 def load_scope(
@@ -190,7 +199,7 @@ def load_scope(
         (ids,),
     )
     ranges = [jdbc.QueueRange(*row) for row in cur.fetchall()]
-    return AuditScope(runners, offsets, ranges, patterns, segments)
+    return AuditScope(runners, offsets, ranges, patterns, segments, rollups.load(cur, ids))
 
 
 def _versions(
@@ -349,10 +358,29 @@ def classify(
     )
     keys = list(KEYS)
     joined = expected.join(deliveries, keys, "left").join(failures, keys, "left")
+    # A record of a rolled-up window (eventpush.rollups) has no delivery rows any more: it
+    # was found delivered or failed when the window was audited clean, never missing.
+    rolls = spark.createDataFrame(
+        [(r.runner_id, r.window_start, r.window_end) for r in scope.rollups] or [],
+        "roll_runner INT, roll_start TIMESTAMP, roll_end TIMESTAMP",
+    )
+    joined = joined.join(
+        F.broadcast(rolls),
+        (joined["runner_id"] == rolls["roll_runner"])
+        & (joined["ctime"] >= rolls["roll_start"])
+        & (joined["ctime"] < rolls["roll_end"]),
+        "left",
+    )
+    rolled = F.col("roll_start").isNotNull()
+    failed = F.col("failure_status").isin("failed", "dead")
     deliveries_col = F.coalesce(F.col("deliveries"), F.lit(0))
+    deliveries_col = F.when(rolled & ~failed, F.greatest(deliveries_col, F.lit(1))).otherwise(
+        deliveries_col
+    )
     state = (
-        F.when(deliveries_col > 0, "delivered")
-        .when(F.col("failure_status").isin("failed", "dead"), "failed")
+        F.when(rolled, F.when(failed, "failed").otherwise("delivered"))
+        .when(deliveries_col > 0, "delivered")
+        .when(failed, "failed")
         .when(F.col("offset") >= F.col("committed"), "pending")
         .otherwise("missing")
     )
@@ -368,6 +396,7 @@ def classify(
         "failure_status",
         "committed",
         state.alias("state"),
+        "roll_start",
         *(["delivered_at"] if delivered_at else []),
     )
 
@@ -397,7 +426,7 @@ def verify(spark, records, scope: AuditScope, policy=None):
     policy = policy if policy is not None else address_policy()
     by_runner = spark.createDataFrame(list(urls.items()), "runner_id INT, url STRING")
     delivered = (
-        records.where(F.col("state") == "delivered")
+        records.where((F.col("state") == "delivered") & F.col("roll_start").isNull())
         .join(F.broadcast(by_runner), "runner_id")
         .select(
             "url",
@@ -417,16 +446,22 @@ def verify(spark, records, scope: AuditScope, policy=None):
     return spark.createDataFrame(rows, readback.SCHEMA)
 
 
-def summarise(records, scope: AuditScope, checked=False) -> list[RunnerAudit]:
+def summarise(records, scope: AuditScope, checked=False, whole=()) -> list[RunnerAudit]:
     """Per-runner counts from ``classify``'s frame; every runner of the scope appears. With
     ``checked`` (``verify``'s frame, or None when nothing was readable, for an audit that
-    verifies sinks), each runner's absent, expired and sink too."""
+    verifies sinks), each runner's absent, expired and sink too. ``whole``: the roll-ups
+    lying wholly inside the audited window, whose own figures stand for their records."""
     # Deferred: PySpark is loaded only inside a Spark job.
     from pyspark.sql import functions as F
 
     def count_state(name: str):
         return F.sum(F.when(F.col("state") == name, 1).otherwise(0)).alias(name)
 
+    if whole:
+        answered = records.sparkSession.createDataFrame(
+            [(r.runner_id, r.window_start) for r in whole], "runner_id INT, roll_start TIMESTAMP"
+        )
+        records = records.join(F.broadcast(answered), ["runner_id", "roll_start"], "left_anti")
     rows = (
         records.groupBy("runner_id")
         .agg(
@@ -442,6 +477,10 @@ def summarise(records, scope: AuditScope, checked=False) -> list[RunnerAudit]:
     for r in scope.runners:
         row = by_id.get(r.runner_id)
         counts = {k: int(row[k] or 0) if row else 0 for k in ("expected", *STATES, "duplicates")}
+        for w in whole:
+            if w.runner_id == r.runner_id:
+                for key in ("expected", "delivered", "failed", "duplicates"):
+                    counts[key] += getattr(w, key)
         out.append(
             RunnerAudit(runner=r.name, **counts, deleted=r.deleted, **sinks.get(r.runner_id, {}))
         )
@@ -547,9 +586,14 @@ def run_audit(
     save: bool = True,
     slice_size: int = jdbc.DEFAULT_SLICE,
     verify_sinks: bool = False,
+    roll_up: bool = False,
 ) -> AuditResult:
     """Audit every runner (of ``bus``, if given) over ``[since, until)``; saves the report.
-    With ``verify_sinks``, readable destinations are read back too (``verify``)."""
+    With ``verify_sinks``, readable destinations are read back too (``verify``). With
+    ``roll_up`` (a closed window: both ends given, its end past), the runners found clean
+    have the window's delivery rows replaced by one summary row each (eventpush.rollups)."""
+    if roll_up and (since is None or until is None or until > datetime.now(UTC)):
+        raise ValueError("--roll-up needs a closed window: give --since and a past --until")
     with connection(db_url) as conn:
         sync_heads(conn)  # a broker's bus: read up to its heads as they are now
     with connection(db_url) as conn, transaction(conn) as cur:
@@ -558,6 +602,17 @@ def run_audit(
             if cur.fetchone() is None:
                 raise ValueError(f"unknown bus {bus!r}")
         scope = load_scope(cur, bus=bus)
+        # Retention's horizon: a window wholly past it is refused, one reaching past it is
+        # answered from where the kept events begin (what is gone is not expected, never
+        # missing) with a warning.
+        kept = kept_since_by_bus(cur, sorted({r.bus_id for r in scope.runners}))
+        warnings = clip_window(kept, since, until, "audit")
+    bus_names = {r.runner_id: r.bus for r in scope.runners}
+    whole = [
+        w
+        for w in rollups.whole_within(scope.rollups, since, until)
+        if bus_names[w.runner_id] not in kept or w.window_start >= kept[bus_names[w.runner_id]]
+    ]
     records = classify(spark, db_url, scope, since, until, slice_size, delivered_at=verify_sinks)
     listed: dict = {}
     if verify_sinks and scope.runners:
@@ -566,18 +621,63 @@ def run_audit(
         checked = verify(spark, records, scope)
         if checked is not None:
             checked = checked.persist()
-        runners = summarise(records, scope, checked)
+        runners = summarise(records, scope, checked, whole)
         listed = absent_listing(checked, records, scope)
-        records.unpersist()
+        if not roll_up:
+            records.unpersist()
         if checked is not None:
             checked.unpersist()
     else:
-        runners = summarise(records, scope) if scope.runners else []
+        records = records.persist() if roll_up else records  # read again by the roll-up
+        runners = summarise(records, scope, whole=whole) if scope.runners else []
     report_id = None
     if save:
         with connection(db_url) as conn, transaction(conn) as cur:
             report_id = write_report(cur, bus, since, until, runners, verified=verify_sinks)
-    result = AuditResult(runners, report_id, since, until, listed)
+    rolled: dict[str, int] = {}
+    if roll_up:
+        rolled = roll_up_clean(db_url, records, scope, runners, since, until, report_id)
+        records.unpersist()
+    result = AuditResult(runners, report_id, since, until, listed, warnings, rolled)
     if save:  # a saved audit is a result operators watch: textfile / Pushgateway when set
         publish_batch("audit", audit_results(result))
     return result
+
+
+def roll_up_clean(
+    db_url: str, records, scope: AuditScope, runners: list[RunnerAudit], since, until, report_id
+) -> dict[str, int]:
+    """The runners found clean (nothing missing, pending or absent, a readable destination
+    read) with records in the window: their delivery rows replaced by one summary row each.
+    Returns runner name -> delivery rows replaced."""
+    from pyspark.sql import functions as F
+
+    ids = {r.name: r.runner_id for r in scope.runners}
+    clean = {
+        ids[r.runner]: r
+        for r in runners
+        if r.expected
+        and not (r.missing or r.pending or r.absent)
+        and not (r.sink or "").startswith("error")
+    }
+    if not clean:
+        return {}
+    keys = (
+        records.where(F.col("roll_start").isNull() & F.col("runner_id").isin(list(clean)))
+        .select("runner_id", "queue_id", "offset")
+        .collect()
+    )
+    offsets: dict[int, dict[int, list[int]]] = {}
+    for row in keys:
+        offsets.setdefault(row["runner_id"], {}).setdefault(row["queue_id"], []).append(
+            row["offset"]
+        )
+    windows = [
+        rollups.RunnerWindow(rid, r.expected, r.delivered, r.failed, r.duplicates, offsets[rid])
+        for rid, r in clean.items()
+        if rid in offsets
+    ]
+    with connection(db_url) as conn:
+        replaced = rollups.roll_up(conn, since, until, windows, report_id)
+    names = {rid: name for name, rid in ids.items()}
+    return {names[rid]: n for rid, n in replaced.items()}

@@ -48,7 +48,7 @@ def replay_limits() -> ReplayLimits:
     )
 
 
-AUDIT_FORM_FIELDS = ("bus", "since", "until", "replay_missing", "verify_sinks")
+AUDIT_FORM_FIELDS = ("bus", "since", "until", "replay_missing", "verify_sinks", "roll_up")
 
 
 class FormError(ValueError):

@@ -36,6 +36,7 @@ from eventpush.addresses import address_policy
 from eventpush.config import redact
 from eventpush.db import connect, connection, transaction
 from eventpush.metrics import publish_batch, replay_results
+from eventpush.partitions import PastRetentionError, clip_window, kept_since_by_bus
 from eventpush.push.committing import outcome_rows
 from eventpush.push.store import copy_deliveries, load_targets
 from eventpush.quality import batch as quality
@@ -104,6 +105,7 @@ class ReplayResult:
     skipped: int = 0
     dry_run: bool = False
     runners: dict = field(default_factory=dict)  # runner name -> selected count
+    warnings: list = field(default_factory=list)  # one line each, e.g. events past retention
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -205,7 +207,67 @@ def check_request(req: ReplayRequest, cur) -> list[int]:
                 "and failure rows stay for the audit)"
             )
         raise ReplayRequestError(f"unknown target {req.target!r} for the given bus and rule")
-    return [r.runner_id for r in scope.runners]
+    runner_ids = [r.runner_id for r in scope.runners]
+    check_horizon(req, cur, runner_ids, {r.bus_id for r in scope.runners})
+    return runner_ids
+
+
+GONE_FAILURES_SQL = (
+    "SELECT count(*), count(*) FILTER (WHERE b.events_kept_since IS NOT NULL "
+    "AND b.source_url IS NULL AND NOT EXISTS (SELECT 1 FROM bus_event e WHERE e.bus_id = b.id "
+    'AND e.queue_id = f.queue_id AND e."offset" = f."offset")), '
+    "min(b.name) FILTER (WHERE b.events_kept_since IS NOT NULL), min(b.events_kept_since) "
+    "FROM event_push_failure f JOIN event_target_runner r ON r.id = f.runner_id "
+    "JOIN event_target t ON t.id = r.target_id JOIN event_rule ru ON ru.id = t.rule_id "
+    "JOIN event_bus b ON b.id = ru.bus_id "
+    "WHERE f.status = 'failed' AND f.runner_id = ANY(%(runners)s) "
+    "AND (%(since)s::timestamptz IS NULL OR f.ctime >= %(since)s) "
+    "AND (%(until)s::timestamptz IS NULL OR f.ctime < %(until)s) "
+    "AND (%(ids)s::text[] IS NULL OR f.message_id = ANY(%(ids)s))"
+)
+
+
+def check_horizon(req: ReplayRequest, cur, runner_ids: list[int], bus_ids: set[int]) -> None:
+    """Refuse, in one line, a replay of what retention has dropped: a window that begins
+    before a bus in scope keeps events, or failures whose events are all gone."""
+    kept = kept_since_by_bus(cur, sorted(bus_ids))
+    if not kept:
+        return
+    try:
+        clip_window(kept, req.since, req.until, "replay")
+    except PastRetentionError as exc:
+        raise ReplayRequestError(str(exc)) from None
+    for name, start in kept.items():
+        if req.since is not None and req.since < start:
+            raise ReplayRequestError(
+                f"replay refused: the window starts {req.since.isoformat()}, before bus "
+                f"{name!r} keeps events (from {start.isoformat()}): give --since "
+                f"{start.isoformat()} or later"
+            )
+    total, gone, bus, start = gone_failures(req, cur, runner_ids)
+    if total and gone == total:
+        raise ReplayRequestError(
+            f"replay refused: the {total} failed records selected are of events gone by "
+            f"retention (bus {bus!r} keeps events from {start.isoformat()}): they can no "
+            "longer be replayed"
+        )
+
+
+def gone_failures(req: ReplayRequest, cur, runner_ids: list[int]) -> tuple:
+    """For a ``failed`` replay: how many open failures it selects, how many of them are of
+    events retention dropped, and the first such bus and where it keeps events from."""
+    if req.what != "failed":
+        return 0, 0, None, None
+    cur.execute(
+        GONE_FAILURES_SQL,
+        {
+            "runners": runner_ids,
+            "since": req.since,
+            "until": req.until,
+            "ids": list(req.message_ids) or None,
+        },
+    )
+    return cur.fetchone()
 
 
 # ``absent``: delivered in the books, not held by its destination (a ``missing`` replay).
@@ -555,8 +617,14 @@ def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -
     policy = address_policy()  # read on the driver: a bad range fails before anything runs
     with connection(db_url) as conn, transaction(conn) as cur:
         runner_ids = check_request(req, cur)
+        _, gone, bus, start = gone_failures(req, cur, runner_ids)
     replay_id = start_run(db_url, req)
     result = ReplayResult(replay_id=replay_id, selected=0, dry_run=req.dry_run)
+    if gone:  # pushed nowhere: skipped, and said
+        result.warnings.append(
+            f"{gone} failed records are of events gone by retention (bus {bus!r} keeps events "
+            f"from {start.isoformat()}): they can no longer be replayed and are skipped"
+        )
     try:
         # One read of the selection to the driver (its keys are few columns, and the check
         # and the counts need them all), then one Spark job that pushes it: no cache, no

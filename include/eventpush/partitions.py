@@ -1,0 +1,368 @@
+"""Time partitions of the books, made ahead and dropped behind.
+
+``bus_event`` is partitioned by bus (``bus_event_ID``), and each bus's partition by day of
+``ctime`` (``bus_event_ID_pYYYYMMDD``, UTC days). ``event_push_delivery`` is partitioned by
+day of ``ctime`` (``event_push_delivery_pYYYYMMDD``). Each partitioned table also has a
+``_default`` partition, which catches rows of a day not made yet (maintenance stopped for
+longer than its lead) and is emptied into the day's partition when maintenance makes it, and
+possibly a ``_before`` partition (MINVALUE up to the day migration 0010 ran): the rows that
+existed before partitioning, kept whole until all of them are past retention.
+
+Retention drops whole partitions, never rows: a bus's day goes once its end is older than
+the bus's retention (so events live between their retention and a day more), a delivery day
+once its end is older than the longest retention of any bus. Failure rows (the dead-letter
+store, rare by nature and not partitioned) are deleted by row after their own, longer
+retention. Maintenance is :func:`maintain`, run by ``eventpush retention run`` and the
+``eventpush_retention`` DAG.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from psycopg2 import sql
+
+from eventpush import config, rollups
+from eventpush.db import Connection, transaction
+
+DAY = timedelta(days=1)
+DELIVERY = "event_push_delivery"
+# A DROP waits for readers of the partition; past this it gives up until the next run
+# rather than queueing every publisher behind it.
+LOCK_TIMEOUT = "5s"
+_BOUND = re.compile(r"FROM \((?P<lo>[^)]*)\) TO \((?P<hi>[^)]*)\)")
+
+
+@dataclass
+class Partition:
+    name: str
+    lo: datetime | None  # None: MINVALUE
+    hi: datetime | None  # None: the default partition
+
+
+@dataclass
+class MaintenanceReport:
+    """What one maintenance run did: partitions made and dropped, failure rows deleted, and
+    the horizon per bus (the oldest time whose events are still all kept)."""
+
+    created: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    failures_deleted: int = 0
+    compacted: list[str] = field(default_factory=list)
+    horizons: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def day_start(when: datetime) -> datetime:
+    when = when.astimezone(UTC)
+    return datetime(when.year, when.month, when.day, tzinfo=UTC)
+
+
+def bus_table(bus_id: int) -> str:
+    return f"bus_event_{bus_id}"
+
+
+def _time(text: str) -> datetime | None:
+    text = text.strip().strip("'")
+    return None if text == "MINVALUE" else datetime.fromisoformat(text).astimezone(UTC)
+
+
+def partitions(cur, parent: str) -> list[Partition]:
+    """The partitions of ``parent`` with their bounds, oldest first, the default last."""
+    cur.execute("SET LOCAL TimeZone = 'UTC'")
+    cur.execute(
+        "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
+        "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass",
+        (parent,),
+    )
+    found = []
+    for name, bound in cur.fetchall():
+        match = _BOUND.search(bound)
+        if match is None:  # DEFAULT
+            found.append(Partition(name, None, None))
+        else:
+            found.append(Partition(name, _time(match["lo"]), _time(match["hi"])))
+    epoch = datetime.min.replace(tzinfo=UTC)
+    return sorted(found, key=lambda p: (p.hi is None, p.lo or epoch))
+
+
+def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> str | None:
+    """The partition of ``parent`` for ``day`` unless a partition covers it already; rows of
+    that day waiting in the default partition move into it (same transaction)."""
+    hi = day + DAY
+    for p in existing:
+        if p.hi is not None and (p.lo is None or p.lo < hi) and day < p.hi:
+            return None
+    name = f"{parent}_p{day:%Y%m%d}"
+    default = next((p.name for p in existing if p.hi is None), None)
+    if default is not None:
+        cur.execute(
+            sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE ctime >= %s AND ctime < %s)").format(
+                sql.Identifier(default)
+            ),
+            (day, hi),
+        )
+        waiting = cur.fetchone()[0]
+    else:
+        waiting = False
+    if not waiting:
+        cur.execute(
+            sql.SQL("CREATE TABLE {} PARTITION OF {} FOR VALUES FROM (%s) TO (%s)").format(
+                sql.Identifier(name), sql.Identifier(parent)
+            ),
+            (day, hi),
+        )
+        return name
+    # Rows of this day sit in the default partition: move them, then attach (the attach
+    # checks the default partition holds none of the day any more).
+    cur.execute(
+        sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)").format(
+            sql.Identifier(name), sql.Identifier(parent)
+        )
+    )
+    cur.execute(
+        sql.SQL(
+            "WITH moved AS (DELETE FROM {d} WHERE ctime >= %s AND ctime < %s RETURNING *) "
+            "INSERT INTO {n} SELECT * FROM moved"
+        ).format(d=sql.Identifier(default), n=sql.Identifier(name)),
+        (day, hi),
+    )
+    cur.execute(
+        sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM (%s) TO (%s)").format(
+            sql.Identifier(parent), sql.Identifier(name)
+        ),
+        (day, hi),
+    )
+    return name
+
+
+def make_ahead(cur, parent: str, now: datetime, days: int | None = None) -> list[str]:
+    """Day partitions of ``parent`` from today to ``days`` ahead (configuration by default)."""
+    days = config.partitions_ahead_days() if days is None else days
+    existing = partitions(cur, parent)
+    today = day_start(now)
+    wanted = {today + n * DAY for n in range(days + 1)}
+    default = next((p.name for p in existing if p.hi is None), None)
+    if default is not None:  # days that landed in the default partition get theirs too
+        cur.execute(
+            sql.SQL("SELECT DISTINCT date_trunc('day', ctime) FROM {}").format(
+                sql.Identifier(default)
+            )
+        )
+        wanted |= {row[0].astimezone(UTC) for row in cur.fetchall()}
+    made = []
+    for day in sorted(wanted):
+        name = _make_day(cur, parent, day, existing)
+        if name is not None:
+            made.append(name)
+            existing = partitions(cur, parent)
+    return made
+
+
+def create_bus_partition(cur, bus_id: int, now: datetime | None = None) -> None:
+    """A new bus's partition of ``bus_event``, partitioned by day, with its default and the
+    days ahead made (inside the caller's transaction)."""
+    table = bus_table(bus_id)
+    cur.execute(
+        sql.SQL(
+            "CREATE TABLE {} PARTITION OF bus_event FOR VALUES IN ({}) PARTITION BY RANGE (ctime)"
+        ).format(sql.Identifier(table), sql.Literal(bus_id))
+    )
+    cur.execute(
+        sql.SQL("CREATE TABLE {} PARTITION OF {} DEFAULT").format(
+            sql.Identifier(f"{table}_default"), sql.Identifier(table)
+        )
+    )
+    make_ahead(cur, table, now or datetime.now(UTC))
+
+
+def _drop_behind(cur, parent: str, horizon: datetime) -> list[str]:
+    """Drop the partitions of ``parent`` that end at or before ``horizon``."""
+    dropped = []
+    for p in partitions(cur, parent):
+        if p.hi is not None and p.hi <= horizon:
+            cur.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(p.name)))
+            dropped.append(p.name)
+    return dropped
+
+
+def horizon(retention_s: int, now: datetime) -> datetime:
+    """The oldest time still kept whole under ``retention_s``: partitions are dropped by
+    whole days, so a time at or after this is never gone."""
+    return now - timedelta(seconds=retention_s)
+
+
+def bus_retention(cur, bus_id: int) -> int:
+    """The bus's retention in seconds: its own, else the configured default."""
+    cur.execute("SELECT retention_s FROM event_bus WHERE id = %s", (bus_id,))
+    row = cur.fetchone()
+    own = row[0] if row else None
+    return own if own is not None else config.default_retention_s()
+
+
+def kept_since(cur, bus_id: int) -> datetime | None:
+    """Where the bus's kept events begin: events before it were dropped by retention. None
+    while nothing was ever dropped."""
+    cur.execute("SELECT events_kept_since FROM event_bus WHERE id = %s", (bus_id,))
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
+def maintain(conn: Connection, now: datetime | None = None) -> MaintenanceReport:
+    """Make partitions ahead and drop the ones behind retention, per bus and for the
+    delivery log; delete failure rows past their retention. Each bus in a transaction of its
+    own, so a bus whose drop times out (LOCK_TIMEOUT) waits for the next run alone.
+
+    Delivery days are kept for the longest bus retention, and failure rows for the longer of
+    their own retention and that: an audit of any window a bus still holds finds its books."""
+    now = (now or datetime.now(UTC)).astimezone(UTC)
+    report = MaintenanceReport()
+    default = config.default_retention_s()
+    with transaction(conn) as cur:
+        cur.execute(
+            "SELECT b.id, b.name, coalesce(b.retention_s, %s) FROM event_bus b "
+            "JOIN pg_class c ON c.relname = 'bus_event_' || b.id AND c.relkind = 'p' "
+            "ORDER BY b.id",
+            (default,),
+        )
+        buses = cur.fetchall()
+    longest = max([default, *(r for _, _, r in buses)])
+    for bus_id, name, retention_s in buses:
+        edge = horizon(retention_s, now)
+        table = bus_table(bus_id)
+        with transaction(conn) as cur:
+            cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+            dropped = _drop_behind(cur, table, edge)
+            if dropped:
+                kept = [p.lo for p in partitions(cur, table) if p.hi is not None and p.lo]
+                cur.execute(
+                    "UPDATE event_bus SET events_kept_since = %s WHERE id = %s",
+                    (min(kept, default=day_start(edge)), bus_id),
+                )
+            report.dropped += dropped
+            report.created += make_ahead(cur, table, now)
+        report.horizons[name] = edge.isoformat()
+    with transaction(conn) as cur:
+        cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        report.dropped += _drop_behind(cur, DELIVERY, horizon(longest, now))
+        rollups.prune(cur, horizon(longest, now))
+        report.created += make_ahead(cur, DELIVERY, now)
+    report.compacted = compact(conn, day_start(now))
+    with transaction(conn) as cur:
+        failure_s = max(config.failure_retention_s(), longest)
+        cur.execute("DELETE FROM event_push_failure WHERE ctime < %s", (horizon(failure_s, now),))
+        report.failures_deleted = cur.rowcount
+    return report
+
+
+# Past days' delivery partitions are compacted when their indexes hold this many times the
+# bytes of their rows (and at least BLOAT_MIN_BYTES): what roll-ups leave behind.
+BLOAT_FACTOR = 2
+BLOAT_MIN_BYTES = 1 << 20
+
+
+def compact(conn: Connection, before: datetime, min_bytes: int = BLOAT_MIN_BYTES) -> list[str]:
+    """The delivery log's partitions of days before ``before``, which no writer touches any
+    more (live pushes and replays write today's): vacuumed (which also cuts the empty pages
+    at the end of the table), and reindexed concurrently when their indexes outgrew their
+    rows, as after a roll-up deleted most of them. Returns the partitions reindexed."""
+    with transaction(conn) as cur:
+        names = [p.name for p in partitions(cur, DELIVERY) if p.hi is not None and p.hi <= before]
+    reindexed = []
+    autocommit = conn.autocommit
+    conn.autocommit = True  # VACUUM and REINDEX CONCURRENTLY run outside a transaction
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+            for name in names:
+                table = sql.Identifier(name)
+                cur.execute(sql.SQL("VACUUM {}").format(table))
+                cur.execute(
+                    "SELECT pg_total_relation_size(%s::regclass) - pg_indexes_size(%s::regclass),"
+                    " pg_indexes_size(%s::regclass)",
+                    (name, name, name),
+                )
+                rows, indexes = cur.fetchone()
+                if indexes > max(min_bytes, BLOAT_FACTOR * rows):
+                    cur.execute(sql.SQL("REINDEX TABLE CONCURRENTLY {}").format(table))
+                    reindexed.append(name)
+            cur.execute("RESET lock_timeout")
+    finally:
+        conn.autocommit = autocommit
+    return reindexed
+
+
+# --- the horizon: what audits and replays may still ask about ---------------------------------
+
+
+class PastRetentionError(ValueError):
+    """A window or a record whose events retention has dropped, said in one line."""
+
+
+def kept_since_by_bus(cur, bus_ids: list[int]) -> dict[str, datetime]:
+    """bus name -> where its kept events begin, for the buses (of ``bus_ids``) that retention
+    has dropped events of."""
+    cur.execute(
+        "SELECT name, events_kept_since FROM event_bus "
+        "WHERE id = ANY(%s) AND events_kept_since IS NOT NULL ORDER BY name",
+        (list(bus_ids),),
+    )
+    return dict(cur.fetchall())
+
+
+def clip_window(
+    kept: dict[str, datetime], since: datetime | None, until: datetime | None, what: str
+) -> list[str]:
+    """Warnings, one line per bus whose kept events begin inside the window (the window is
+    answered from there on: what is gone is not counted, never called missing). A window
+    that ends before every bus's kept events begin is refused (PastRetentionError)."""
+    if not kept:
+        return []
+    if until is not None and all(until <= start for start in kept.values()):
+        first = min(kept, key=kept.get)
+        raise PastRetentionError(
+            f"{what} refused: the window ends {until.isoformat()}, before bus {first!r} keeps "
+            f"events (from {kept[first].isoformat()}): they are gone by retention"
+        )
+    return [
+        f"bus {name!r}: events before {start.isoformat()} are gone by retention; the {what} "
+        f"covers {start.isoformat()} onwards"
+        for name, start in kept.items()
+        if since is None or since < start
+    ]
+
+
+def layout(conn: Connection, now: datetime | None = None) -> list[dict]:
+    """Per partitioned table (each bus's, the delivery log): how many whole days ahead of
+    today are made (``ahead``) and how many partitions end at or before its horizon
+    (``behind``: retention owes a drop). What the retention check judges."""
+    now = (now or datetime.now(UTC)).astimezone(UTC)
+    default = config.default_retention_s()
+    rows = []
+    with transaction(conn) as cur:
+        cur.execute(
+            "SELECT b.id, coalesce(b.retention_s, %s) FROM event_bus b "
+            "JOIN pg_class c ON c.relname = 'bus_event_' || b.id AND c.relkind = 'p' "
+            "ORDER BY b.id",
+            (default,),
+        )
+        tables = [(bus_table(bus_id), retention_s) for bus_id, retention_s in cur.fetchall()]
+        longest = max([default, *(r for _, r in tables)])
+        tables.append((DELIVERY, longest))
+        today = day_start(now)
+        for table, retention_s in tables:
+            parts = [p for p in partitions(cur, table) if p.hi is not None]
+            ahead = 0
+            while any(
+                (p.lo is None or p.lo <= today + ahead * DAY) and today + ahead * DAY < p.hi
+                for p in parts
+            ):
+                ahead += 1
+            edge = horizon(retention_s, now)
+            behind = sum(1 for p in parts if p.hi <= edge)
+            rows.append({"table": table, "ahead": ahead - 1, "behind": behind})
+    return rows
