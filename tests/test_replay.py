@@ -13,6 +13,7 @@ from eventpush.demo.receiver import Receiver
 from eventpush.sinks.contract import record_key
 from eventpush.sparkjobs.audit import run_audit
 from eventpush.sparkjobs.replay import ReplayRequest, ReplayRequestError, check_request, run_replay
+from eventpush.status import read_status
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +93,9 @@ def test_failed_replay_after_target_recovers(db_url, conn, spark, receiver):  # 
         cur.execute("SELECT status, count(*) FROM event_push_failure GROUP BY status ORDER BY 1")
         assert cur.fetchall() == [("dead", 1), ("replayed", 2)]
     conn.rollback()
+    # Status counts the replay's deliveries from the runner's own counter, not its rows.
+    (status,) = read_status(conn)["runners"]
+    assert (status["runner"], status["replayed"]) == (runner, 2)
     assert run_replay(spark, db_url, ReplayRequest(what="failed")).selected == 0
     audit = audit_of(spark, db_url, runner)
     assert (audit.delivered, audit.failed, audit.missing) == (5, 1, 0)

@@ -29,8 +29,7 @@ SELECT r.name, w.name, r.state, b.name,
        (SELECT count(*) FROM event_push_failure f
          WHERE f.runner_id = r.id AND f.status = 'failed') AS open_failures,
        r.generation,
-       (SELECT count(*) FROM event_push_delivery d
-         WHERE d.runner_id = r.id AND d.origin = 'replay') AS replayed,
+       r.replayed_total AS replayed,
        (SELECT count(*) FROM event_push_failure f
          WHERE f.runner_id = r.id AND f.status IN ('failed', 'dead')) AS failed_now
 FROM event_target_runner r

@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -557,6 +557,15 @@ def _write_outcomes(cur, outcomes: list, replay_id: int, counts: dict) -> None:
             else:
                 failed.extend((row, target.broker) for row in rows)
     if delivered:
+        # The runners' counters first: a worker's commit holds its runner rows FOR SHARE
+        # while it writes failure rows, so taking them before the failure rows below keeps
+        # the two in one lock order.
+        per_runner = Counter(d.runner_id for d in delivered)
+        cur.execute(
+            "UPDATE event_target_runner r SET replayed_total = r.replayed_total + k.n "
+            "FROM unnest(%s::int[], %s::bigint[]) AS k(id, n) WHERE r.id = k.id",
+            (list(per_runner), list(per_runner.values())),
+        )
         copy_deliveries(cur, delivered, brokers, replay=True, replay_id=replay_id)
         cur.execute(
             "UPDATE event_push_failure f SET status = 'replayed', replay_id = %s, "
