@@ -264,6 +264,8 @@ def test_archives_test_event_pattern_and_replays_without_airflow(events):
     )
     archive = events.describe_archive(ArchiveName="kept")
     assert archive["EventCount"] == 1 and archive["State"] == "ENABLED"
+    # The bus's retention (the configured default, 7 days) and its partitions' size on disk.
+    assert archive["RetentionDays"] == 7 and archive["SizeBytes"] > 0
     assert archive["EventSourceArn"].endswith(":event-bus/kept")
     listed = events.list_archives(NamePrefix="kep")["Archives"]
     assert [a["ArchiveName"] for a in listed] == ["kept"]

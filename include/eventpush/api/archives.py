@@ -1,5 +1,6 @@
-"""Archives and replays. Every bus keeps its events, so each bus is also an archive named
-after it (``DescribeArchive``, ``ListArchives``; created and deleted with its bus, so
+"""Archives and replays. Every bus keeps its events for its retention (``RetentionDays``,
+rounded up to whole days), so each bus is also an archive named after it
+(``DescribeArchive``, ``ListArchives``; created and deleted with its bus, so
 ``CreateArchive`` and ``DeleteArchive`` are not served). A replay (``StartReplay``,
 ``DescribeReplay``, ``ListReplays``, ``CancelReplay``) is a run of the ``eventpush_replay``
 DAG (``what=all`` over the window, on the archive's bus, narrowed to one rule by
@@ -43,27 +44,42 @@ STATES = {
 }
 
 
-def _event_count(conn, name: str) -> int | None:
-    """Events the bus holds: the sum of its queues' heads in the PostgreSQL store (gapless
-    offsets); None for a broker's bus, whose positions have gaps."""
+def _archive_figures(conn, name: str) -> tuple[int | None, int]:
+    """(events the bus holds, bytes its events take on disk). The count is the sum of the
+    queues' heads in the PostgreSQL store (gapless offsets; None for a broker's bus, whose
+    positions have gaps); the size is that of the bus's partitions of ``bus_event`` with
+    their indexes (0 for a broker's bus: the stream holds its events)."""
+    from eventpush.partitions import bus_table
     from eventpush.sources import bus_named, kind_for
 
     bus = bus_named(conn, name)
     if bus.source_url is not None:
-        return None
-    return sum(kind_for(bus.source_url).heads(conn, bus).values())
+        return None, 0
+    count = sum(kind_for(bus.source_url).heads(conn, bus).values())
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT coalesce(sum(pg_total_relation_size(relid)), 0) "
+            "FROM pg_partition_tree(to_regclass(%s))",
+            (bus_table(bus.id),),
+        )
+        size = int(cur.fetchone()[0])
+    conn.rollback()
+    return count, size
 
 
 async def _archive_shape(call: Call, info) -> dict:
+    from eventpush.config import retention_seconds
+
+    count, size = await call.db(_archive_figures, info.name)
+    days = -(-retention_seconds(info.retention, "retention") // 86400)  # whole days, up
     shape = {
         "ArchiveName": info.name,
         "EventSourceArn": bus_arn(info.account, info.region, info.name),
         "State": "ENABLED",
-        "RetentionDays": 0,  # kept indefinitely
-        "SizeBytes": 0,  # not tracked
+        "RetentionDays": days,
+        "SizeBytes": size,
         "CreationTime": timestamp(info.created_at),
     }
-    count = await call.db(_event_count, info.name)
     if count is not None:
         shape["EventCount"] = count
     return shape
