@@ -3,12 +3,13 @@ as a whole, whichever workers and runners send through it."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 import psycopg2
 import psycopg2.errors
-from destination_support import EngineThread, through_destination
+from destination_support import EngineThread
 from support import events, rows, wait_until
 
 from eventpush import catalog
@@ -90,15 +91,16 @@ def test_a_bucket_leased_from_two_connections_at_once_never_gives_more_than_its_
     assert max(granted) <= rates.slice_size(rate)
 
 
-def test_two_workers_two_rules_one_destination_hold_its_rate_while_runners_move(
-    conn, db_url, monkeypatch
-):
+def test_two_workers_two_rules_one_destination_hold_its_rate_while_runners_move(conn, db_url):
     with Congested(base_ms=1) as rx:
         catalog.create_bus(conn, "orders", 2)
+        # As `eventpush destination create api --url URL --rate-limit 50` and `eventpush
+        # target create ... --destination api` make them: both targets send through it.
+        catalog.create_destination(conn, "api", f"{rx.url}/api", rate_limit=LIMIT)
         for rule in ("a", "b"):
             catalog.create_rule(conn, "orders", rule, {"source": ["shop"]})
             catalog.create_target(
-                conn, "orders", rule, catalog.TargetSpec(name=f"t{rule}", url=f"{rx.url}/{rule}")
+                conn, "orders", rule, catalog.TargetSpec(name=f"t{rule}", url="", destination="api")
             )
         catalog.create_worker(conn, "w1")
         catalog.create_worker(conn, "w2")
@@ -108,8 +110,6 @@ def test_two_workers_two_rules_one_destination_hold_its_rate_while_runners_move(
             "SELECT r.name, w.name FROM event_target_runner r "
             "JOIN event_push_worker w ON w.id = r.worker_id ORDER BY r.name",
         ) == [("orders/a/ta", "w1"), ("orders/b/tb", "w2")]
-        shared = {"destination": "api", "rate_limit": LIMIT}
-        through_destination(monkeypatch, ta=shared, tb=shared)
         publish(conn, "orders", events(500))  # 1,000 sends wanted: 20 s at the limit
         workers = [EngineThread(w, db_url).start() for w in ("w1", "w2")]
         try:
@@ -133,7 +133,13 @@ def test_two_workers_two_rules_one_destination_hold_its_rate_while_runners_move(
     # Within 10 % over any 10-second window, and the limit used (events wait, never fail).
     assert most <= LIMIT * WINDOW_S * 1.1, most
     assert most >= LIMIT * WINDOW_S * 0.85, most
-    assert {p for _, p, _, _ in rx.log} == {"/a", "/b"}
+    assert {p for _, p, _, _ in rx.log} == {"/api"}
+    # Both rules' targets sent through it.
+    assert rows(
+        conn,
+        "SELECT r.name, count(*) > 0 FROM event_push_delivery d "
+        "JOIN event_target_runner r ON r.id = d.runner_id GROUP BY r.name ORDER BY r.name",
+    ) == [("orders/a/ta", True), ("orders/b/tb", True)]
     assert sum(r.failed for r in reports) == 0
     # Every move happened, and the runners were pushed where they went.
     assert rows(
@@ -171,17 +177,16 @@ def test_two_workers_two_rules_one_destination_hold_its_rate_while_runners_move(
     assert all(b["throttled_s"] > 0 for (b,) in beats)
 
 
-def test_an_ordered_target_waits_for_its_destinations_tokens_in_order(conn, db_url, monkeypatch):
+def test_an_ordered_target_waits_for_its_destinations_tokens_in_order(conn, db_url):
     rate, n = 20.0, 30
     with Congested(base_ms=1) as rx:
         catalog.create_bus(conn, "orders", 1)
         catalog.create_rule(conn, "orders", "r", {"source": ["shop"]})
-        catalog.create_target(
-            conn, "orders", "r", catalog.TargetSpec(name="t", url=f"{rx.url}/o", ordered=True)
-        )
+        catalog.create_destination(conn, "slow-api", f"{rx.url}/o", rate_limit=rate)
+        spec = catalog.TargetSpec(name="t", url="", destination="slow-api", ordered=True)
+        catalog.create_target(conn, "orders", "r", spec)
         catalog.create_worker(conn, "w1")
         catalog.assign(conn)
-        through_destination(monkeypatch, t={"destination": "slow-api", "rate_limit": rate})
         publish(conn, "orders", events(n))
         report = run_worker("w1", until_idle=True, max_seconds=60)
     arrivals = rx.arrivals()
@@ -192,3 +197,50 @@ def test_an_ordered_target_waits_for_its_destinations_tokens_in_order(conn, db_u
     assert [o for (o,) in rows(conn, 'SELECT "offset" FROM event_push_delivery ORDER BY id')] == (
         list(range(n))
     )
+
+
+def test_a_rate_limited_destination_and_an_auto_target_from_the_command_line(conn, cli):
+    """The real script (one subprocess family): `destination create --rate-limit`, `target
+    create --destination --concurrency auto`, a worker run, and what `status --json` and
+    `destination show --json` then say."""
+    rate, n = 4, 40  # 10 s of sends at the limit: the worker's 6 s leave events waiting
+    with Congested(base_ms=1) as rx:
+        catalog.create_bus(conn, "orders", 2)
+        catalog.create_rule(conn, "orders", "r", {"source": ["shop"]})
+        catalog.create_worker(conn, "w1")
+        done = cli(
+            "destination", "create", "api", "--url", f"{rx.url}/api", "--rate-limit", str(rate),
+            "--json",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        done = cli(
+            "target", "create", "--bus", "orders", "--rule", "r", "--name", "t",
+            "--destination", "api", "--concurrency", "auto", "--json",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        created = json.loads(done.stdout)
+        assert (created["destination"], created["concurrency_auto"]) == ("api", True)
+        catalog.assign(conn)
+        publish(conn, "orders", events(n))
+        # Past one heartbeat (every 5 s) with the limit binding.
+        done = cli("worker", "run", "w1", "--max-seconds", "6", "--json")
+        assert done.returncode == 0, done.stderr
+        status = cli("status", "--json")
+        shown = cli("destination", "show", "api", "--json")
+    assert status.returncode == 0 and shown.returncode == 0, status.stderr + shown.stderr
+    destination = json.loads(shown.stdout)
+    assert (destination["rate_limit"], destination["targets"]) == (rate, 1)
+    assert destination["url"] == f"{rx.url}/api"
+    doc = json.loads(status.stdout)
+    [worker] = doc["workers"]
+    api = worker["metrics"]["destinations"]["api"]
+    assert api["rate_limit"] == rate and api["sent"] > 0 and api["throttled_s"] > 0, api
+    lane = worker["metrics"]["lanes"]["orders/r/t"]
+    assert (lane["destination"], lane["concurrency_auto"]) == ("api", True)
+    assert 1 <= lane["concurrency"] <= worker["metrics"]["pool"]["max"]
+    # Over the limit, events wait (lag) and never fail; the receiver saw at most the limit.
+    [runner] = doc["runners"]
+    assert runner["failed"] == 0 and runner["lag"] > 0 and 0 < runner["delivered"] < n
+    arrivals = rx.arrivals()
+    assert len(arrivals) == runner["delivered"]
+    assert most_in_any_window(arrivals, 5.0) <= rate * (5 + rates.BURST_S) + 1
