@@ -244,3 +244,57 @@ def test_a_rate_limited_destination_and_an_auto_target_from_the_command_line(con
     arrivals = rx.arrivals()
     assert len(arrivals) == runner["delivered"]
     assert most_in_any_window(arrivals, 5.0) <= rate * (5 + rates.BURST_S) + 1
+
+
+def test_a_running_worker_takes_a_new_limit_and_a_new_url_of_its_destination_live(conn, db_url):
+    """`destination update api --rate-limit 8` and then `--url`: the running worker's bucket
+    enforces the new limit and its sends go to the new URL, without a restart."""
+    fast, slow = 40.0, 8.0
+    with Congested(base_ms=1) as rx:
+        catalog.create_bus(conn, "orders", 2)
+        catalog.create_rule(conn, "orders", "r", {"source": ["shop"]})
+        catalog.create_destination(conn, "api", f"{rx.url}/one", rate_limit=fast)
+        catalog.create_target(
+            conn, "orders", "r", catalog.TargetSpec(name="t", url="", destination="api")
+        )
+        catalog.create_worker(conn, "w1")
+        catalog.assign(conn)
+        publish(conn, "orders", events(300))
+        worker = EngineThread("w1", db_url).start()
+        try:
+            runner = wait_until(lambda: worker.runner("orders/r/t"), what="the runner")
+            wait_until(lambda: len(rx.log) >= 20, timeout=30, what="sends at the first limit")
+            before = time.monotonic()
+            catalog.update_destination(conn, "api", rate_limit=slow)
+            wait_until(lambda: runner.gate.rate == slow, what="the worker to take the new limit")
+            took = time.monotonic()
+            time.sleep(3)
+            catalog.update_destination(conn, "api", url=f"{rx.url}/two")
+            wait_until(
+                lambda: runner.target.url == f"{rx.url}/two", what="the worker to take the URL"
+            )
+            moved = time.monotonic()
+            wait_until(lambda: rx.arrivals("/two"), timeout=10, what="a send to the new URL")
+            time.sleep(1)
+            report_figures = worker.engine.rates.figures()
+            # `--no-rate-limit`: the gate goes, and with it the limit from the heartbeat.
+            catalog.update_destination(conn, "api", rate_limit=None)
+            wait_until(lambda: runner.gate is None, what="the worker to drop the limit")
+            wait_until(lambda: "api" not in worker.engine.rates.figures(), what="the gate to go")
+        finally:
+            report = worker.stop()
+    one, two = rx.arrivals("/one"), rx.arrivals("/two")
+    first = one[0]
+    # At the first limit (the bucket starts empty, so from the first send on).
+    assert len([t for t in one if t < before]) / (before - first) >= fast * 0.6
+    # From when the worker took it, at most the new limit (plus the burst and one slice
+    # leased at the old limit), and still used: events wait, they are not failed.
+    under_slow = [t for t in one + two if took <= t <= took + 3]
+    slice_then = rates.slice_size(fast)
+    assert len(under_slow) <= slow * (3 + rates.BURST_S) + slice_then, len(under_slow)
+    assert len(under_slow) >= slow * 3 * 0.6, len(under_slow)
+    # Once the worker had the new URL, nothing more went to the old one.
+    assert not [t for t in one if t > moved + 0.5], (one[-3:], moved)
+    assert two and report.failed == 0
+    assert report_figures["api"]["rate_limit"] == slow
+    assert rows(conn, "SELECT url FROM event_target") == [(f"{rx.url}/two",)]

@@ -527,6 +527,7 @@ class Engine:
                 target.rule_version,
                 target.target_version,
             )
+        self.rates.keep({r.gate.name for r in self.runners.values() if r.gate is not None})
         if restart:
             await self._hand_off(frozenset(restart))
 

@@ -162,6 +162,19 @@ class RateGates:
         gate.rate = rate
         return gate
 
+    def keep(self, destinations: set[str]) -> None:
+        """Forget the gates of destinations no runner here sends through with a limit any
+        more (its limit removed, its targets gone elsewhere): they leave the heartbeat and
+        ``/metrics``. A lease under way is stopped and whoever waited on it woken (their
+        runners no longer pass a gate)."""
+        for name in [n for n in self.gates if n not in destinations]:
+            gate = self.gates.pop(name)
+            if gate.leasing is not None:
+                gate.leasing.cancel()
+            waiters, gate.waiters = gate.waiters, set()
+            for wake in waiters:
+                wake.set()
+
     async def close(self) -> None:
         """Stop every lease under way (the worker stops)."""
         tasks = [g.leasing for g in self.gates.values() if g.leasing is not None]
