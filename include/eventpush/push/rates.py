@@ -148,6 +148,7 @@ class RateGates:
         self.lease_fn = lease_fn
         self.spawn = spawn
         self.gates: dict[str, DestinationGate] = {}
+        self.last_beat: tuple[float, dict[str, int]] | None = None  # (when, sent by gate)
 
     def gate_for(self, destination: str | None, rate: float | None) -> DestinationGate | None:
         """The gate a target's sends pass (None: no limit); a changed limit applies from
@@ -193,3 +194,17 @@ class RateGates:
             }
             for name, gate in self.gates.items()
         }
+
+    def heartbeat_figures(self) -> dict[str, dict]:
+        """:meth:`figures` with ``invocations_per_s``: sends let through per second since the
+        previous heartbeat (None at the first)."""
+        now = time.monotonic()
+        figures = self.figures()
+        for name, f in figures.items():
+            rate = None
+            if self.last_beat is not None and now > self.last_beat[0]:
+                sent = f["sent"] - self.last_beat[1].get(name, 0)
+                rate = round(max(sent, 0) / (now - self.last_beat[0]), 2)
+            f["invocations_per_s"] = rate
+        self.last_beat = (now, {name: f["sent"] for name, f in figures.items()})
+        return figures
