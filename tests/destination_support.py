@@ -1,12 +1,5 @@
 """What the rate-limit and adaptive-concurrency tests share (issue 32).
 
-- ``through_destination(monkeypatch, t1={...}, ...)``: the fields a target gets from its API
-  destination (``destination``, ``rate_limit``, ``concurrency_auto``), set by target name on
-  the targets the engine loads. The catalog's destinations (``eventpush destination``,
-  ``target create --destination/--concurrency auto``) are built by another helper of issue
-  32 and are not merged yet: this stands in for them (the one monkeypatch here, over
-  ``store.load_targets``; everything else is real) until they are, then the tests switch to
-  the catalog.
 - ``Congested`` (``eventpush.demo.congested``): the loopback receiver whose latency grows
   past 8 requests in flight and that answers 503 on demand.
 - ``EngineThread``: an ``Engine`` run on a thread of its own, its runners readable meanwhile.
@@ -15,23 +8,9 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 
 from eventpush.push import engine as engine_mod
-from eventpush.push import store
-
-
-def through_destination(monkeypatch, **fields_by_target: dict) -> None:
-    real = store.load_targets
-
-    def load(cur, where: str = "TRUE", params: tuple = ()):
-        return [
-            dataclasses.replace(t, **fields_by_target.get(t.name, {}))
-            for t in real(cur, where, params)
-        ]
-
-    monkeypatch.setattr(store, "load_targets", load)
 
 
 class EngineThread:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from destination_support import EngineThread, through_destination
+from destination_support import EngineThread
 from support import events, wait_until
 
 from eventpush import catalog
@@ -114,23 +114,24 @@ def limits_between(decisions: list, start: float, end: float) -> list[tuple[floa
     return spans
 
 
-def setup_auto_target(conn, monkeypatch, url: str, n: int) -> None:
+def setup_auto_target(conn, url: str, n: int) -> None:
+    """As `eventpush destination create api --url URL` and `eventpush target create ...
+    --destination api --concurrency auto` make it."""
     catalog.create_bus(conn, "orders", 2)
     catalog.create_rule(conn, "orders", "r", {"source": ["shop"]})
-    catalog.create_target(
-        conn, "orders", "r", catalog.TargetSpec(name="t", url=url, backoff_ms=100)
+    catalog.create_destination(conn, "api", url)
+    spec = catalog.TargetSpec(
+        name="t", url="", destination="api", concurrency_auto=True, backoff_ms=100
     )
+    catalog.create_target(conn, "orders", "r", spec)
     catalog.create_worker(conn, "w1")
     catalog.assign(conn)
-    through_destination(monkeypatch, t={"destination": "api", "concurrency_auto": True})
     publish(conn, "orders", events(n))
 
 
-def test_against_latency_that_grows_past_8_in_flight_it_settles_at_the_knee(
-    conn, db_url, monkeypatch
-):
+def test_against_latency_that_grows_past_8_in_flight_it_settles_at_the_knee(conn, db_url):
     with Congested(base_ms=40, knee=8) as rx:
-        setup_auto_target(conn, monkeypatch, rx.url + "/c", 3000)
+        setup_auto_target(conn, rx.url + "/c", 3000)
         worker = EngineThread("w1", db_url).start()
         try:
             runner = wait_until(lambda: worker.runner(RUNNER), what="the runner")
@@ -156,10 +157,10 @@ def test_against_latency_that_grows_past_8_in_flight_it_settles_at_the_knee(
 
 
 def test_a_receiver_answering_503_gets_a_trickle_within_2_s_and_its_flow_back_within_10(
-    conn, db_url, monkeypatch
+    conn, db_url
 ):
     with Congested(base_ms=40, knee=8) as rx:
-        setup_auto_target(conn, monkeypatch, rx.url + "/c", 4000)
+        setup_auto_target(conn, rx.url + "/c", 4000)
         worker = EngineThread("w1", db_url).start()
         try:
             runner = wait_until(lambda: worker.runner(RUNNER), what="the runner")

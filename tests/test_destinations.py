@@ -397,10 +397,12 @@ def test_mtls_against_a_receiver_that_requires_a_client_certificate(conn, tmp_pa
         report = run_worker("w1", until_idle=True, max_seconds=60)
     assert (report.delivered, report.failed) == (3, 3)
     assert len(tls_rx.state.delivered("/any")) == 3
-    [(runner, error)] = rows(
-        conn, "SELECT DISTINCT consumer_group, last_error FROM event_push_failure"
-    )
-    assert runner == "orders/r/no-cert" and error.startswith("connection failed")
+    failures = rows(conn, "SELECT consumer_group, last_error FROM event_push_failure")
+    assert sorted(runner for runner, _ in failures) == ["orders/r/no-cert"] * 3
+    # With TLS 1.3 the client may finish its side of the handshake before the server refuses
+    # the missing certificate, so each refusal reads as a failed handshake or as a connection
+    # the server closed, whichever the client saw first: the texts differ, the kind does not.
+    assert all(error.startswith("connection failed: ") for _, error in failures), failures
 
 
 # --- the catalog: shown without secrets, changes taken live, deletes refused while used -------

@@ -272,3 +272,80 @@ def test_delivered_means_live_and_replayed_and_the_audit_line_sums_its_table(
     conn.commit()
     last = page_part("Last audit")
     assert "missing" not in last.split("<table>")[0] and "no runner in its scope" in last
+
+
+def test_the_dashboard_shows_each_destinations_limit_rate_throttling_and_auto_concurrency(
+    api, conn, client, tokens
+):
+    """From the workers' heartbeats (as ``store.heartbeat`` writes them, in the shape the
+    engine's beat gives: tests/test_rate_limits.py checks that shape from real workers):
+    the alive workers' figures summed per destination, a stale worker's left out."""
+    from eventpush import catalog
+    from eventpush.catalog import TargetSpec
+    from eventpush.push import store
+
+    catalog.create_bus(conn, "orders", 2)
+    catalog.create_rule(conn, "orders", "r", {"source": ["app.orders"]})
+    catalog.create_destination(conn, "api", "http://127.0.0.1:9/api", rate_limit=50)
+    catalog.create_destination(conn, "open", "http://127.0.0.1:9/open")
+    for name, destination, auto in (("t0", "api", True), ("t2", "api", False)):
+        spec = TargetSpec(name=name, url="", destination=destination, concurrency_auto=auto)
+        catalog.create_target(conn, "orders", "r", spec)
+    spec = TargetSpec(name="t1", url="http://127.0.0.1:9/plain", concurrency_auto=True)
+    catalog.create_target(conn, "orders", "r", spec)
+
+    def lane(destination, auto, concurrency):
+        return {"destination": destination, "concurrency_auto": auto, "concurrency": concurrency}
+
+    def figures(limit, sent, throttled, waiting, per_s):
+        keys = ("rate_limit", "sent", "throttled_s", "waiting", "invocations_per_s")
+        return dict(zip(keys, (limit, sent, throttled, waiting, per_s), strict=True))
+
+    beats = {
+        "w1": {
+            "destinations": {"api": figures(50.0, 100, 2.5, True, 30.0)},
+            "lanes": {"orders/r/t0": lane("api", True, 7)},
+        },
+        # A limit change on its way: this one still enforces the old limit.
+        "w2": {
+            "destinations": {"api": figures(40.0, 50, 1.0, False, 19.5)},
+            "lanes": {"orders/r/t1": lane(None, True, 3), "orders/r/t2": lane("api", False, 16)},
+        },
+        "w3": {  # its last heartbeat an hour ago: not counted
+            "destinations": {"api": figures(50.0, 9999, 500.0, True, 1000.0)},
+            "lanes": {"orders/r/t9": lane("api", True, 64)},
+        },
+    }
+    for worker, metrics in beats.items():
+        store.heartbeat(conn, catalog.create_worker(conn, worker), metrics, [])
+    with conn.cursor() as cur:
+        cur.execute(
+            "UPDATE event_push_worker SET heartbeat_at = now() - interval '1 hour' "
+            "WHERE name = 'w3'"
+        )
+    conn.commit()
+    assert api("GET", "destinations", user=None).status_code == 401
+    r = api("GET", "destinations")
+    assert r.status_code == 200, r.text
+    doc = {d["destination"]: d for d in r.json()["destinations"]}
+    assert list(doc) == ["api", "open", None]
+    assert doc["api"]["rate_limit"] == 50 and sorted(doc["api"]["enforced"]) == [40, 50]
+    assert (doc["api"]["invocations_per_s"], doc["api"]["throttled_s"]) == (49.5, 3.5)
+    assert doc["api"]["waiting"] is True
+    assert [(a["runner"], a["concurrency"]) for a in doc["api"]["auto"]] == [("orders/r/t0", 7)]
+    assert doc["open"]["rate_limit"] is None and doc["open"]["invocations_per_s"] is None
+    assert [(a["runner"], a["concurrency"]) for a in doc[None]["auto"]] == [("orders/r/t1", 3)]
+    page = client.get(
+        "/eventpush/dashboard", headers={"Authorization": f"Bearer {tokens['viewer']}"}
+    ).text
+    part = page.split("<h2>Destinations</h2>", 1)[1].split("<h2>", 1)[0]
+    cells = [
+        [c.split("</td>")[0] for c in tr.split("<td>")[1:]]
+        for tr in part.split("<tr>")[2:]  # past the header row
+    ]
+    assert cells == [
+        ["api", "50/s (workers: 40/s)", "49.5", '<span class="bad">3.5 (waiting)</span>',
+         "orders/r/t0: 7"],
+        ["open", "none", "-", "-", "-"],
+        ["(no destination)", "none", "-", "-", "orders/r/t1: 3"],
+    ]  # fmt: skip

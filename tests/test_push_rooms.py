@@ -255,6 +255,94 @@ def test_a_commit_for_a_runner_that_moved_is_refused_whole(conn, db_url):
         lease.close()
 
 
+def test_commits_and_assignment_changes_run_together_without_a_deadlock(conn, db_url):
+    """A worker's commit (its runners' rows FOR SHARE, then their counters updated) against
+    the catalog moving that very runner (``set_worker_enabled``: the runner table locked,
+    then the row updated), both in a loop at once. The commit takes the table's ROW
+    EXCLUSIVE lock first, so neither waits for the other while holding what the other
+    wants: PostgreSQL never has to abort one as a deadlock."""
+    import threading
+    import time
+
+    rid, _, _ = _runner(conn)
+    wids = dict(rows_of(conn, "SELECT name, id FROM event_push_worker"))
+    lease, reader = psycopg2.connect(db_url), psycopg2.connect(db_url)
+    errors: list[BaseException] = []
+    counts = {"commits": 0, "fenced": 0, "moves": 0}
+    stop = threading.Event()
+
+    def commits() -> None:
+        offset = 0
+        try:
+            while not stop.is_set():
+                with reader, reader.cursor() as cur:
+                    cur.execute(
+                        "SELECT worker_id, generation FROM event_target_runner WHERE id = %s",
+                        (rid,),
+                    )
+                    wid, gen = cur.fetchone()
+                row = store.DeliveryRow(rid, "orders/r/t", "orders", 0, offset, "m", 1, 200, 1.0)
+                offset += 1
+                try:
+                    store.commit(lease, wid, store.CommitBatch([row], [], [], {rid: gen}))
+                    counts["commits"] += 1
+                except store.FencedError:
+                    counts["fenced"] += 1  # moved between the read and the commit
+        except BaseException as exc:
+            errors.append(exc)
+
+    def moves() -> None:
+        mover = psycopg2.connect(db_url)
+        try:
+            while not stop.is_set():
+                with mover.cursor() as cur:
+                    cur.execute(
+                        "SELECT w.name FROM event_target_runner r "
+                        "JOIN event_push_worker w ON w.id = r.worker_id WHERE r.id = %s",
+                        (rid,),
+                    )
+                    holder = cur.fetchone()[0]
+                mover.rollback()
+                other = "w2" if holder == "w1" else "w1"
+                catalog.set_worker_enabled(mover, other, True)
+                assert catalog.set_worker_enabled(mover, holder, False) == 1
+                counts["moves"] += 1
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            mover.close()
+
+    try:
+        for name, wid in wids.items():  # one session holds both workers' leases
+            store.take_lease(lease, name, wid)
+        threads = [threading.Thread(target=f) for f in (commits, moves)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline and not errors:
+            time.sleep(0.05)
+        stop.set()
+        for t in threads:
+            t.join(30)
+    finally:
+        lease.close()
+        reader.close()
+    assert not errors, errors[0]
+    assert counts["commits"] > 100 and counts["moves"] > 100, counts
+    [(delivered,)] = rows_of(
+        conn, "SELECT delivered_total FROM event_target_runner WHERE id = %s", (rid,)
+    )
+    assert delivered == counts["commits"]
+
+
+def rows_of(conn, sql: str, params: tuple = ()) -> list[tuple]:
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        found = cur.fetchall()
+    conn.rollback()
+    return found
+
+
 def test_a_runner_is_claimed_by_one_worker_until_let_go(conn, db_url):
     rid, wid, gen = _runner(conn)
     old, new = psycopg2.connect(db_url), psycopg2.connect(db_url)

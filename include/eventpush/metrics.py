@@ -293,7 +293,12 @@ class WorkerMetrics:
 
     def destinations(self, figures: dict[str, dict]) -> None:
         """Destinations' rate limits as ``RateGates.figures`` gives them (cumulative figures:
-        the counters move by what changed since the last call)."""
+        the counters move by what changed since the last call). A destination no longer
+        limited here loses its limit gauge; its counters stay, and go on from where they
+        were should it come back."""
+        for name in [n for n in self.destinations_seen if n not in figures]:
+            del self.destinations_seen[name]
+            self.rate_limit.remove(name)
         for name, f in figures.items():
             throttled, sent = self.destinations_seen.get(name, (0.0, 0))
             self.rate_limit.labels(name).set(f["rate_limit"])

@@ -112,6 +112,56 @@ def progress(conn) -> dict:
     return status
 
 
+def destination_view(conn, status: dict) -> list[dict]:
+    """Per API destination (and ``None`` for targets with adaptive concurrency and no
+    destination): its rate limit as the catalog has it and as the alive workers enforce it,
+    invocations per second and seconds throttled summed over the alive workers'
+    heartbeats (``status``: :func:`progress`'s), whether sends wait for it now, and each
+    adaptive target's concurrency limit as its worker last reported it."""
+    from eventpush import catalog
+
+    def row(name: str | None, rate_limit: float | None) -> dict:
+        return {
+            "destination": name,
+            "rate_limit": rate_limit,
+            "enforced": [],  # the limits the alive workers enforce (one, but for a change)
+            "invocations_per_s": None,
+            "throttled_s": None,
+            "waiting": False,
+            "auto": [],
+        }
+
+    view = {d.name: row(d.name, d.rate_limit) for d in catalog.list_destinations(conn)}
+    for w in status["workers"]:
+        if not w["alive"]:
+            continue
+        metrics = w["metrics"] or {}
+        for name, f in (metrics.get("destinations") or {}).items():
+            d = view.get(name)
+            if d is None:  # deleted since
+                continue
+            if f.get("rate_limit") not in d["enforced"]:
+                d["enforced"].append(f.get("rate_limit"))
+            if f.get("invocations_per_s") is not None:
+                d["invocations_per_s"] = (d["invocations_per_s"] or 0) + f["invocations_per_s"]
+            d["throttled_s"] = round((d["throttled_s"] or 0) + f.get("throttled_s", 0), 3)
+            d["waiting"] = d["waiting"] or bool(f.get("waiting"))
+        for runner, lane in (metrics.get("lanes") or {}).items():
+            if not lane.get("concurrency_auto"):
+                continue
+            name = lane.get("destination")
+            if name is None and None not in view:
+                view[None] = row(None, None)
+            if name not in view:  # deleted since
+                continue
+            view[name]["auto"].append(
+                {"runner": runner, "worker": w["worker"], "concurrency": lane["concurrency"]}
+            )
+    for d in view.values():
+        d["auto"].sort(key=lambda a: a["runner"])
+    return sorted(view.values(), key=lambda d: (d["destination"] is None, d["destination"] or ""))
+
+
 def metric_series(conn, runner: str | None, minutes: int) -> dict[str, list[dict]]:
     """Per runner, its metric points of the last ``minutes`` (at most ``max_points()``, each
     summing up a bin of equal length), with throughput (delivered per second since the

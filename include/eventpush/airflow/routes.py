@@ -42,6 +42,7 @@ from pydantic import BaseModel, Field
 from eventpush.airflow.queries import (
     _conn,
     catalog_view,
+    destination_view,
     latest_audits,
     latest_failures,
     latest_replays,
@@ -102,6 +103,11 @@ def create_app():
     def get_status() -> dict:
         with _conn() as conn:
             return progress(conn)
+
+    @app.get("/api/destinations", dependencies=read)
+    def get_destinations() -> dict:
+        with _conn() as conn:
+            return {"destinations": destination_view(conn, progress(conn))}
 
     @app.get("/api/metrics", dependencies=read)
     def get_metrics(runner: str | None = None, minutes: int = minutes_query) -> dict:

@@ -11,6 +11,7 @@ from typing import Any
 
 from eventpush.airflow.queries import (
     catalog_view,
+    destination_view,
     latest_audits,
     latest_failures,
     latest_replays,
@@ -126,6 +127,49 @@ def render_catalog(view: dict) -> str:
             _table(["target", "url", "state", "version", "policy", "signed"], targets)
             if targets
             else '<p class="muted">none</p>'
+        )
+    )
+
+
+def _limit(value: float | None) -> str:
+    return "none" if value is None else f"{value:g}/s"
+
+
+def render_destinations(destinations: list[dict]) -> str:
+    """Per API destination: its rate limit (and what the workers enforce while a change is
+    under way), invocations per second, seconds throttled, and each adaptive target's
+    concurrency limit now (from the alive workers' heartbeats)."""
+    rows = []
+    for d in destinations:
+        limit = _limit(d["rate_limit"])
+        enforced = [e for e in d["enforced"] if e != d["rate_limit"]]
+        if enforced:
+            limit += " (workers: " + ", ".join(_limit(e) for e in enforced) + ")"
+        throttled = "-" if d["throttled_s"] is None else f"{d['throttled_s']:.1f}"
+        if d["waiting"]:
+            throttled = f'<span class="bad">{html.escape(throttled)} (waiting)</span>'
+        else:
+            throttled = html.escape(throttled)
+        rate = d["invocations_per_s"]
+        rows.append(
+            [
+                d["destination"] or "(no destination)",
+                limit,
+                "-" if rate is None else f"{rate:.1f}",
+                throttled,
+                ", ".join(f"{a['runner']}: {a['concurrency']}" for a in d["auto"]) or "-",
+            ]
+        )
+    if not rows:
+        return '<h2>Destinations</h2><p class="muted">none</p>'
+    return (
+        '<h2>Destinations</h2><p class="muted">invocations/s and throttled seconds: summed '
+        "over the alive workers' last heartbeats; concurrency: each adaptive target's limit "
+        "now</p>"
+        + _table(
+            ["destination", "rate limit", "invocations/s", "throttled s", "auto concurrency"],
+            rows,
+            {3},
         )
     )
 
@@ -260,6 +304,7 @@ records that stand failed now, as the audit counts them</p>{
             {8, 10},
         )
     }
+{render_destinations(destination_view(conn, status))}
 <h2>Open failures</h2>{
         _table(["runner", "queue", "offset", "attempts", "http", "error", "at"], failure_rows, {5})
         if failure_rows

@@ -527,6 +527,7 @@ class Engine:
                 target.rule_version,
                 target.target_version,
             )
+        self.rates.keep({r.gate.name for r in self.runners.values() if r.gate is not None})
         if restart:
             await self._hand_off(frozenset(restart))
 
@@ -707,9 +708,10 @@ class Engine:
             "loop_lag_ms": self._loop_lag_ms(),
             "report": self.report.as_dict(),
             "lanes": lanes,
-            # Per destination with a rate limit: its limit, sends let through by this worker,
-            # seconds sends waited for it (growing while it holds them back), waiting now.
-            "destinations": self.rates.figures(),
+            # Per destination with a rate limit: its limit, sends let through by this worker
+            # (and per second since the last heartbeat), seconds sends waited for it
+            # (growing while it holds them back), waiting now.
+            "destinations": self.rates.heartbeat_figures(),
         }
         try:
             await self._record_heads()

@@ -148,6 +148,7 @@ class RateGates:
         self.lease_fn = lease_fn
         self.spawn = spawn
         self.gates: dict[str, DestinationGate] = {}
+        self.last_beat: tuple[float, dict[str, int]] | None = None  # (when, sent by gate)
 
     def gate_for(self, destination: str | None, rate: float | None) -> DestinationGate | None:
         """The gate a target's sends pass (None: no limit); a changed limit applies from
@@ -161,6 +162,19 @@ class RateGates:
             )
         gate.rate = rate
         return gate
+
+    def keep(self, destinations: set[str]) -> None:
+        """Forget the gates of destinations no runner here sends through with a limit any
+        more (its limit removed, its targets gone elsewhere): they leave the heartbeat and
+        ``/metrics``. A lease under way is stopped and whoever waited on it woken (their
+        runners no longer pass a gate)."""
+        for name in [n for n in self.gates if n not in destinations]:
+            gate = self.gates.pop(name)
+            if gate.leasing is not None:
+                gate.leasing.cancel()
+            waiters, gate.waiters = gate.waiters, set()
+            for wake in waiters:
+                wake.set()
 
     async def close(self) -> None:
         """Stop every lease under way (the worker stops)."""
@@ -180,3 +194,17 @@ class RateGates:
             }
             for name, gate in self.gates.items()
         }
+
+    def heartbeat_figures(self) -> dict[str, dict]:
+        """:meth:`figures` with ``invocations_per_s``: sends let through per second since the
+        previous heartbeat (None at the first)."""
+        now = time.monotonic()
+        figures = self.figures()
+        for name, f in figures.items():
+            rate = None
+            if self.last_beat is not None and now > self.last_beat[0]:
+                sent = f["sent"] - self.last_beat[1].get(name, 0)
+                rate = round(max(sent, 0) / (now - self.last_beat[0]), 2)
+            f["invocations_per_s"] = rate
+        self.last_beat = (now, {name: f["sent"] for name, f in figures.items()})
+        return figures

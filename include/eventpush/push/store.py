@@ -430,6 +430,12 @@ def commit(conn: Connection, wid: int, batch: CommitBatch) -> None:
         if not cur.fetchone()[0]:
             raise LeaseLostError("commit refused: this connection does not hold the lease")
         if batch.generations:
+            # The runner table's ROW EXCLUSIVE lock first, the one the counters' UPDATE below
+            # needs: taken later, it would wait for an assignment change (assign, worker
+            # enable/disable, rebalance: SHARE ROW EXCLUSIVE on the table, then a row
+            # updated) that itself waits for this commit's row locks, a deadlock. Taken
+            # first, the one waits for the other. Commits do not block each other with it.
+            cur.execute("LOCK TABLE event_target_runner IN ROW EXCLUSIVE MODE")
             # FOR SHARE: a rebalance moving one of these runners waits for this commit.
             assigned = _assigned(cur, wid, batch.generations, lock=True)
             claimed = _claim(cur, sorted(assigned))
