@@ -65,12 +65,15 @@ def _parse(raw: str) -> dict:
 def match_rows(rows: list, index, epoch: int = 0) -> tuple[list[BusEvent], list[int]]:
     """Parse a window's rows and match each once against every rule (runs in a thread);
     ``epoch``: the cache's epoch the index was built at."""
-    events, offsets = [], []
-    for offset, message_id, raw in rows:
-        event = _parse(raw)
-        matches = frozenset(index.matching(event))
-        events.append(BusEvent(offset, message_id, raw, event, len(raw), matches, epoch))
-        offsets.append(offset)
+    parsed = [_parse(raw) for _, _, raw in rows]
+    offsets = [row[0] for row in rows]
+    # The whole window against the index at once: events alike are matched once.
+    each = getattr(index, "matching_each", None)  # a RuleIndex's; else one by one
+    matches = each(parsed) if each else [frozenset(index.matching(e)) for e in parsed]
+    events = [
+        BusEvent(offset, message_id, raw, event, len(raw), found, epoch)
+        for (offset, message_id, raw), event, found in zip(rows, parsed, matches, strict=True)
+    ]
     return events, offsets
 
 
