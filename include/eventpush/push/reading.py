@@ -115,15 +115,19 @@ class WindowCache:
     def _evict(self, keep: tuple[int, int, int]) -> None:
         """Least recently used windows out until both bounds hold (never the one in use)."""
         queue = keep[:2]
-        for key in [k for k in self.windows if k[:2] == queue and k != keep]:
-            if self.per_queue.get(queue, 0) <= CACHE_WINDOWS_PER_QUEUE:
-                break
-            self._drop(key)
-        for key in list(self.windows):
-            if self.bytes <= self.max_bytes:
-                break
-            if key != keep:
+        # Each bound's scan only when it is passed (on every new window, the scans of every
+        # window held were a cost of their own).
+        if self.per_queue.get(queue, 0) > CACHE_WINDOWS_PER_QUEUE:
+            for key in [k for k in self.windows if k[:2] == queue and k != keep]:
+                if self.per_queue.get(queue, 0) <= CACHE_WINDOWS_PER_QUEUE:
+                    break
                 self._drop(key)
+        if self.bytes > self.max_bytes:
+            for key in list(self.windows):
+                if self.bytes <= self.max_bytes:
+                    break
+                if key != keep:
+                    self._drop(key)
 
     async def events_from(self, bus_id: int, queue_id: int, pos: int) -> list[BusEvent]:
         """Events at positions >= pos in the first window from pos's on that has any, reading
