@@ -652,7 +652,8 @@ def _part_of(stack: str) -> str:
 
 
 def _spy_split(raw: Path) -> dict[str, float]:
-    """Shares of the Python threads' non-idle samples by part (py-spy's raw output)."""
+    """Shares of the samples by part (py-spy's raw output, ``--gil``: only the thread holding
+    the GIL is sampled, so waits for the database, a queue or the GIL itself count nowhere)."""
     counts: dict[str, int] = {}
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
@@ -693,6 +694,7 @@ def _standalone_drain(url: str, n_expected: int) -> tuple[float, int, float, dic
                 "--rate",
                 "97",
                 "--nonblocking",
+                "--gil",
                 "--threads",
                 "-o",
                 str(tmp / "raw.txt"),
@@ -772,8 +774,8 @@ def bench_quarters(n: int = 300_000, fanout_n: int = 20_000) -> None:
         parts = {k: v * python_cpu for k, v in shares.items()}
         parts["send"] = parts.get("send", 0.0) + groups.get("http client", 0.0)
         print(
-            "  CPU us per delivery by part (py-spy samples of the Python threads, the HTTP "
-            "client's threads as send): "
+            "  CPU us per delivery by part (the process's CPU less the HTTP client's threads, "
+            "shared out as py-spy's samples of the GIL's holder; those threads as send): "
             + ", ".join(
                 f"{k} {v * per:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
             )
