@@ -4,6 +4,7 @@
     .venv/bin/python bench/push.py [drain|metrics]   # no wrk; metrics: /metrics scraped or not
     .venv/bin/python bench/push.py clients   # bare client loops, aiohttp vs the engine's
     .venv/bin/python bench/push.py stalls    # the throughput drain with a loop-lag probe
+    .venv/bin/python bench/push.py quarters  # 4 rules x 1 target (issue 34), fan-out beside it
 
 The receiver (``python -m eventpush.demo.receiver``) runs in a process of its own on loopback;
 wrk hits the same receiver in the same run with the request the engine sends (the stored
@@ -591,6 +592,198 @@ def bench_stalls(n: int = 20_000) -> None:
     )
 
 
+def quarter_events(n: int, start: int = 0) -> list[str]:
+    """Events whose detail is 200 bytes of JSON, ``detail.k`` cycling through 0-3."""
+    out = []
+    for i in range(start, start + n):
+        head = {"k": i % 4, "order": i, "customer": f"c{i % 977}", "pad": ""}
+        pad = 200 - len(json.dumps(head, separators=(",", ":")))
+        head["pad"] = "x" * pad
+        out.append(
+            json.dumps(
+                {"source": "shop.orders", "detail-type": "OrderPlaced", "detail": head},
+                separators=(",", ":"),
+            )
+        )
+    return out
+
+
+def quarters_topology(conn, url: str) -> None:
+    """Four rules, each matching a quarter of the events, one target each (default settings)."""
+    catalog.create_bus(conn, "orders", 4)
+    for k in range(4):
+        catalog.create_rule(conn, "orders", f"q{k}", {"detail": {"k": [k]}})
+        catalog.create_target(
+            conn, "orders", f"q{k}", catalog.TargetSpec(name=f"t{k}", url=f"{url}/ok/q{k}")
+        )
+    catalog.create_worker(conn, "w1")
+    catalog.assign(conn)
+
+
+# Where a Python frame's time goes, by the innermost frame of a sample that says (file part,
+# function or None for any): the parts of a delivery in the issue's split.
+_PARTS = (
+    ("rules/", None, "match"),
+    ("push/reading.py", "_parse", "read and parse"),
+    ("msgspec", None, "read and parse"),
+    ("sources/", None, "read and parse"),
+    ("push/reading.py", None, "read and parse"),
+    ("push/committing.py", None, "commit"),
+    ("push/store.py", None, "commit"),
+    ("sinks/", None, "send"),
+    ("push/lanes.py", "feed", "feed (lanes)"),
+    ("push/lanes.py", None, "send"),
+    ("tracing.py", None, "send"),
+    ("push/cursor.py", None, "commit"),
+)
+
+
+def _part_of(stack: str) -> str:
+    frames = stack.split(";")
+    for frame in reversed(frames):
+        m = re.match(r"(.*) \((.*):\d+\)$", frame.strip())
+        if not m:
+            continue
+        func, path = m.groups()
+        for file_part, name, part in _PARTS:
+            if file_part in path and (name is None or name == func):
+                return part
+    return "loop and other"
+
+
+def _spy_split(raw: Path) -> dict[str, float]:
+    """Shares of the samples by part (py-spy's raw output, ``--gil``: only the thread holding
+    the GIL is sampled, so waits for the database, a queue or the GIL itself count nowhere)."""
+    counts: dict[str, int] = {}
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if stack and n.isdigit():
+            part = _part_of(stack)
+            counts[part] = counts.get(part, 0) + int(n)
+    total = sum(counts.values()) or 1
+    return {k: v / total for k, v in counts.items()}
+
+
+def _standalone_drain(url: str, n_expected: int) -> tuple[float, int, float, dict, dict | None]:
+    """``eventpush worker run w1 --until-idle`` in a process of its own, sampled by py-spy when
+    it is installed (``pip install py-spy``: not a dependency, the split needs it): seconds,
+    deliveries, process CPU s, CPU s by thread group, py-spy shares of the Python part."""
+    import os
+
+    env = {**os.environ, "EVENTPUSH_DATABASE_URL": url}
+    spy = shutil.which("py-spy") or (
+        str(Path(PYTHON).with_name("py-spy")) if Path(PYTHON).with_name("py-spy").exists() else None
+    )
+    started = time.perf_counter()
+    worker = subprocess.Popen(
+        [EXE, "worker", "run", "w1", "--until-idle", "--max-seconds", "900"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    tmp = Path(tempfile.mkdtemp())
+    sampler = None
+    if spy:
+        sampler = subprocess.Popen(
+            [
+                spy,
+                "record",
+                "--pid",
+                str(worker.pid),
+                "--format",
+                "raw",
+                "--rate",
+                "97",
+                "--nonblocking",
+                "--gil",
+                "--threads",
+                "-o",
+                str(tmp / "raw.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    groups: dict[int, tuple[str, float]] = {}
+    main_tid = worker.pid
+    while True:  # reaped here (not by Popen) for its resource usage
+        pid, status, usage = os.wait4(worker.pid, os.WNOHANG)
+        if pid:
+            worker.returncode = os.waitstatus_to_exitcode(status)
+            break
+        for tid, (name, cpu, _, _) in _task_stats(worker.pid).items():
+            group = "loop" if tid == main_tid else _thread_group(tid, name, main_tid)
+            groups[tid] = (group, cpu)
+        time.sleep(0.2)
+    elapsed = time.perf_counter() - started
+    if worker.returncode:
+        raise SystemExit(f"bench/push.py quarters: the worker exited {worker.returncode}")
+    cpu_total = usage.ru_utime + usage.ru_stime
+    by_group: dict[str, float] = {}
+    for group, cpu in groups.values():
+        by_group[group] = by_group.get(group, 0.0) + cpu
+    # CPU the last samples missed (threads that ended, the last 0.2 s) counts as "other"
+    by_group["other"] = by_group.get("other", 0.0) + cpu_total - sum(by_group.values())
+    shares = None
+    if sampler is not None:
+        sampler.wait(60)
+        if (tmp / "raw.txt").exists():
+            shares = _spy_split(tmp / "raw.txt")
+        keep = os.environ.get("EVENTPUSH_BENCH_SPY_RAW")  # a path: the samples kept for reading
+        if keep and (tmp / "raw.txt").exists():
+            shutil.copy(tmp / "raw.txt", keep)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return elapsed, n_expected, cpu_total, by_group, shares
+
+
+def bench_quarters(n: int = 300_000, fanout_n: int = 20_000) -> None:
+    """Issue 34: one event per request, four rules each matching a quarter of the events,
+    one target each, default settings; a standalone worker process drains n events, wrk
+    sends the engine's request to the same receiver in the same run. The fan-out figure
+    (``throughput``: one rule, four targets) is measured beside it."""
+    import os
+
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    with ReceiverProcess() as rx, scratch_database() as url:
+        conn = psycopg2.connect(url)
+        quarters_topology(conn, rx.url)
+        for i in range(0, n, 50_000):
+            publish(conn, "orders", quarter_events(min(50_000, n - i), i))
+        request = engine_request(conn)
+        before = wrk_rate(rx.url + "/ok/wrk", request=request)
+        got_before = sum(rx.stats()["count"].values())
+        elapsed, _, cpu, groups, shares = _standalone_drain(url, n)
+        delivered = sum(rx.stats()["count"].values()) - got_before
+        after = wrk_rate(rx.url + "/ok/wrk", request=request)
+        conn.close()
+    ceiling = (before + after) / 2
+    rate = delivered / elapsed
+    per = 1e6 / max(delivered, 1)
+    print(
+        f"quarters, 1 event/request, 4 rules x 1 target: {delivered:,} deliveries in "
+        f"{elapsed:.1f} s = {rate:,.0f}/s; wrk (engine's request, {len(request[0])} B) "
+        f"{before:,.0f} and {after:,.0f} req/s; ratio {rate / ceiling:.2f} (goal 0.80); "
+        f"worker CPU {cpu * per:.0f} us per delivery"
+    )
+    print(
+        "  CPU us per delivery by thread: "
+        + ", ".join(f"{k} {v * per:.1f}" for k, v in sorted(groups.items(), key=lambda kv: -kv[1]))
+    )
+    if shares is None:
+        print("  split by part: py-spy not installed (pip install py-spy into the venv)")
+    else:
+        python_cpu = cpu - groups.get("http client", 0.0)
+        parts = {k: v * python_cpu for k, v in shares.items()}
+        parts["send"] = parts.get("send", 0.0) + groups.get("http client", 0.0)
+        print(
+            "  CPU us per delivery by part (the process's CPU less the HTTP client's threads, "
+            "shared out as py-spy's samples of the GIL's holder; those threads as send): "
+            + ", ".join(
+                f"{k} {v * per:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
+            )
+        )
+    sys.stdout.flush()
+    bench_throughput(fanout_n)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
@@ -608,11 +801,16 @@ def main() -> None:
             "metrics",
             "clients",
             "stalls",
+            "quarters",
         ],
     )
+    parser.add_argument("--events", type=int, help="events for quarters (default 300,000)")
     args = parser.parse_args()
     print(f"machine: {machine()}")
-    extra = ("drain", "metrics", "clients", "stalls")
+    if args.which == "quarters" and args.events:
+        bench_quarters(args.events)
+        return
+    extra = ("drain", "metrics", "clients", "stalls", "quarters")
     for name in ("throughput", "batch", "latency", "isolation", "memory", *extra):
         if args.which == name or (args.which == "all" and name not in extra):
             globals()[f"bench_{name}"]()

@@ -384,3 +384,124 @@ def test_threads_matching_at_once_through_a_first_build():
             assert answers == [expected] * 4
     finally:
         sys.setswitchinterval(interval)
+
+
+# --------------------------------------------------------------------------- issue 34
+
+# Leaves of every JSON type that Python finds equal to each other (1, 1.0, true), repeated
+# across a window so the memo answers most of it, lists (never memoised) among them.
+alike = st.sampled_from([1, 1.0, True, 0, False, "1", None, 2.5, "a", "ab"])
+window_event = st.fixed_dictionaries(
+    {},
+    optional={
+        "source": st.one_of(alike, st.sampled_from(TEXTS)),
+        "detail": st.fixed_dictionaries(
+            {}, optional={"x": st.one_of(alike, st.lists(alike, max_size=2)), "y": alike}
+        ),
+        "a": st.fixed_dictionaries({}, optional={"b": alike}),
+        "a.b": alike,
+    },
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rules=st.lists(rule, min_size=1, max_size=12),
+    events=st.lists(st.one_of(window_event, event), min_size=1, max_size=8),
+    order=st.randoms(use_true_random=False),
+)
+def test_a_window_matched_at_once_answers_as_each_event_alone(rules, events, order):
+    """matching_each (one match per distinct combination of the values the rules read) says
+    for every event of a window what evaluating every rule on it says."""
+    compiled = {i: compile_pattern(r) for i, r in enumerate(rules)}
+    index = RuleIndex((i, r) for i, r in enumerate(rules))
+    window = events * 10  # enough repeats for the memo to stay on past its probe
+    order.shuffle(window)
+    got = index.matching_each(window)
+    assert got == [frozenset(every_rule(compiled, e)) for e in window]
+
+
+def test_a_window_after_adds_and_removals_reads_the_paths_of_the_rules_left():
+    """The memo's key follows the paths of the rules in the index: a rule on a path no
+    other rule reads, added after a window was matched, is answered on the next one."""
+    index = RuleIndex([(1, {"detail": {"k": [0]}})])
+    window = [{"detail": {"k": i % 2, "z": i % 3}} for i in range(60)]
+    assert index.matching_each(window) == [frozenset([1] if i % 2 == 0 else []) for i in range(60)]
+    index.add(2, {"detail": {"z": [2]}, "source": [{"exists": False}]})
+    assert index.matching_each(window) == [
+        frozenset(([1] if i % 2 == 0 else []) + ([2] if i % 3 == 2 else [])) for i in range(60)
+    ]
+    index.remove(1)
+    assert index._paths == {"detail.z": 1, "source": 1}
+    assert index.matching_each(window) == [frozenset([2] if i % 3 == 2 else []) for i in range(60)]
+    # mostly distinct events: the memo gives up after its probe, the answers stay the same
+    distinct = [{"detail": {"z": i}} for i in range(100)]
+    assert index.matching_each(distinct) == [frozenset([2] if i == 2 else []) for i in range(100)]
+
+
+nested_value = st.one_of(
+    leaf, st.lists(leaf, max_size=2), st.just({}), st.lists(st.just({"c": 1}), max_size=2)
+)
+nested = st.recursive(
+    nested_value,
+    lambda inner: st.dictionaries(st.sampled_from(["a", "b", "c", "a.b", "b.c", "a.b.c"]), inner),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    event_=st.dictionaries(st.sampled_from(["a", "b", "a.b", "a.b.c", "b.c"]), nested),
+    segments=st.sampled_from([("a", "b"), ("a", "b", "c"), ("b", "c")]),
+)
+def test_the_fast_paths_of_two_and_three_segments_read_what_the_general_walk_reads(
+    event_, segments
+):
+    fast, general = match._leaf_getter(segments), match._leaf_getter(segments, fast=False)
+    got, expected = fast(event_), general(event_)
+    assert got is expected or (got == expected and got.__class__ is expected.__class__)
+
+
+def test_a_window_keeps_equal_values_of_different_json_types_apart():
+    """1, 1.0 and true are one dict key in Python, not one value to a pattern."""
+    index = RuleIndex([(1, {"detail": {"x": [1]}}), (2, {"detail": {"x": [True]}})])
+    values = [1, True, 1.0, "1", 0, False]
+    window = [{"detail": {"x": values[i % 6]}} for i in range(60)]
+    answers = [{1}, {2}, {1}, set(), set(), set()]  # by position in values
+    assert index.matching_each(window) == [frozenset(answers[i % 6]) for i in range(60)]
+
+
+two_segments = st.fixed_dictionaries(
+    {},
+    optional={
+        "a": st.one_of(
+            st.fixed_dictionaries({}, optional={"b": value}),
+            st.lists(st.fixed_dictionaries({}, optional={"b": value}), max_size=2),
+            value,
+        ),
+        "a.b": value,
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    event_=two_segments,
+    path=st.sampled_from(["a", "a.b"]),
+    array=match_array,
+)
+def test_a_field_read_inline_answers_as_the_general_walk(event_, path, array):
+    """Fields of one and two segments are read inline (issue 34); what they answer is what
+    the general leaf walk and the field's predicate answer."""
+    from eventpush.rules.parse import _parse_pattern
+
+    spec = _parse_pattern({path: array} if "." not in path else {"a": {"b": array}})[1].fields[0]
+    inline = match._field_test(spec)
+    if spec.exists_true:
+        return  # presence is read by the general walk already
+    general = match._general_field_test(
+        match._leaf_getter(spec.segments, fast=False),
+        match._value_predicate(spec),
+        spec.exists_false,
+    )
+    assert inline(event_) == general(event_)

@@ -65,12 +65,15 @@ def _parse(raw: str) -> dict:
 def match_rows(rows: list, index, epoch: int = 0) -> tuple[list[BusEvent], list[int]]:
     """Parse a window's rows and match each once against every rule (runs in a thread);
     ``epoch``: the cache's epoch the index was built at."""
-    events, offsets = [], []
-    for offset, message_id, raw in rows:
-        event = _parse(raw)
-        matches = frozenset(index.matching(event))
-        events.append(BusEvent(offset, message_id, raw, event, len(raw), matches, epoch))
-        offsets.append(offset)
+    parsed = [_parse(raw) for _, _, raw in rows]
+    offsets = [row[0] for row in rows]
+    # The whole window against the index at once: events alike are matched once.
+    each = getattr(index, "matching_each", None)  # a RuleIndex's; else one by one
+    matches = each(parsed) if each else [frozenset(index.matching(e)) for e in parsed]
+    events = [
+        BusEvent(offset, message_id, raw, event, len(raw), found, epoch)
+        for (offset, message_id, raw), event, found in zip(rows, parsed, matches, strict=True)
+    ]
     return events, offsets
 
 
@@ -112,15 +115,19 @@ class WindowCache:
     def _evict(self, keep: tuple[int, int, int]) -> None:
         """Least recently used windows out until both bounds hold (never the one in use)."""
         queue = keep[:2]
-        for key in [k for k in self.windows if k[:2] == queue and k != keep]:
-            if self.per_queue.get(queue, 0) <= CACHE_WINDOWS_PER_QUEUE:
-                break
-            self._drop(key)
-        for key in list(self.windows):
-            if self.bytes <= self.max_bytes:
-                break
-            if key != keep:
+        # Each bound's scan only when it is passed (on every new window, the scans of every
+        # window held were a cost of their own).
+        if self.per_queue.get(queue, 0) > CACHE_WINDOWS_PER_QUEUE:
+            for key in [k for k in self.windows if k[:2] == queue and k != keep]:
+                if self.per_queue.get(queue, 0) <= CACHE_WINDOWS_PER_QUEUE:
+                    break
                 self._drop(key)
+        if self.bytes > self.max_bytes:
+            for key in list(self.windows):
+                if self.bytes <= self.max_bytes:
+                    break
+                if key != keep:
+                    self._drop(key)
 
     async def events_from(self, bus_id: int, queue_id: int, pos: int) -> list[BusEvent]:
         """Events at positions >= pos in the first window from pos's on that has any, reading

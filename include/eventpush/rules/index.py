@@ -328,6 +328,7 @@ class _FieldNode:
         "size",
         "other",
         "single",
+        "plain",
     )
 
     def __init__(self) -> None:
@@ -348,6 +349,9 @@ class _FieldNode:
         # past a rule's first conditions mostly hold one, and one closure call beats the
         # family tables for it.
         self.single: tuple | None = None
+        # Only exact values filed (strings, numbers, booleans, null): a scalar leaf needs one
+        # probe of the exact table, whatever its type.
+        self.plain = True
 
     def file(self, spec: _FieldSpec, state: _State, undo: bool = False) -> None:
         """File (or, with ``undo``, unfile) a positive condition leading to ``state``."""
@@ -363,6 +367,7 @@ class _FieldNode:
                 self.present.remove(state)
             else:
                 self.present.append(state)
+            self._replain()
             return
         for text in spec.strings:
             exact(self.exact, text, state)
@@ -426,6 +431,13 @@ class _FieldNode:
         # Anything but exact strings takes the lookup off its one-probe path.
         if others or spec.equals_ic or spec.wildcards or blocks or any(t for _, t, _ in affixed):
             self.other += step
+        self._replain()
+
+    def _replain(self) -> None:
+        self.plain = (
+            not (self.folded or self.affixes or self.wild_any or self.numeric or self.cidr)
+            and not self.present
+        )
 
     def numeric_tree(self) -> _Intervals:
         if self.numeric is None:
@@ -442,6 +454,8 @@ class _FieldNode:
         """The states whose condition one of the leaves ``value`` (a leaf or a list) meets."""
         if not self.other and value.__class__ is str:
             return self.exact.get(value, ())
+        if self.plain and value.__class__ is not list:
+            return self.exact.get(_index_key(value), ())
         single = self.single
         if single is not None:
             test, state = single
@@ -541,6 +555,36 @@ class _Rule:
     seq: int
     rule_id: Hashable
     ends: list = field(default_factory=list)  # (state, _End)
+    paths: list = field(default_factory=list)  # every field path its pattern reads
+
+
+def _paths_of(conj: _Conjunction, out: set | None = None) -> set:
+    """The field paths a (sub-)pattern reads, its $or branches' included."""
+    out = set() if out is None else out
+    out.update(f.path for f in conj.fields)
+    for group in conj.alternatives:
+        for branch in group:
+            _paths_of(branch, out)
+    return out
+
+
+# matching_each: a window's events are matched once per distinct combination of the values
+# the rules read, while that pays: for indexes reading at most _MEMO_PATHS paths, as long as
+# at least half of the first _MEMO_PROBE events of a call repeat an earlier combination.
+_MEMO_PATHS = 8
+_MEMO_PROBE = 32
+_NO_KEY = object()
+
+
+def _memo_part(value: Any) -> Any:
+    """A leaf value as part of a memo key: strings as they are, other scalars with their type
+    (1, 1.0 and true are equal in Python, not to every condition); _NO_KEY for lists."""
+    cls = value.__class__
+    if cls is str:
+        return value
+    if cls is list:
+        return _NO_KEY
+    return (cls, value)
 
 
 @dataclass(eq=False)
@@ -599,6 +643,10 @@ class RuleIndex:
         self._rules: dict[Hashable, _Rule] = {}
         self._root = _State(None, None)
         self._getters: dict[str, Callable[[dict], Any]] = {}
+        # Every path any rule reads (filed, residual or evaluated in full), with how many
+        # rules read it: what a match depends on, for ``matching_each``'s memo.
+        self._paths: dict[str, int] = {}
+        self._key_getters: tuple | None = None
         for rule_id, pattern in rules:
             self.add(rule_id, pattern)
 
@@ -620,6 +668,10 @@ class RuleIndex:
             self.remove(rule_id)
         rule = self._rules[rule_id] = _Rule(self._seq, rule_id)
         self._seq += 1
+        rule.paths = sorted(_paths_of(conj))
+        for path in rule.paths:
+            self._paths[path] = self._paths.get(path, 0) + 1
+        self._key_getters = None
         alternatives = _alternatives(conj)
         if alternatives is None:
             positives = [f for f in conj.fields if _is_positive(f)]
@@ -652,6 +704,11 @@ class RuleIndex:
 
     def remove(self, rule_id: Hashable) -> None:
         rule = self._rules.pop(rule_id)
+        for path in rule.paths:
+            self._paths[path] -= 1
+            if not self._paths[path]:
+                del self._paths[path]
+        self._key_getters = None
         for state, end in rule.ends:
             state.ends.remove(end)
             while state is not None:
@@ -666,12 +723,53 @@ class RuleIndex:
                         del parent.nodes[spec.path]
                 state = parent
 
+    def matching_each(self, events: list) -> list[frozenset]:
+        """``frozenset(self.matching(event))`` for each event: matched once per distinct
+        combination of the values at the paths the rules read (every condition reads the
+        event only through them), while enough events of the call repeat one."""
+        key_getters = self._key_getters
+        if key_getters is None:
+            key_getters = self._key_getters = tuple(
+                (path, self._getters.get(path) or _leaf_getter(tuple(path.split("."))))
+                for path in sorted(self._paths)
+            )
+        matching = self.matching
+        if not self._rules or len(key_getters) > _MEMO_PATHS:
+            return [frozenset(matching(event)) for event in events]
+        memo: dict = {}
+        out = []
+        hits = 0
+        for i, event in enumerate(events):
+            if i == _MEMO_PROBE and hits * 2 < i:  # mostly distinct: memo costs, not pays
+                out.extend(frozenset(matching(e)) for e in events[i:])
+                return out
+            if event.__class__ is not dict:
+                out.append(frozenset())
+                continue
+            values = {path: get(event) for path, get in key_getters}
+            key = tuple(map(_memo_part, values.values()))
+            if _NO_KEY in key:
+                out.append(frozenset(self._walk(event, values)))
+                continue
+            try:
+                found = memo[key]
+                hits += 1
+            except KeyError:
+                found = memo[key] = frozenset(self._walk(event, values))
+            except TypeError:  # an unhashable leaf (none from JSON; kept safe)
+                found = frozenset(self._walk(event, values))
+            out.append(found)
+        return out
+
     def matching(self, event: dict) -> list[Hashable]:
         """The ids of the rules whose pattern matches ``event``, in the order they were added."""
         if event.__class__ is not dict:
             return []
+        return self._walk(event, {})
+
+    def _walk(self, event: dict, values: dict[str, Any]) -> list[Hashable]:
+        """matching's walk; ``values``: leaves already read, by path."""
         found: dict[int, _Rule] = {}
-        values: dict[str, Any] = {}
         getters = self._getters
         pending = [self._root]
         while pending:

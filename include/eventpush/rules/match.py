@@ -35,7 +35,7 @@ def _flatten_leaves(items: list, out: list) -> None:
             out.append(item)
 
 
-def _leaf_getter(segments: tuple[str, ...]) -> Callable[[dict], Any]:
+def _leaf_getter(segments: tuple[str, ...], fast: bool = True) -> Callable[[dict], Any]:
     """A function returning the leaf values at a dotted path of an event.
 
     It returns a single scalar when the path leads to exactly one (the usual case, so no list
@@ -96,7 +96,52 @@ def _leaf_getter(segments: tuple[str, ...]) -> Callable[[dict], Any]:
             return out[0]
         return out if out else _MISSING
 
+    # Two and three segments (``detail.k``, ``detail.a.b``: most paths) through nested objects
+    # with no dotted key on the way, walked without recursion or a list; get_many otherwise.
+    if not fast:  # the general walk alone (what the fast paths are checked against)
+        return get_many
+    if n == 2:
+        second, joined = segments[1], ".".join(segments)
+
+        def get_two(event: dict) -> Any:
+            child = event.get(first, _MISSING)
+            if child.__class__ is dict and joined not in event:
+                return _leaf_of(child.get(second, _MISSING))
+            return get_many(event)
+
+        return get_two
+    if n == 3:
+        second, third = segments[1], segments[2]
+        dotted = (".".join(segments[:2]), ".".join(segments))
+        inner = ".".join(segments[1:])
+
+        def get_three(event: dict) -> Any:
+            child = event.get(first, _MISSING)
+            if child.__class__ is dict and dotted[0] not in event and dotted[1] not in event:
+                grand = child.get(second, _MISSING)
+                if inner not in child:
+                    if grand.__class__ is dict:
+                        return _leaf_of(grand.get(third, _MISSING))
+                    if grand is _MISSING:
+                        return _MISSING
+            return get_many(event)
+
+        return get_three
     return get_many
+
+
+def _leaf_of(value: Any) -> Any:
+    """What a path ending at ``value`` yields (``_leaf_getter``'s result for one node)."""
+    cls = value.__class__
+    if cls is list:
+        out: list = []
+        _flatten_leaves(value, out)
+        if len(out) == 1:
+            return out[0]
+        return out if out else _MISSING
+    if cls is dict:
+        return _MISSING
+    return value
 
 
 # --------------------------------------------------------------------------- value matchers
@@ -187,7 +232,49 @@ def _field_test(spec: _FieldSpec) -> EventTest:
         return present
 
     predicate = _value_predicate(spec)
+    test = _general_field_test(get, predicate, accept_missing)
 
+    def leaves(value: list) -> bool:
+        """A list found at the path: flattened, any leaf satisfying the field will do."""
+        out: list = []
+        _flatten_leaves(value, out)
+        if not out:
+            return accept_missing
+        for leaf in out:
+            if predicate(leaf):
+                return True
+        return False
+
+    # One and two segments (nearly every path) read inline: one call less per evaluation,
+    # and the test also answers for a whole pattern of this one field (a non-dict: False).
+    segments = spec.segments
+    if len(segments) > 2:
+        return test
+    first = segments[0]
+    second = segments[1] if len(segments) == 2 else None
+    joined = ".".join(segments)
+
+    def test_inline(event: dict) -> bool:
+        if event.__class__ is not dict:
+            return False
+        value = event.get(first, _MISSING)
+        if second is not None:
+            if value.__class__ is not dict or joined in event:
+                return test(event)  # through dotted keys or arrays: the general reading
+            value = value.get(second, _MISSING)
+        cls = value.__class__
+        if cls is list:
+            return leaves(value)
+        if cls is dict or value is _MISSING:
+            return accept_missing
+        return predicate(value)
+
+    return test_inline
+
+
+def _general_field_test(
+    get: Callable[[dict], Any], predicate: Predicate, accept_missing: bool
+) -> EventTest:
     def test(event: dict) -> bool:
         value = get(event)
         if value.__class__ is list:
@@ -250,6 +337,11 @@ class CompiledPattern:
             if event.__class__ is not dict:
                 return False
             return test(event)
+
+        if not conjunction.alternatives and len(conjunction.fields) == 1:
+            spec = conjunction.fields[0]
+            if len(spec.segments) <= 2 and not spec.exists_true:
+                matches = test  # the field's own test answers for non-dicts too
 
         # An instance attribute, not a method: saves building a bound method on every call.
         self.matches = matches

@@ -25,6 +25,8 @@ Public API
     the conditions the event meets and the rules it matches, not the number of rules; adding
     or removing a rule touches only its own conditions. The answers are those of evaluating
     every rule's ``CompiledPattern`` on its own (tests/test_rule_index.py holds it to that).
+    ``.matching_each(events) -> list`` of frozensets answers a whole window at once, matching
+    once per distinct combination of the values the rules read (the engine's reader uses it).
 
 Semantics (those of EventBridge)
 --------------------------------
