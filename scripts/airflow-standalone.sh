@@ -97,6 +97,7 @@ fi
    eventpush_push_checks  after each push slice: Great Expectations checks, off the push path
    eventpush_audit      hourly: audits the past hour; Trigger for any window
    eventpush_rebalance  every 10 minutes: balances runners over push workers
+   eventpush_retention  daily at 00:05: makes days ahead, drops days past each bus's retention
    eventpush_replay_gaps  on the audit's gaps: replays them when the Variable eventpush_replay_gaps is true
    eventpush_replay     on demand only: Trigger in the UI, or through the REST API:
      TOKEN=\$(curl -s -X POST $base/auth/token -H 'Content-Type: application/json' \\

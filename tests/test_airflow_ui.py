@@ -217,7 +217,9 @@ def test_the_banner_says_what_runs_where(standalone):
         "eventpush_rebalance": False,
         "eventpush_replay": False,
         "eventpush_replay_gaps": False,  # runs, but replays only when its Variable says so
+        "eventpush_retention": False,
     }
+    assert "eventpush_retention  daily at 00:05" in text
 
 
 def test_scheduled_audit_and_rebalance_run_without_unpausing(standalone):

@@ -287,6 +287,9 @@ def test_a_rule_is_disabled_and_enabled_from_the_catalog_in_a_real_browser(
     refused by the server, shown as the page's alert, and changes nothing."""
     import httpx
 
+    from eventpush.airflow import queries
+
+    queries._url_cache.clear()  # the plugin still knows the previous test's database
     seed(conn, "http://127.0.0.1:9/ok")
     tokens = {
         user: httpx.post(
