@@ -301,6 +301,17 @@ stop_one() {
   fi
 }
 
+strays() {
+  local fd pid target
+  for fd in /proc/[0-9]*/fd/*; do
+    target="$(readlink "$fd" 2>/dev/null)" || continue
+    [[ $target == "$dir"/* ]] || continue
+    pid="${fd#/proc/}"
+    pid="${pid%%/*}"
+    [[ "$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)" == airflow\ * ]] && echo "$pid"
+  done | sort -u
+}
+
 down() {
   local name pid f _
   # Airflow first (its tasks may be submitting Spark jobs), then Spark, workers before master.
@@ -327,6 +338,13 @@ down() {
       kill -KILL -- "-$pid" 2>/dev/null || true
     fi
     rm -f "$f"
+  done
+  # A task that outlived its Celery worker (one killed mid-task, as the crash test does) runs
+  # in a session of its own, out of every group above, and lingered for hours: anything
+  # Airflow's that still holds a file under this cluster's directory is ours to stop.
+  for pid in $(strays); do
+    say "task process $pid outlived its worker: SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
   done
   rm -rf "$dir/spark"
   if [[ ${1:-} == --purge ]]; then

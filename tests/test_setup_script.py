@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import psycopg2
@@ -129,3 +130,38 @@ def test_the_demo_installs_what_it_needs_and_the_browser_is_for_the_tests():
     commands = (REPO / "dev").read_text()
     assert re.search(r"\n  demo\)\n    setup_all demo\n", commands)
     assert re.search(r"\n  test\)\n    setup_all test\n", commands)
+
+
+def test_cluster_down_stops_a_task_that_outlived_its_worker(tmp_path):
+    """A task process of a Celery worker killed mid-task runs in a session of its own, out of
+    every process group `scripts/cluster.sh down` stops; it held its log file open and lived
+    on for hours after the cluster tests. `down` stops what of Airflow still holds a file
+    under the cluster's directory, and nothing else."""
+    (tmp_path / "logs").mkdir()
+    log = tmp_path / "logs" / "attempt=2.log"
+    stray = subprocess.Popen(  # noqa: S603 (a fixed command)
+        ["bash", "-c", f"exec 3>'{log}'; exec -a 'airflow worker -- t1' sleep 600"],
+        start_new_session=True,
+    )
+    bystander = subprocess.Popen(["sleep", "600"], start_new_session=True)  # not Airflow's
+    try:
+        cmdline = Path(f"/proc/{stray.pid}/cmdline")
+        deadline = time.monotonic() + 10
+        while not cmdline.read_bytes().startswith(b"airflow worker"):  # exec'd, file open
+            assert time.monotonic() < deadline, "the stand-in task did not start"
+            time.sleep(0.05)
+        r = subprocess.run(
+            ["bash", str(REPO / "scripts" / "cluster.sh"), "down"],
+            env={**os.environ, "EVENTPUSH_CLUSTER_DIR": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+        assert f"task process {stray.pid} outlived its worker: SIGKILL" in r.stdout + r.stderr
+        assert stray.wait(10) == -9
+        assert bystander.poll() is None
+    finally:
+        for proc in (stray, bystander):
+            proc.kill()
+            proc.wait()
