@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import ssl
 import threading
 from dataclasses import dataclass, field
 from urllib.parse import unquote_plus
 
 from aiohttp import web
+
+from eventpush.demo.serving import AppThread
 
 
 @dataclass
@@ -130,33 +131,12 @@ class AuthReceiver:
 
     def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
         self.state = AuthState()
-        self._ssl = ssl_context
-        self._loop = asyncio.new_event_loop()
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="auth-receiver")
+        self._server = AppThread("auth-receiver", ssl_context)
         self.url = ""
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        runner = web.AppRunner(make_app(self.state), access_log=None, shutdown_timeout=1.0)
-        self._loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=self._ssl)
-        self._loop.run_until_complete(site.start())
-        port = site._server.sockets[0].getsockname()[1]
-        self.url = f"{'https' if self._ssl else 'http'}://127.0.0.1:{port}"
-        self._runner = runner
-        self._started.set()
-        self._loop.run_forever()
-
     def __enter__(self) -> AuthReceiver:
-        self._thread.start()
-        assert self._started.wait(10), "the receiver did not start"
+        self.url = self._server.start(lambda: make_app(self.state))
         return self
 
     def __exit__(self, *exc) -> None:
-        done = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
-        with contextlib.suppress(Exception):
-            done.result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
+        self._server.stop()

@@ -8,11 +8,11 @@ its arrival, status). The tests and ``bench/destination_limits.py`` push to it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
 import time
 
 from aiohttp import web
+
+from eventpush.demo.serving import AppThread
 
 
 class Congested:
@@ -22,9 +22,7 @@ class Congested:
         self.unavailable = False
         self.active = 0
         self.log: list[tuple[float, str, int, int]] = []
-        self._loop = asyncio.new_event_loop()
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="congested")
+        self._server = AppThread("congested")
         self.url = ""
 
     async def _handle(self, request: web.Request) -> web.Response:
@@ -42,30 +40,17 @@ class Congested:
         self.log.append((time.monotonic(), request.path, n, status))
         return web.Response(status=status)
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
+    def _app(self) -> web.Application:
         app = web.Application()
         app.router.add_route("POST", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-        self._started.set()
-        self._loop.run_forever()
+        return app
 
     def __enter__(self) -> Congested:
-        self._thread.start()
-        assert self._started.wait(10), "receiver did not start"
+        self.url = self._server.start(self._app)
         return self
 
     def __exit__(self, *exc) -> None:
-        done = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
-        with contextlib.suppress(Exception):
-            done.result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
+        self._server.stop()
 
     def arrivals(self, path: str | None = None, status: int | None = None) -> list[float]:
         return [
