@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from nats_support import free_port
+from support import rows
 
 from eventpush import catalog
 from eventpush.catalog import TargetSpec
@@ -272,11 +273,11 @@ def test_dashboard_renders_charts_in_a_real_browser(api_server, conn, airflow_co
 
 
 def _rule_state(conn) -> tuple[str, int]:
-    with conn.cursor() as cur:
-        cur.execute("SELECT state, version FROM event_rule WHERE name = 'orders-rule'")
-        row = cur.fetchone()
-    conn.commit()
-    return row
+    ((state, version),) = rows(
+        conn, "SELECT state, version FROM event_rule WHERE name = %s", "orders-rule"
+    )
+    conn.commit()  # nothing held open while the server changes the rule
+    return state, version
 
 
 def test_a_rule_is_disabled_and_enabled_from_the_catalog_in_a_real_browser(
