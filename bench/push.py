@@ -4,7 +4,7 @@
     .venv/bin/python bench/push.py [drain|metrics]   # no wrk; metrics: /metrics scraped or not
     .venv/bin/python bench/push.py clients   # bare client loops, aiohttp vs the engine's
     .venv/bin/python bench/push.py stalls    # the throughput drain with a loop-lag probe
-    .venv/bin/python bench/push.py quarters  # 4 rules x 1 target (issue 34), fan-out beside it
+    .venv/bin/python bench/push.py quarters [--placement aligned|mixed|both]  # issue 34
 
 The receiver (``python -m eventpush.demo.receiver``) runs in a process of its own on loopback;
 wrk hits the same receiver in the same run with the request the engine sends (the stored
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import shutil
 import subprocess
@@ -592,11 +593,16 @@ def bench_stalls(n: int = 20_000) -> None:
     )
 
 
-def quarter_events(n: int, start: int = 0) -> list[str]:
-    """Events whose detail is 200 bytes of JSON, ``detail.k`` cycling through 0-3."""
+def quarter_events(n: int, start: int = 0, placement: str = "aligned") -> list[str]:
+    """Events whose detail is 200 bytes of JSON, ``detail.k`` in 0-3. ``aligned``: k cycles
+    with the event's position, so the bus's round-robin placement puts each k on a queue of
+    its own (each queue holds one rule's events: the other runners only filter it);
+    ``mixed``: k drawn at random (seeded), so every queue holds all four rules' events."""
+    rng = random.Random(start)
     out = []
     for i in range(start, start + n):
-        head = {"k": i % 4, "order": i, "customer": f"c{i % 977}", "pad": ""}
+        k = i % 4 if placement == "aligned" else rng.randrange(4)
+        head = {"k": k, "order": i, "customer": f"c{i % 977}", "pad": ""}
         pad = 200 - len(json.dumps(head, separators=(",", ":")))
         head["pad"] = "x" * pad
         out.append(
@@ -734,11 +740,21 @@ def _standalone_drain(url: str, n_expected: int) -> tuple[float, int, float, dic
     return elapsed, n_expected, cpu_total, by_group, shares
 
 
-def bench_quarters(n: int = 300_000, fanout_n: int = 20_000) -> None:
+def bench_quarters(
+    n: int = 300_000, fanout_n: int = 20_000, placements: tuple[str, ...] = ("aligned", "mixed")
+) -> None:
     """Issue 34: one event per request, four rules each matching a quarter of the events,
     one target each, default settings; a standalone worker process drains n events, wrk
-    sends the engine's request to the same receiver in the same run. The fan-out figure
-    (``throughput``: one rule, four targets) is measured beside it."""
+    sends the engine's request to the same receiver in the same run. The issue's words
+    allow two placements of the quarters on the bus's queues (``quarter_events``): each is
+    measured. The fan-out figure (``throughput``: one rule, four targets) follows."""
+    for placement in placements:
+        _quarters(n, placement)
+        sys.stdout.flush()
+    bench_throughput(fanout_n)
+
+
+def _quarters(n: int, placement: str) -> None:
     import os
 
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -746,7 +762,7 @@ def bench_quarters(n: int = 300_000, fanout_n: int = 20_000) -> None:
         conn = psycopg2.connect(url)
         quarters_topology(conn, rx.url)
         for i in range(0, n, 50_000):
-            publish(conn, "orders", quarter_events(min(50_000, n - i), i))
+            publish(conn, "orders", quarter_events(min(50_000, n - i), i, placement))
         request = engine_request(conn)
         before = wrk_rate(rx.url + "/ok/wrk", request=request)
         got_before = sum(rx.stats()["count"].values())
@@ -758,7 +774,7 @@ def bench_quarters(n: int = 300_000, fanout_n: int = 20_000) -> None:
     rate = delivered / elapsed
     per = 1e6 / max(delivered, 1)
     print(
-        f"quarters, 1 event/request, 4 rules x 1 target: {delivered:,} deliveries in "
+        f"quarters ({placement}), 1 event/request, 4 rules x 1 target: {delivered:,} deliveries in "
         f"{elapsed:.1f} s = {rate:,.0f}/s; wrk (engine's request, {len(request[0])} B) "
         f"{before:,.0f} and {after:,.0f} req/s; ratio {rate / ceiling:.2f} (goal 0.80); "
         f"worker CPU {cpu * per:.0f} us per delivery"
@@ -780,8 +796,6 @@ def bench_quarters(n: int = 300_000, fanout_n: int = 20_000) -> None:
                 f"{k} {v * per:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
             )
         )
-    sys.stdout.flush()
-    bench_throughput(fanout_n)
 
 
 def main() -> None:
@@ -805,10 +819,17 @@ def main() -> None:
         ],
     )
     parser.add_argument("--events", type=int, help="events for quarters (default 300,000)")
+    parser.add_argument(
+        "--placement",
+        choices=["aligned", "mixed", "both"],
+        default="both",
+        help="quarters: each rule's events on a queue of their own, mixed on every queue, or both",
+    )
     args = parser.parse_args()
     print(f"machine: {machine()}")
-    if args.which == "quarters" and args.events:
-        bench_quarters(args.events)
+    if args.which == "quarters":
+        placements = ("aligned", "mixed") if args.placement == "both" else (args.placement,)
+        bench_quarters(args.events or 300_000, placements=placements)
         return
     extra = ("drain", "metrics", "clients", "stalls", "quarters")
     for name in ("throughput", "batch", "latency", "isolation", "memory", *extra):
