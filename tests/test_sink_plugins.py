@@ -25,8 +25,7 @@ def install(site: Path, dist: str, **schemes: str) -> None:
     lines = "".join(f"{name} = {value}\n" for name, value in schemes.items())
     (info / "entry_points.txt").write_text(f"[eventpush.sinks]\n{lines}")
     # The registry reads entry points once per process; a new process would see these.
-    sinks._entry_points.cache_clear()
-    sinks.sink_kind.cache_clear()
+    sinks.REGISTRY.forget()
 
 
 @pytest.fixture
@@ -34,11 +33,9 @@ def site(tmp_path, monkeypatch):
     """A directory on sys.path that plug-ins are installed into; the registry forgets them
     afterwards."""
     monkeypatch.syspath_prepend(str(tmp_path))
-    sinks._entry_points.cache_clear()
-    sinks.sink_kind.cache_clear()
+    sinks.REGISTRY.forget()
     yield tmp_path
-    sinks._entry_points.cache_clear()
-    sinks.sink_kind.cache_clear()
+    sinks.REGISTRY.forget()
 
 
 def test_a_plugged_in_sink_is_found_by_scheme_and_pushed_to(conn, site):

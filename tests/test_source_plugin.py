@@ -12,6 +12,7 @@ import pytest
 
 from eventpush import catalog, sources
 from eventpush.demo.receiver import Receiver
+from eventpush.plugins import PluginConflictError
 from eventpush.publish import publish
 from eventpush.push import run_worker
 
@@ -27,9 +28,9 @@ def jsonl_plugin(tmp_path, monkeypatch):
     (info / "entry_points.txt").write_text("[eventpush.sources]\njsonl = plugin_source:KIND\n")
     monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
-    sources._plugins.pop("jsonl", None)
+    sources.REGISTRY.forget()
     yield f"jsonl://local{tmp_path}/store"
-    sources._plugins.pop("jsonl", None)
+    sources.REGISTRY.forget()
 
 
 def test_unknown_scheme_names_the_known_kinds():
@@ -62,3 +63,40 @@ def test_a_plugged_in_source_is_pushed_like_any_bus(conn, jsonl_plugin):
     with conn.cursor() as cur:
         cur.execute('SELECT queue_id, "offset", broker_name FROM event_push_offset ORDER BY 1')
         assert cur.fetchall() == [(0, 2991, "jsonl"), (1, 2991, "jsonl")]
+
+
+def _declare(site, dist: str, line: str) -> None:
+    info = site / f"{dist}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[eventpush.sources]\n{line}\n")
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    sources.REGISTRY.forget()
+    yield tmp_path
+    sources.REGISTRY.forget()
+
+
+def test_a_scheme_claimed_twice_is_refused_naming_both(site):
+    _declare(site, "one_source", "jsonl = plugin_source:KIND")
+    _declare(site, "other_source", "jsonl = other_module:KIND")
+    with pytest.raises(PluginConflictError) as info:
+        sources.kind_named("jsonl")
+    assert "plugin_source:KIND" in str(info.value)
+    assert "other_module:KIND" in str(info.value)
+
+
+def test_a_plugin_may_not_replace_the_builtin_store(site):
+    _declare(site, "sneaky_source", "postgres = plugin_source:KIND")
+    with pytest.raises(PluginConflictError, match="'postgres' is built in"):
+        sources.kind_for(None)
+
+
+def test_an_entry_point_that_is_not_a_source_kind_is_refused(site):
+    _declare(site, "wrong_source", "jsonl = plugin_source:JsonlReader")
+    with pytest.raises(sources.SourceError, match="jsonl = plugin_source:JsonlReader .* not a"):
+        sources.kind_named("jsonl")

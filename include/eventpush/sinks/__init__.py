@@ -49,16 +49,15 @@ the URL scheme, its value the class. eventpush declares its own (``http``, ``htt
 ``nats``) in ``pyproject.toml``; a third party adds a scheme by declaring one in its own
 package, without editing eventpush. The built-in kinds are also known without metadata, so a
 checkout that was not reinstalled and Spark executors (which import eventpush from a zip)
-find them too.
+find them too. Sources are found the same way (:class:`eventpush.plugins.Registry`): a
+scheme claimed twice, or a built-in's claimed by a plug-in, is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import Awaitable, Callable
-from importlib.metadata import EntryPoint, entry_points
 
 from eventpush import tracing
 from eventpush.addresses import (
@@ -69,16 +68,23 @@ from eventpush.addresses import (
     split_url,
 )
 from eventpush.errors import first_line
+from eventpush.plugins import PluginConflictError, Registry
 from eventpush.sinks.contract import FINAL, RETRY, Outcome, Record, Sink, Target
 from eventpush.sinks.retry import backoff_s, out_of_attempts
 
 GROUP = "eventpush.sinks"
-BUILTIN = {
-    "http": "eventpush.sinks.http:HttpSink",
-    "https": "eventpush.sinks.http:HttpSink",
-    "nats": "eventpush.sinks.nats:NatsSink",
-    "bus": "eventpush.bus_targets:BusSink",
-}
+REGISTRY = Registry(
+    GROUP,
+    {
+        "http": "eventpush.sinks.http:HttpSink",
+        "https": "eventpush.sinks.http:HttpSink",
+        "nats": "eventpush.sinks.nats:NatsSink",
+        "bus": "eventpush.bus_targets:BusSink",
+    },
+    "sink scheme",
+)
+# The name callers and plug-in authors know (two packages claiming one scheme).
+SinkConflictError = PluginConflictError
 
 
 def readable(url: str) -> bool:
@@ -89,49 +95,20 @@ def readable(url: str) -> bool:
         return False
 
 
-class SinkConflictError(RuntimeError):
-    """Two installed packages claim the same URL scheme."""
-
-
-@functools.cache
-def _entry_points() -> dict[str, EntryPoint]:
-    found: dict[str, EntryPoint] = {
-        name: EntryPoint(name, value, GROUP) for name, value in BUILTIN.items()
-    }
-    claimed: dict[str, EntryPoint] = {}
-    for ep in entry_points(group=GROUP):
-        name = ep.name.lower()
-        # Checked first: eventpush's own entry points claim the built-in schemes too.
-        if name in BUILTIN and ep.value != BUILTIN[name]:
-            raise SinkConflictError(
-                f"sink scheme {name!r} is built in; a plug-in may not replace it with {ep.value}"
-            )
-        other = claimed.get(name)
-        if other is not None and other.value != ep.value:
-            raise SinkConflictError(
-                f"sink scheme {name!r} is claimed twice ({other.value} and {ep.value}): "
-                f"uninstall one of the packages declaring it in entry points {GROUP!r}"
-            )
-        claimed[name] = ep
-    found.update(claimed)
-    return found
-
-
 def schemes() -> list[str]:
     """Every scheme a target URL may use here."""
-    return sorted(_entry_points())
+    return REGISTRY.names()
 
 
-@functools.cache
 def sink_kind(scheme: str) -> type[Sink]:
     """The sink class for ``scheme`` (InvalidTargetUrlError when nothing provides it)."""
-    ep = _entry_points().get(scheme.lower())
-    if ep is None:
+    kind = REGISTRY.load(scheme)
+    if kind is None:
         raise InvalidTargetUrlError(
             f"no sink for URL scheme {scheme!r}: known schemes are {', '.join(schemes())}; "
             f"a plug-in adds one through the entry-point group {GROUP!r}"
         )
-    return ep.load()
+    return kind
 
 
 def validate_url(url: str, policy: AddressPolicy | None = None) -> str:

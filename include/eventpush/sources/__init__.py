@@ -4,7 +4,9 @@ A bus's row in ``event_bus`` records its source URL (``source_url``; NULL is the
 PostgreSQL store). The URL's scheme chooses the **kind** of source: a :class:`SourceKind`,
 built in (``postgres``, ``nats``) or found through the Python entry-point group
 ``eventpush.sources`` (name = the scheme, value = a ``SourceKind`` object), so a third party
-adds a broker without editing eventpush (docs/ARCHITECTURE.md, "Sources and sinks").
+adds a broker without editing eventpush (docs/ARCHITECTURE.md, "Sources and sinks"). The
+registry is :class:`eventpush.plugins.Registry`, as for sinks: a scheme claimed twice, or a
+built-in's claimed by a plug-in, is refused.
 
 Whatever the source, positions are kept in PostgreSQL: committed offsets, delivery rows and
 failure rows are written in one transaction by the engine's committer, with ``topic_name``
@@ -21,12 +23,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from importlib.metadata import entry_points
 
 from eventpush.config import redact
 from eventpush.db import Connection, transaction
 from eventpush.errors import CatalogError
-from eventpush.sources import postgres
+from eventpush.plugins import Registry
 from eventpush.sources.contract import (
     POSTGRES,
     Bus,
@@ -58,21 +59,13 @@ __all__ = [
 log = logging.getLogger("eventpush.sources")
 
 GROUP = "eventpush.sources"
-
-
-def _builtin(scheme: str) -> SourceKind | None:
-    if scheme == POSTGRES:
-        return postgres.KIND
-    if scheme == "nats":
-        # Deferred: the NATS source loads the nats client library, which a PostgreSQL-only
-        # deployment never needs.
-        from eventpush.sources.nats import KIND
-
-        return KIND
-    return None
-
-
-_plugins: dict[str, SourceKind] = {}
+REGISTRY = Registry(
+    GROUP,
+    # Loaded on first use: the NATS source loads the nats client library, which a
+    # PostgreSQL-only deployment never needs.
+    {POSTGRES: "eventpush.sources.postgres:KIND", "nats": "eventpush.sources.nats:KIND"},
+    "source scheme",
+)
 
 
 def kind_for(url: str | None) -> SourceKind:
@@ -82,20 +75,16 @@ def kind_for(url: str | None) -> SourceKind:
 
 def kind_named(scheme: str) -> SourceKind:
     """The source kind serving ``scheme``: built in, else the entry point of that name."""
-    found = _builtin(scheme) or _plugins.get(scheme)
+    found = REGISTRY.load(scheme)
     if found is None:
-        for ep in entry_points(group=GROUP):
-            if ep.name.lower() == scheme:
-                found = ep.load()
-                if not isinstance(found, SourceKind):
-                    raise SourceError(
-                        f"entry point {ep.name} = {ep.value} in {GROUP} is not a SourceKind"
-                    )
-                _plugins[scheme] = found
-                break
-    if found is None:
-        known = sorted({POSTGRES, "nats", *(ep.name for ep in entry_points(group=GROUP))})
-        raise SourceError(f"no source kind for scheme {scheme!r} (known: {', '.join(known)})")
+        raise SourceError(
+            f"no source kind for scheme {scheme!r} (known: {', '.join(REGISTRY.names())})"
+        )
+    if not isinstance(found, SourceKind):
+        raise SourceError(
+            f"entry point {scheme} = {REGISTRY.points()[scheme.lower()].value} in {GROUP} "
+            "is not a SourceKind"
+        )
     return found
 
 
