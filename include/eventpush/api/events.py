@@ -109,33 +109,54 @@ async def _publish_groups(
     )
 
 
+def _bus_names(call: Call, entries: list) -> list[tuple[str, tuple[str, str] | None]]:
+    """Each entry's bus (and the account and region an ARN claims), refused whole with
+    AccessDeniedException when the key may not use one; each spelling read once."""
+    seen: dict[str | None, tuple[str, tuple[str, str] | None]] = {}
+    names = []
+    for entry in entries:
+        raw = entry.get("EventBusName") if isinstance(entry, dict) else None
+        found = seen.get(raw) if raw is None or isinstance(raw, str) else None
+        if found is None:
+            found = bus_name(entry if isinstance(entry, dict) else {})
+            call.allow_bus(found[0])
+            if raw is None or isinstance(raw, str):
+                seen[raw] = found
+        names.append(found)
+    return names
+
+
 async def put_events(call: Call, body: dict) -> dict:
     entries = required(body, "Entries", list)
     if not 1 <= len(entries) <= MAX_ENTRIES:
         raise validation(
             f"member 'Entries' must hold 1 to {MAX_ENTRIES} entries, got {len(entries)}"
         )
-    names = []
-    for i, entry in enumerate(entries, start=1):
-        name, claimed = bus_name(entry if isinstance(entry, dict) else {})
-        call.allow_bus(name)
-        names.append((name, claimed, f"entry {i}"))
+    names = _bus_names(call, entries)
     results: list[dict | None] = [None] * len(entries)
     groups: dict[str, tuple[BusView, list[tuple[int, Prepared]]]] = {}
+    buses: dict[str, BusView | None] = {}  # each bus looked up once (None: no such bus)
     now_iso = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     ids = new_ids(len(entries))
-    for i, (entry, (name, claimed, where)) in enumerate(zip(entries, names, strict=True)):
-        try:
-            bus = groups[name][0] if name in groups else await call.bus(name)
-        except ApiError as exc:
-            if exc.code != "ResourceNotFoundException":
-                raise
-            results[i] = _entry_error(exc.code, f"Event bus {name} does not exist.")
+    first_queue = random.getrandbits(30)  # round robin from a random queue, as the CLI does
+    for i, (entry, (name, claimed)) in enumerate(zip(entries, names, strict=True)):
+        if name not in buses:
+            try:
+                buses[name] = await call.bus(name)
+            except ApiError as exc:
+                if exc.code != "ResourceNotFoundException":
+                    raise
+                buses[name] = None
+        bus = buses[name]
+        if bus is None:
+            results[i] = _entry_error(
+                "ResourceNotFoundException", f"Event bus {name} does not exist."
+            )
             continue
         check_owner(claimed, bus.account, bus.region, f"event bus {name}")
-        queue_id = random.randrange(bus.source.queues)
+        queue_id = (first_queue + i) % bus.source.queues
         try:
-            prepared = entry_event(entry, bus, where, now_iso, queue_id, ids[i])
+            prepared = entry_event(entry, bus, f"entry {i + 1}", now_iso, queue_id, ids[i])
         except _MalformedDetail as exc:
             results[i] = _entry_error("MalformedDetail", str(exc))
             continue
