@@ -265,8 +265,10 @@ class EventsApp:
             await self.starlette(scope, receive, send)
 
 
-async def _wrong_method(request: Request) -> Response:
-    return Response(status_code=405, headers={"Allow": "POST"})
+async def _served_by_events_app(request: Request) -> Response:
+    """Never called (EventsApp answers ``POST /`` first): the route is there so that Starlette
+    answers another method on ``/`` with 405."""
+    raise AssertionError("POST / reached Starlette")
 
 
 def create_app(settings: Settings) -> EventsApp:
@@ -284,7 +286,7 @@ def create_app(settings: Settings) -> EventsApp:
     return EventsApp(
         Starlette(
             routes=[
-                Route("/", _wrong_method, methods=["POST"]),
+                Route("/", _served_by_events_app, methods=["POST"]),
                 Route("/healthz", healthz, methods=["GET"]),
                 Route("/metrics", metrics_endpoint, methods=["GET"]),
             ],
