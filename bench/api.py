@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import httpx  # noqa: E402
 import psycopg2  # noqa: E402
 from api_support import ApiServer, make_key, signed_request  # noqa: E402
-from common import machine, scratch_database  # noqa: E402
+from common import machine, scratch_database, tree_cpu  # noqa: E402
 
 from eventpush import catalog  # noqa: E402
 from eventpush.publish import publish  # noqa: E402
@@ -151,6 +151,7 @@ def main() -> None:
             script = Path(tmp) / "put_events.lua"
             script.write_text(LUA % {"body": body_path, "headers": headers})
             before = stored(url, "orders")
+            cpu_before = tree_cpu(server.proc.pid)
             run = subprocess.run(
                 [
                     wrk,
@@ -167,6 +168,7 @@ def main() -> None:
                 text=True,
                 timeout=args.seconds + 120,
             )
+            cpu = tree_cpu(server.proc.pid) - cpu_before
             metrics = httpx.get(server.url + "/metrics").text
         finally:
             server.stop()
@@ -194,6 +196,7 @@ def main() -> None:
     print(f"  non-200 answers {bad_status}, socket errors {socket_errors}")
     print(f"  events stored {events_stored:,} (answered: {requests * ENTRIES:,})")
     print(f"  latency p50 {p50:.1f} ms, p99 {p99:.1f} ms (goal <= 50)")
+    print(f"  server CPU {cpu:.1f} s: {cpu / max(requests, 1) * 1e6:,.0f} µs per request")
     if commits:
         print(f"  group commits in the last worker scraped: {commits:,.0f}")
     print(f"ratio API / publish: {rate_api / rate_publish:.2f} (goal >= 0.5)")

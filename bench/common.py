@@ -8,6 +8,7 @@ import platform
 import uuid
 from collections.abc import Iterator
 
+import psutil
 import psycopg2
 
 from eventpush.config import allow_loopback_receiver
@@ -44,3 +45,17 @@ def scratch_database(prefix: str = "eventpush_bench") -> Iterator[str]:
         with admin.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+def tree_cpu(pid: int | None = None) -> float:
+    """CPU seconds (user + system) of process ``pid`` (this one when None) and every process
+    under it; PostgreSQL's backends are not counted."""
+    total = 0.0
+    top = psutil.Process(pid)
+    for proc in [top, *top.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total

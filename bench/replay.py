@@ -37,27 +37,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import psutil  # noqa: E402
 import psycopg2  # noqa: E402
-from common import machine, scratch_database  # noqa: E402
+from common import machine, scratch_database, tree_cpu  # noqa: E402
 
 from eventpush import catalog  # noqa: E402
 from eventpush.catalog import TargetSpec  # noqa: E402
 from eventpush.demo.receiver import ReceiverProcess  # noqa: E402
-
-
-def tree_cpu() -> float:
-    """CPU seconds of this process and every process under it (Spark's JVM and Python
-    workers, the receiver); PostgreSQL's backends are not counted."""
-    total = 0.0
-    me = psutil.Process()
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
-    return total
 
 
 def seed(url: str, target_url: str, records: int, failures: bool, **spec) -> None:

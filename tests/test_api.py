@@ -592,3 +592,43 @@ def test_connections_and_api_destinations_through_the_api(api_env, events):
         events.delete_api_destination(Name="partner-api")
         assert events.delete_connection(Name="partner")["ConnectionState"] == "DELETING"
         assert events.list_api_destinations()["ApiDestinations"] == []
+
+
+def test_the_recomputed_signature_is_botocores():
+    """auth.expected_signature hands botocore's SigV4Auth a light request object in place of
+    an AWSRequest (cheaper): it must still be botocore's signature, query string and a header
+    with runs of spaces included, and any change to a signed part must refuse it."""
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    from eventpush.api import auth
+    from eventpush.api.errors import ApiError
+
+    secret = "s" * 40
+    body = b'{"Entries": [{"Source": "s", "DetailType": "t", "Detail": "{}"}]}'
+    url = "http://127.0.0.1:9/?b=2&a=1"
+    request = AWSRequest(
+        method="POST",
+        url=url,
+        data=body,
+        headers={
+            "Host": "127.0.0.1:9",
+            "X-Amz-Target": "AWSEvents.PutEvents",
+            "X-Custom": "  one   two  ",
+        },
+    )
+    SigV4Auth(Credentials("EPAKTESTTESTTESTTEST", secret), "events", "us-east-1").add_auth(request)
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    claim = auth.parse_authorization(headers["authorization"])
+    assert "x-custom" in claim.signed_headers
+    amz_date = headers["x-amz-date"]
+    auth.verify(auth.Received("POST", url, headers, body), claim, amz_date, secret, "us-east-1")
+    for changed in (
+        auth.Received("POST", url, headers, body + b" "),
+        auth.Received("POST", url.replace("a=1", "a=3"), headers, body),
+        auth.Received("POST", url, {**headers, "x-custom": "one two three"}, body),
+    ):
+        with pytest.raises(ApiError) as refused:
+            auth.verify(changed, claim, amz_date, secret, "us-east-1")
+        assert refused.value.code == "InvalidSignatureException"

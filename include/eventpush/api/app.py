@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import uuid
 from datetime import UTC, datetime
 
 import msgspec
@@ -27,8 +26,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from eventpush.api import archives, auth, buses, destinations, events, rules, targets
-from eventpush.api.errors import CONTENT_TYPE, ApiError, error_response
+from eventpush.api.errors import CONTENT_TYPE, ApiError, error_parts
 from eventpush.api.service import Call, Service, Settings
+from eventpush.publish import new_id
 
 log = logging.getLogger("eventpush.api")
 
@@ -66,6 +66,20 @@ class ApiMetrics:
             registry=self.registry,
         )
         self.registry.register(_GroupCommitCollector(service))
+        self._children: dict[tuple[str, str], tuple] = {}
+
+    def observe(self, operation: str, code: str, seconds: float) -> None:
+        """One answered request; each label set's children looked up once (``labels()``
+        costs more than the increment)."""
+        children = self._children.get((operation, code))
+        if children is None:
+            children = (
+                self.requests.labels(operation, code),
+                self.duration.labels(operation),
+            )
+            self._children[(operation, code)] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
 
 class _GroupCommitCollector:
@@ -84,24 +98,53 @@ class _GroupCommitCollector:
             yield family
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+class _Http:
+    """One ``POST /`` as ASGI hands it: headers with lower-case names (the first of repeated
+    ones, as Starlette's ``Headers.get``), and the pieces of the URL the signature covers."""
+
+    __slots__ = ("headers", "url")
+
+    def __init__(self, scope: dict) -> None:
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            key = name.decode("latin-1")
+            if key not in headers:
+                headers[key] = value.decode("latin-1")
+        self.headers = headers
+        query = scope.get("query_string", b"").decode("latin-1")
+        self.url = f"{scope.get('scheme', 'http')}://{headers.get('host', '')}{scope['path']}" + (
+            f"?{query}" if query else ""
+        )
+
+
+async def _read_body(receive, headers: dict[str, str], limit: int) -> bytes:
     """The body, refused with 413 as soon as it is known to pass ``limit``."""
     too_large = ApiError(
         "RequestEntityTooLargeException", f"request body is over the {limit}-byte limit"
     )
-    declared = request.headers.get("content-length")
+    declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Gone
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise too_large
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def _authenticate(request: Request, service: Service, body: bytes) -> Call:
+class _Gone(Exception):
+    """The client went away before its body arrived: nobody to answer."""
+
+
+async def _authenticate(request: _Http, service: Service, body: bytes) -> Call:
     headers = request.headers
     claim = auth.parse_authorization(headers.get("authorization"))
     if headers.get("x-amz-security-token"):
@@ -118,15 +161,13 @@ async def _authenticate(request: Request, service: Service, body: bytes) -> Call
             "UnrecognizedClientException", "The security token included in the request is invalid"
         )
     key, secret = found
-    query = f"?{request.url.query}" if request.url.query else ""
-    url = f"{request.url.scheme}://{headers.get('host', '')}{request.url.path}{query}"
-    received = auth.Received(request.method, url, headers, body)
+    received = auth.Received("POST", request.url, headers, body)
     auth.verify(received, claim, amz_date, secret, service.settings.region)
     return Call(service, key)
 
 
-def _operation(request: Request) -> str:
-    target = request.headers.get("x-amz-target", "")
+def _operation(headers: dict[str, str]) -> str:
+    target = headers.get("x-amz-target", "")
     operation = target.removeprefix(TARGET_PREFIX)
     if not target.startswith(TARGET_PREFIX) or operation not in OPERATIONS:
         raise ApiError(
@@ -147,33 +188,51 @@ def _document(body: bytes) -> dict:
     return doc
 
 
-async def handle(request: Request) -> Response:
-    service: Service = request.app.state.service
-    metrics: ApiMetrics = request.app.state.metrics
+async def handle(scope: dict, receive, send, service: Service, metrics: ApiMetrics) -> None:
+    """``POST /``, in plain ASGI: the hot path of every SDK call, so no routing and no
+    Request or Response objects (they cost as much as the SigV4 check)."""
     started = time.perf_counter()
     operation, code = "unknown", "OK"
+    request = _Http(scope)
     try:
-        body = await _read_body(request, service.settings.max_body)
+        body = await _read_body(receive, request.headers, service.settings.max_body)
         call = await _authenticate(request, service, body)
-        operation = _operation(request)
+        operation = _operation(request.headers)
         if call.key.role != "admin" and operation not in PRODUCER_OPERATIONS:
             raise ApiError(
                 "AccessDeniedException",
                 f"key {call.key.name} (producer) is not authorized to perform events:{operation}",
             )
         result = await OPERATIONS[operation](call, _document(body))
-        response = Response(_encode(result), media_type=CONTENT_TYPE)
+        status, payload, headers = 200, _encode(result), []
+    except _Gone:
+        return
     except ApiError as exc:
         code = exc.code
-        response = error_response(exc)
+        status, payload, headers = error_parts(exc)
     except Exception:
         log.exception("API operation %s failed", operation)
         code = "InternalException"
-        response = error_response(ApiError(code, "an internal error occurred; see the log"))
-    response.headers["x-amzn-RequestId"] = str(uuid.uuid4())
-    metrics.requests.labels(operation, code).inc()
-    metrics.duration.labels(operation).observe(time.perf_counter() - started)
-    return response
+        status, payload, headers = error_parts(
+            ApiError(code, "an internal error occurred; see the log")
+        )
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", _CONTENT_TYPE),
+                (b"content-length", str(len(payload)).encode()),
+                (b"x-amzn-requestid", new_id().encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
+    metrics.observe(operation, code, time.perf_counter() - started)
+
+
+_CONTENT_TYPE = CONTENT_TYPE.encode()
 
 
 async def healthz(request: Request) -> Response:
@@ -191,7 +250,28 @@ async def metrics_endpoint(request: Request) -> Response:
     return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
 
-def create_app(settings: Settings) -> Starlette:
+class EventsApp:
+    """``POST /`` served straight from ASGI (:func:`handle`); everything else (lifespan,
+    ``/healthz``, ``/metrics``, a wrong method on ``/``) by Starlette."""
+
+    def __init__(self, starlette: Starlette) -> None:
+        self.starlette = starlette
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/" and scope["method"] == "POST":
+            state = self.starlette.state
+            await handle(scope, receive, send, state.service, state.metrics)
+        else:
+            await self.starlette(scope, receive, send)
+
+
+async def _served_by_events_app(request: Request) -> Response:
+    """Never called (EventsApp answers ``POST /`` first): the route is there so that Starlette
+    answers another method on ``/`` with 405."""
+    raise AssertionError("POST / reached Starlette")
+
+
+def create_app(settings: Settings) -> EventsApp:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         service = Service(settings)
@@ -203,17 +283,19 @@ def create_app(settings: Settings) -> Starlette:
         finally:
             await service.close()
 
-    return Starlette(
-        routes=[
-            Route("/", handle, methods=["POST"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/metrics", metrics_endpoint, methods=["GET"]),
-        ],
-        lifespan=lifespan,
+    return EventsApp(
+        Starlette(
+            routes=[
+                Route("/", _served_by_events_app, methods=["POST"]),
+                Route("/healthz", healthz, methods=["GET"]),
+                Route("/metrics", metrics_endpoint, methods=["GET"]),
+            ],
+            lifespan=lifespan,
+        )
     )
 
 
-def app_from_env() -> Starlette:
+def app_from_env() -> EventsApp:
     """The app uvicorn imports in each worker (``--workers N``): settings from the
     environment ``eventpush api`` set."""
     from eventpush.config import database_url

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 
-from starlette.responses import Response
-
 CONTENT_TYPE = "application/x-amz-json-1.1"
 
 # The status AWS answers each code with; anything not listed is a client error (400).
@@ -42,14 +40,10 @@ def not_found(message: str) -> ApiError:
     return ApiError("ResourceNotFoundException", message)
 
 
-def error_response(error: ApiError) -> Response:
-    body = json.dumps({"__type": error.code, "message": error.message})
-    return Response(
-        body,
-        status_code=error.status,
-        media_type=CONTENT_TYPE,
-        headers={"x-amzn-ErrorType": error.code},
-    )
+def error_parts(error: ApiError) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """The HTTP status, body and extra headers (ASGI's byte pairs) that answer ``error``."""
+    body = json.dumps({"__type": error.code, "message": error.message}).encode()
+    return error.status, body, [(b"x-amzn-errortype", error.code.encode("latin-1"))]
 
 
 def catalog_error(exc: ValueError) -> ApiError:

@@ -20,7 +20,13 @@ import msgspec
 from eventpush.api.errors import ApiError, validation
 from eventpush.api.service import BusView, Call
 from eventpush.api.shapes import bus_name, check_owner, checked, required
-from eventpush.publish import MalformedEventError, Prepared, complete_event, encode_event
+from eventpush.publish import (
+    MalformedEventError,
+    Prepared,
+    complete_event,
+    encode_event,
+    new_ids,
+)
 
 MAX_ENTRIES = 10
 _decode = msgspec.json.Decoder().decode  # the hot path: several times json's speed
@@ -46,8 +52,11 @@ def _event_time(value: object, where: str) -> str | None:
     raise MalformedEventError(f"{where}: Time must be a timestamp")
 
 
-def entry_event(entry: object, bus: BusView, where: str, now_iso: str, queue_id: int) -> Prepared:
-    """One ``PutEventsRequestEntry`` as a stored event, or MalformedEventError."""
+def entry_event(
+    entry: object, bus: BusView, where: str, now_iso: str, queue_id: int, event_id: str
+) -> Prepared:
+    """One ``PutEventsRequestEntry`` as a stored event with id ``event_id``, or
+    MalformedEventError."""
     if not isinstance(entry, dict):
         raise MalformedEventError(f"{where}: an entry must be a structure")
     for member in ("Source", "DetailType", "Detail"):
@@ -62,7 +71,8 @@ def entry_event(entry: object, bus: BusView, where: str, now_iso: str, queue_id:
         raise _MalformedDetail(f"{where}: Detail is malformed (not JSON).") from None
     if not isinstance(detail, dict):
         raise _MalformedDetail(f"{where}: Detail is malformed (not a JSON object).")
-    event = {"version": "0", "detail-type": entry["DetailType"], "source": entry["Source"]}
+    event = {"version": "0", "id": event_id, "detail-type": entry["DetailType"]}
+    event["source"] = entry["Source"]
     event["account"] = bus.account
     time_text = _event_time(entry.get("Time"), where)
     if time_text is not None:
@@ -81,32 +91,72 @@ class _MalformedDetail(MalformedEventError):
     """AWS's ``MalformedDetail`` entry error."""
 
 
+async def _publish_groups(
+    call: Call, groups: dict[str, tuple[BusView, list[tuple[int, Prepared]]]]
+) -> list[BaseException | None]:
+    """Each bus's events in its group commit: ``None`` where stored, the error where not."""
+    publish = call.service.publisher.publish
+    if len(groups) == 1:  # the usual request, one bus: no tasks to make and gather
+        ((bus, items),) = groups.values()
+        try:
+            await publish(bus.source, [p for _, p in items])
+        except Exception as exc:
+            return [exc]
+        return [None]
+    return await asyncio.gather(
+        *(publish(bus.source, [p for _, p in items]) for bus, items in groups.values()),
+        return_exceptions=True,
+    )
+
+
+def _bus_names(call: Call, entries: list) -> list[tuple[str, tuple[str, str] | None]]:
+    """Each entry's bus (and the account and region an ARN claims), refused whole with
+    AccessDeniedException when the key may not use one; each spelling read once."""
+    seen: dict[str | None, tuple[str, tuple[str, str] | None]] = {}
+    names = []
+    for entry in entries:
+        raw = entry.get("EventBusName") if isinstance(entry, dict) else None
+        found = seen.get(raw) if raw is None or isinstance(raw, str) else None
+        if found is None:
+            found = bus_name(entry if isinstance(entry, dict) else {})
+            call.allow_bus(found[0])
+            if raw is None or isinstance(raw, str):
+                seen[raw] = found
+        names.append(found)
+    return names
+
+
 async def put_events(call: Call, body: dict) -> dict:
     entries = required(body, "Entries", list)
     if not 1 <= len(entries) <= MAX_ENTRIES:
         raise validation(
             f"member 'Entries' must hold 1 to {MAX_ENTRIES} entries, got {len(entries)}"
         )
-    names = []
-    for i, entry in enumerate(entries, start=1):
-        name, claimed = bus_name(entry if isinstance(entry, dict) else {})
-        call.allow_bus(name)
-        names.append((name, claimed, f"entry {i}"))
+    names = _bus_names(call, entries)
     results: list[dict | None] = [None] * len(entries)
     groups: dict[str, tuple[BusView, list[tuple[int, Prepared]]]] = {}
+    buses: dict[str, BusView | None] = {}  # each bus looked up once (None: no such bus)
     now_iso = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    for i, (entry, (name, claimed, where)) in enumerate(zip(entries, names, strict=True)):
-        try:
-            bus = groups[name][0] if name in groups else await call.bus(name)
-        except ApiError as exc:
-            if exc.code != "ResourceNotFoundException":
-                raise
-            results[i] = _entry_error(exc.code, f"Event bus {name} does not exist.")
+    ids = new_ids(len(entries))
+    first_queue = random.getrandbits(30)  # round robin from a random queue, as the CLI does
+    for i, (entry, (name, claimed)) in enumerate(zip(entries, names, strict=True)):
+        if name not in buses:
+            try:
+                buses[name] = await call.bus(name)
+            except ApiError as exc:
+                if exc.code != "ResourceNotFoundException":
+                    raise
+                buses[name] = None
+        bus = buses[name]
+        if bus is None:
+            results[i] = _entry_error(
+                "ResourceNotFoundException", f"Event bus {name} does not exist."
+            )
             continue
         check_owner(claimed, bus.account, bus.region, f"event bus {name}")
-        queue_id = random.randrange(bus.source.queues)
+        queue_id = (first_queue + i) % bus.source.queues
         try:
-            prepared = entry_event(entry, bus, where, now_iso, queue_id)
+            prepared = entry_event(entry, bus, f"entry {i + 1}", now_iso, queue_id, ids[i])
         except _MalformedDetail as exc:
             results[i] = _entry_error("MalformedDetail", str(exc))
             continue
@@ -114,13 +164,7 @@ async def put_events(call: Call, body: dict) -> dict:
             results[i] = _entry_error("InvalidArgument", str(exc))
             continue
         groups.setdefault(name, (bus, []))[1].append((i, prepared))
-    outcomes = await asyncio.gather(
-        *(
-            call.service.publisher.publish(bus.source, [p for _, p in items])
-            for bus, items in groups.values()
-        ),
-        return_exceptions=True,
-    )
+    outcomes = await _publish_groups(call, groups)
     stored = 0
     for (name, (_, items)), outcome in zip(groups.items(), outcomes, strict=True):
         if isinstance(outcome, BaseException):
