@@ -149,7 +149,11 @@ def airflow_env(url: str) -> dict[str, str]:
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
         "AIRFLOW_CONN_EVENTPUSH_DB": url,
-        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+        # In-process mode (eventpush.airflow.spark_submit): the DAG runs share this Airflow
+        # process, so their Spark jobs share one local JVM instead of a spark-submit each.
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(
+            {"conn_type": "spark", "host": "local[2]", "extra": {"in_process": True}}
+        ),
         "EVENTPUSH_DATABASE_URL": url,
         "GX_ANALYTICS_ENABLED": "False",
         "PYTHONWARNINGS": "ignore",
