@@ -6,11 +6,13 @@ time on a small machine, and the demo runs five DAGs. One process, started while
 prepares its data (it migrates Airflow's metadata database meanwhile), pays for that once,
 then runs each DAG the demo asks for, from dags/, one after another.
 
-Before its first request it also starts what the first batch run would otherwise start on the
-demo's clock, while the demo still publishes: with ``--spark MASTER`` (the in-process Spark
-connection the demo sets, ``eventpush.airflow.spark_submit``) the local SparkSession every
-job of the process then reuses, and Great Expectations' context the checks share. The DAG
-runs are the same; only where those start-ups fall changes.
+Beside its first runs it also starts, in a thread, what the first batch run would otherwise
+start on the demo's clock: with ``--spark MASTER`` (the in-process Spark connection the demo
+sets, ``eventpush.airflow.spark_submit``) the local SparkSession every job of the process then
+reuses, and Great Expectations' context the checks share. It overlaps the push, which mostly
+waits (for the slow target, for the dead one's records to age out); a job that comes first
+waits for the session being started (PySpark's builder lock). The DAG runs are the same; only
+where those start-ups fall changes.
 
 The parent writes one JSON request a line on the process's stdin (``{"dag_id", "conf"}``);
 the process answers each on a pipe of its own (``{"state", "failed"}`` or ``{"state":
@@ -24,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 
@@ -95,12 +98,12 @@ def warm(spark_master: str | None) -> None:
 
 
 def serve(reply_fd: int, spark_master: str | None = None) -> None:
-    """Migrate Airflow's metadata database, start what the runs share (``warm``), then run
-    each requested DAG and answer on ``reply_fd``; ends when stdin does."""
+    """Migrate Airflow's metadata database, start what the runs share (``warm``, in a
+    thread), and run each requested DAG, answering on ``reply_fd``; ends when stdin does."""
     from airflow.utils import db
 
     db.initdb()  # created from the models when new, upgraded otherwise
-    warm(spark_master)
+    threading.Thread(target=warm, args=(spark_master,), name="warm", daemon=True).start()
     folder = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
     with os.fdopen(reply_fd, "w") as replies:
         for line in sys.stdin:
