@@ -91,9 +91,15 @@ def warm(spark_master: str | None) -> None:
     from eventpush.quality.batch import gx_context
 
     if spark_master:
+        from pyspark.sql import functions as F
+
         from eventpush.sparkjobs.session import get_spark
 
-        get_spark(spark_master, app_name="eventpush-demo")
+        spark = get_spark(spark_master, app_name="eventpush-demo")
+        # A JVM's first query pays for loading and compiling Spark's query path and for
+        # starting the Python workers (which stay, spark.python.worker.reuse): one small
+        # query with a Python UDF pays for them here.
+        spark.range(4, numPartitions=2).select(F.udf(abs, "long")("id")).collect()
     gx_context()
 
 
