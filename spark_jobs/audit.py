@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from eventpush.config import database_url
     from eventpush.sparkjobs.audit import run_audit
-    from eventpush.sparkjobs.session import get_spark
+    from eventpush.sparkjobs.session import get_spark, release
 
     spark = get_spark(args.master, app_name="eventpush-audit")
     bus = args.bus or None  # the DAG passes "" for "every bus"
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         roll_up=args.roll_up,
     )
     print(json.dumps(result.to_json()))
-    spark.stop()
+    release(spark)
     return 0
 
 

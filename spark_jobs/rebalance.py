@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from eventpush.config import database_url
     from eventpush.sparkjobs.rebalance import run_rebalance
-    from eventpush.sparkjobs.session import get_spark
+    from eventpush.sparkjobs.session import get_spark, release
 
     spark = get_spark(args.master, app_name="eventpush-rebalance")
     result = run_rebalance(
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         run_label=args.label,
     )
     print(json.dumps(result.to_json()))
-    spark.stop()
+    release(spark)
     return 0
 
 

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from eventpush.config import database_url
     from eventpush.sparkjobs.replay import ReplayRequest, run_replay
-    from eventpush.sparkjobs.session import get_spark
+    from eventpush.sparkjobs.session import get_spark, release
 
     request = ReplayRequest(
         what=args.what,
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = get_spark(args.master, app_name="eventpush-replay")
     result = run_replay(spark, database_url(), request, run_label=args.label)
     print(json.dumps(result.to_json()))
-    spark.stop()
+    release(spark)
     return 0
 
 

@@ -109,6 +109,73 @@ def test_rebalance_dag_applies_an_even_assignment(bag, conn, spark_conn):
     assert all(g > 0 for *_, g in rows)
 
 
+@pytest.fixture
+def in_process_conn(monkeypatch, airflow_conn_env):
+    conn = {"conn_type": "spark", "host": "local[2]", "extra": {"in_process": True}}
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(conn))
+    return airflow_conn_env
+
+
+def test_in_process_connection_runs_every_job_on_one_session(
+    bag, conn, in_process_conn, receiver, monkeypatch
+):
+    """The connection's ``in_process`` extra: the real DAGs' jobs run in this process, on
+    one local session that the first starts and the next reuses (no spark-submit)."""
+    from pyspark.sql import SparkSession
+
+    from eventpush.airflow.spark_submit import EventpushSparkSubmitOperator
+
+    submitted = []
+    monkeypatch.setattr(
+        EventpushSparkSubmitOperator, "prepare_submit", lambda self, *a: submitted.append(a)
+    )
+    runner = make_runner(
+        conn, "orders", "all", "crm", {"source": ["app.orders"]}, url=f"{receiver.url}/ok"
+    )
+    catalog.create_worker(conn, "w1")
+    publish_lines(conn, "orders", events(5))
+    simulate_push(conn, runner, fail={0, 1})
+    run = bag.dags["eventpush_replay"].test(run_conf={"what": "failed", "bus": "orders"})
+    assert str(run.state) == "success", states(run)
+    session = SparkSession.getActiveSession()
+    assert session is not None  # started here and kept
+    app = session.sparkContext.applicationId
+    run = bag.dags["eventpush_rebalance"].test()
+    assert str(run.state) == "success", states(run)
+    assert SparkSession.getActiveSession().sparkContext.applicationId == app
+    assert session.range(3).count() == 3  # the jobs did not stop it
+    assert submitted == []  # nothing went through spark-submit
+    with conn.cursor() as cur:
+        cur.execute("SELECT status, selected, delivered, failed FROM event_replay_run")
+        assert cur.fetchall() == [("succeeded", 2, 2, 0)]
+        cur.execute("SELECT success FROM event_check_result WHERE suite = 'rebalance'")
+        assert cur.fetchall() == [(True,)]
+
+
+@pytest.mark.parametrize(
+    "conn_doc, message",
+    [
+        (
+            {"conn_type": "spark", "host": "spark://127.0.0.2:7077", "extra": {"in_process": True}},
+            "local masters only",
+        ),
+        (
+            {"conn_type": "spark", "host": "local[2]", "extra": {"in_process": "yes"}},
+            "true or false",
+        ),
+    ],
+)
+def test_in_process_is_refused_unless_local_and_boolean(
+    monkeypatch, airflow_conn_env, conn_doc, message
+):
+    from eventpush.airflow.spark_submit import in_process
+    from eventpush.sparkjobs.session import SparkSetupError, require_airflow_master
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(conn_doc))
+    with pytest.raises(SparkSetupError, match=message):
+        in_process("spark_default", require_airflow_master())
+
+
 def gap_events() -> list:
     """The events of the gaps asset in Airflow's metadata database, oldest first."""
     from airflow.models.asset import AssetEvent, AssetModel

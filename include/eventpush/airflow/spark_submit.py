@@ -9,10 +9,22 @@ set, the Python and ``spark-submit`` of this installation, and for a master that
 ``local[...]`` the executors' packed Python environment (``--archives``, see
 ``eventpush.sparkjobs.pyenv``). A missing Spark connection
 fails the task with a message instead of meaning YARN.
+
+**In-process mode.** A Spark connection with a ``local[...]`` master and the extra
+``{"in_process": true}`` runs the job's ``main()`` inside the task's own process instead of a
+``spark-submit`` JVM of its own: the job's local SparkSession is started there and kept for
+the process's next job (``eventpush.sparkjobs.session.shared_sessions``). Under a
+LocalExecutor or Celery each task is a process of its own, so this saves only the
+``spark-submit`` launcher; where one process runs many tasks (``airflow dags test``,
+``DAG.test()``, the demo) the JVM, its Python workers and the loaded libraries serve them all.
+The same checks apply as for a submission (the database URL in a private file, the
+connection required); a master that is not local is refused, since a cluster's driver
+belongs in ``spark-submit``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -29,6 +41,27 @@ from eventpush.sparkjobs.session import SparkSetupError
 JOBS_DIR = Path(
     os.environ.get("EVENTPUSH_SPARK_JOBS", Path(__file__).resolve().parents[3] / "spark_jobs")
 )
+IN_PROCESS = "in_process"  # the Spark connection's extra that asks for in-process mode
+
+
+def in_process(conn_id: str, master: str) -> bool:
+    """Whether connection ``conn_id`` asks for in-process runs: its extra ``in_process``, a
+    boolean, and only with a ``local[...]`` master."""
+    # Deferred: Airflow's SDK is loaded only when an Airflow task calls this.
+    from airflow.sdk import BaseHook
+
+    value = BaseHook.get_connection(conn_id).extra_dejson.get(IN_PROCESS, False)
+    if not isinstance(value, bool):
+        raise SparkSetupError(
+            f"Airflow connection {conn_id!r}: extra {IN_PROCESS!r} must be true or false, "
+            f"got {value!r}"
+        )
+    if value and not master.startswith("local"):
+        raise SparkSetupError(
+            f"Airflow connection {conn_id!r}: {IN_PROCESS!r} is for local masters only, "
+            f"not {master}: a cluster's driver is started by spark-submit"
+        )
+    return value
 
 
 class EventpushSparkSubmitOperator(SparkSubmitOperator):
@@ -39,8 +72,13 @@ class EventpushSparkSubmitOperator(SparkSubmitOperator):
         from eventpush.sparkjobs.session import on_loopback, require_airflow_master
 
         master = require_airflow_master(self._conn_id)
-        self.log.info("submitting %s to %s", Path(self.application).name, master)
         secrets = Path(tempfile.mkdtemp(prefix="eventpush-submit-"))
+        if in_process(self._conn_id, master):
+            try:
+                return self.run_in_process(secrets, master)
+            finally:
+                shutil.rmtree(secrets, ignore_errors=True)
+        self.log.info("submitting %s to %s", Path(self.application).name, master)
         try:
             self.prepare_submit(secrets, master)
             if on_loopback(master):
@@ -52,6 +90,26 @@ class EventpushSparkSubmitOperator(SparkSubmitOperator):
             # spark-submit has returned: a local or client-mode driver is done with the
             # files, and a cluster-mode one got its copy through --files at submit time.
             shutil.rmtree(secrets, ignore_errors=True)
+
+    def run_in_process(self, secrets: Path, master: str) -> None:
+        """The job's ``main()`` in this process, on the process's shared local session, with
+        the database URL in a private file as a submission has it."""
+        # Deferred: the Spark jobs are loaded only by the batch commands.
+        from eventpush.sparkjobs.session import environment, shared_sessions, write_private
+
+        path = Path(self.application)
+        self.log.info("running %s in-process on %s", path.name, master)
+        spec = importlib.util.spec_from_file_location(f"eventpush_spark_job_{path.stem}", path)
+        if spec is None or spec.loader is None:
+            raise SparkSetupError(f"{path} is not a Python file")
+        job = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(job)
+        args = [str(a) for a in self.application_args or []] + ["--master", master]
+        url_file = str(write_private("database-url", database_url(), secrets))
+        with environment({FILE_ENV_VAR: url_file}), shared_sessions():
+            code = job.main(args)
+        if code:
+            raise RuntimeError(f"{path.name} ended with exit code {code}")
 
     def prepare_submit(self, secrets: Path, master: str) -> None:
         """Point the submission at the package, the driver and the secrets in ``secrets``

@@ -6,6 +6,14 @@ time on a small machine, and the demo runs five DAGs. One process, started while
 prepares its data (it migrates Airflow's metadata database meanwhile), pays for that once,
 then runs each DAG the demo asks for, from dags/, one after another.
 
+Beside its first runs it also starts, in a thread, what the first batch run would otherwise
+start on the demo's clock: with ``--spark MASTER`` (the in-process Spark connection the demo
+sets, ``eventpush.airflow.spark_submit``) the local SparkSession every job of the process then
+reuses, and Great Expectations' context the checks share. It overlaps the push, which mostly
+waits (for the slow target, for the dead one's records to age out); a job that comes first
+waits for the session being started (PySpark's builder lock). The DAG runs are the same; only
+where those start-ups fall changes.
+
 The parent writes one JSON request a line on the process's stdin (``{"dag_id", "conf"}``);
 the process answers each on a pipe of its own (``{"state", "failed"}`` or ``{"state":
 "error", "error"}``), since the tasks' own output goes to its stdout and stderr, which go to
@@ -18,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 
@@ -25,13 +34,14 @@ class DagRuns:
     """The Airflow process, seen from the demo: ``run(dag_id, conf)`` runs one DAG to its end
     and raises ``RuntimeError`` (naming the failed tasks and the log) unless it succeeded."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, spark: str | None = None) -> None:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         read_end, write_end = os.pipe()
         with log_path.open("w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "eventpush.demo.dag_runs", str(write_end)],
+                [sys.executable, "-m", "eventpush.demo.dag_runs", str(write_end)]
+                + (["--spark", spark] if spark else []),
                 env=env,
                 stdin=subprocess.PIPE,
                 stdout=log,
@@ -75,12 +85,31 @@ def _run(folder: Path, dag_id: str, conf: dict) -> dict:
     return {"state": str(run.state), "failed": failed}
 
 
-def serve(reply_fd: int) -> None:
-    """Migrate Airflow's metadata database, then run each requested DAG and answer on
-    ``reply_fd``; ends when stdin does."""
+def warm(spark_master: str | None) -> None:
+    """Start the shared local SparkSession (when ``spark_master`` is given) and GX's context,
+    which the first batch run would otherwise start."""
+    from eventpush.quality.batch import gx_context
+
+    if spark_master:
+        from pyspark.sql import functions as F
+
+        from eventpush.sparkjobs.session import get_spark
+
+        spark = get_spark(spark_master, app_name="eventpush-demo")
+        # A JVM's first query pays for loading and compiling Spark's query path and for
+        # starting the Python workers (which stay, spark.python.worker.reuse): one small
+        # query with a Python UDF pays for them here.
+        spark.range(4, numPartitions=2).select(F.udf(abs, "long")("id")).collect()
+    gx_context()
+
+
+def serve(reply_fd: int, spark_master: str | None = None) -> None:
+    """Migrate Airflow's metadata database, start what the runs share (``warm``, in a
+    thread), and run each requested DAG, answering on ``reply_fd``; ends when stdin does."""
     from airflow.utils import db
 
     db.initdb()  # created from the models when new, upgraded otherwise
+    threading.Thread(target=warm, args=(spark_master,), name="warm", daemon=True).start()
     folder = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
     with os.fdopen(reply_fd, "w") as replies:
         for line in sys.stdin:
@@ -94,4 +123,4 @@ def serve(reply_fd: int) -> None:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    serve(int(sys.argv[1]), sys.argv[3] if sys.argv[2:3] == ["--spark"] else None)

@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[3]
 DEMO_DB = "eventpush_demo"
 SECRET = "whsec_ZGVtby1zZWNyZXQtZm9yLWV2ZW50cHVzaC1kZW1v"
 console = Console(width=max(Console().width, 110))
+SPARK_MASTER = "local[2]"
 
 RULES = {
     # team: (rule name, pattern, target name, receiver path, target options)
@@ -149,7 +150,11 @@ def airflow_env(url: str) -> dict[str, str]:
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
         "AIRFLOW_CONN_EVENTPUSH_DB": url,
-        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+        # In-process mode (eventpush.airflow.spark_submit): the DAG runs share this Airflow
+        # process, so their Spark jobs share one local JVM instead of a spark-submit each.
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(
+            {"conn_type": "spark", "host": SPARK_MASTER, "extra": {"in_process": True}}
+        ),
         "EVENTPUSH_DATABASE_URL": url,
         "GX_ANALYTICS_ENABLED": "False",
         "PYTHONWARNINGS": "ignore",
@@ -232,8 +237,9 @@ def main() -> None:
     console.print(f"demo database: [cyan]{DEMO_DB}[/] (migrated)")
     env = airflow_env(url)
     receiver = ReceiverProcess(args.port)
-    # Airflow starts (and migrates its metadata database) while the shop is set up.
-    runs = DagRuns(env, Path(env["AIRFLOW_HOME"]) / "demo-dag-runs.log")
+    # Airflow starts (migrates its metadata database, starts the Spark session the jobs share)
+    # while the shop is set up and publishes.
+    runs = DagRuns(env, Path(env["AIRFLOW_HOME"]) / "demo-dag-runs.log", spark=SPARK_MASTER)
     try:
         conn = psycopg2.connect(url)
         catalog.create_bus(conn, "commerce", 4, "orders and payments of the demo shop")

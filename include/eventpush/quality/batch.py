@@ -55,6 +55,12 @@ def _gx():
     return gx, _context
 
 
+def gx_context():
+    """The process's GX context, made now when it is not yet: a process about to run suites
+    may start it ahead (the demo's Airflow process, while the demo publishes)."""
+    return _gx()[1]
+
+
 def _summary(expectation_type: str, kwargs: dict, result: dict) -> str:
     column = kwargs.get("column") or kwargs.get("column_A") or kwargs.get("column_list") or ""
     seen = result.get("observed_value")

@@ -28,6 +28,8 @@ import shutil
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -191,6 +193,21 @@ def package_zip() -> str:
     return str(target)
 
 
+@contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` set in this process's environment for the block, then restored."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def get_spark(master: str | None = None, app_name: str = "eventpush", shuffle_partitions: int = 8):
     """The active SparkSession, or a new one configured for eventpush."""
     # Deferred: PySpark is loaded only inside a Spark job.
@@ -239,16 +256,10 @@ def get_spark(master: str | None = None, app_name: str = "eventpush", shuffle_pa
     if properties:
         rest = os.environ.get("PYSPARK_SUBMIT_ARGS") or "pyspark-shell"
         launch_env["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(properties)} {rest}"
-    saved = {key: os.environ.get(key) for key in launch_env}
-    os.environ.update(launch_env)
     try:
-        spark = builder.getOrCreate()
+        with environment(launch_env):
+            spark = builder.getOrCreate()
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         if properties:
             os.unlink(properties)  # the JVM has read it
     spark.sparkContext.setLogLevel("WARN")
@@ -257,6 +268,28 @@ def get_spark(master: str | None = None, app_name: str = "eventpush", shuffle_pa
         # On a cluster, say which Python the executors run: a wrong one is the first suspect.
         print(EXECUTOR_PYTHON_MARK, json.dumps(executor_pythons(spark)), file=sys.stderr)
     return spark
+
+
+_sharing = 0  # > 0 while an in-process run keeps its session for the process's next job
+
+
+@contextmanager
+def shared_sessions() -> Iterator[None]:
+    """Within, ``release`` keeps the session running: an in-process job's JVM and Python
+    workers then serve the next job of the same process (the Airflow operator's in-process
+    mode) rather than being started again; they end with the process."""
+    global _sharing
+    _sharing += 1
+    try:
+        yield
+    finally:
+        _sharing -= 1
+
+
+def release(spark) -> None:
+    """A job is done with ``spark``: stopped, unless inside ``shared_sessions``."""
+    if not _sharing:
+        spark.stop()
 
 
 EXECUTOR_PYTHON_MARK = "eventpush: executors' Python:"
