@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eventpush import access_keys, catalog
-from eventpush.config import allow_loopback_receiver
+from eventpush.config import allow_loopback_receiver, redact_url
 from eventpush.demo.dag_runs import DagRuns
 from eventpush.demo.front_door import ApiProcess, put_events
 from eventpush.demo.receiver import ReceiverProcess
@@ -317,7 +317,11 @@ def main() -> None:
     )
     console.rule()
     console.print(f"report: [cyan]{path}[/]")
-    console.print(f"inspect it yourself: EVENTPUSH_DATABASE_URL={url} .venv/bin/eventpush status")
+    shown = redact_url(url)  # the private cluster's URL carries a password: never printed
+    masked = " (credentials masked: yours, as in EVENTPUSH_DATABASE_URL)" if shown != url else ""
+    console.print(
+        f"inspect it yourself: EVENTPUSH_DATABASE_URL={shown} .venv/bin/eventpush status{masked}"
+    )
     console.print(f"demo finished in {time.monotonic() - started:.0f} s; nothing left running")
 
 
