@@ -77,13 +77,15 @@ def eventpush_replay() -> None:
         """Refuse impossible requests with a clear message; the job's arguments otherwise."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from eventpush.airflow.connection import database_url
+        from eventpush.airflow.hook import EventpushHook
         from eventpush.sparkjobs.replay import ReplayRequestError, checked_job_args
 
         context = get_current_context()
         run = context["dag_run"]
         try:
-            return checked_job_args(database_url(), dict(context["params"]), run.run_id, run.conf)
+            return checked_job_args(
+                EventpushHook().get_uri(), dict(context["params"]), run.run_id, run.conf
+            )
         except ReplayRequestError as exc:
             raise AirflowFailException(f"replay request refused: {exc}") from None
 
@@ -95,10 +97,10 @@ def eventpush_replay() -> None:
     @task
     def report() -> dict[str, Any]:
         """The counts of this run's replay, as recorded by the job."""
-        from eventpush.airflow.connection import database_url
+        from eventpush.airflow.hook import EventpushHook
         from eventpush.sparkjobs.replay import recorded_run
 
-        result = recorded_run(database_url(), get_current_context()["dag_run"].run_id)
+        result = recorded_run(EventpushHook().get_uri(), get_current_context()["dag_run"].run_id)
         print(f"replay {result['replay_id']}: {result}")
         return result
 
