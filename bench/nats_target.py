@@ -159,11 +159,8 @@ async def sink_alone(
 
     async def sender() -> None:
         for i in starts:
-            token = tracing.OUTGOING.set(tracing.unrecorded_traceparent(records[i].event))
-            try:
-                outcome = await sink.send(spec, records[i : i + batch], None)
-            finally:
-                tracing.OUTGOING.reset(token)
+            traceparent = tracing.unrecorded_traceparent(records[i].event)
+            outcome = await sink.send(spec, records[i : i + batch], None, traceparent)
             assert outcome.kind == DELIVERED, outcome
 
     try:

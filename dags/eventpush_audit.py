@@ -114,8 +114,7 @@ def eventpush_audit() -> None:
         """The window and bus to audit, and the job's arguments."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from eventpush.airflow.connection import database_url
-        from eventpush.db import connection, transaction
+        from eventpush.airflow.hook import EventpushHook
         from eventpush.sparkjobs.forms import FormError, audit_flag, audit_window
 
         context = get_current_context()
@@ -131,11 +130,8 @@ def eventpush_audit() -> None:
         except FormError as exc:
             raise AirflowFailException(f"audit request refused: {exc}") from None
         since, until = since_at.isoformat(), until_at.isoformat()
-        if bus:
-            with connection(database_url()) as conn, transaction(conn) as cur:
-                cur.execute("SELECT 1 FROM event_bus WHERE name = %s", (bus,))
-                if cur.fetchone() is None:
-                    raise AirflowFailException(f"unknown bus {bus!r}")
+        if bus and not EventpushHook().bus_exists(bus):
+            raise AirflowFailException(f"unknown bus {bus!r}")
         args = ["--since", since, "--until", until] + (["--bus", bus] if bus else [])
         args += ["--verify-sinks"] if verify else []
         args += ["--roll-up"] if audit_flag(dict(context["params"]), "roll_up") else []
@@ -147,38 +143,31 @@ def eventpush_audit() -> None:
     @task
     def report(spec: dict[str, Any]) -> dict[str, Any]:
         """The report the job wrote for this window."""
-        from eventpush.airflow.connection import database_url
-        from eventpush.db import connection, transaction
+        from eventpush.airflow.hook import EventpushHook
 
-        with connection(database_url()) as conn, transaction(conn) as cur:
-            cur.execute(
-                "SELECT id, expected, missing, coalesce(absent, 0), runners "
-                "FROM event_audit_report "
-                "WHERE window_start = %s AND window_end = %s AND bus IS NOT DISTINCT FROM %s "
-                "ORDER BY id DESC LIMIT 1",
-                (spec["since"], spec["until"], spec["bus"]),
-            )
-            row = cur.fetchone()
-        if row is None:
+        found = EventpushHook().audit_report(spec["since"], spec["until"], spec["bus"])
+        if found is None:
             raise RuntimeError("the audit job wrote no report for this window")
-        report_id, expected, missing, absent, runners = row
-        print(f"audit report {report_id}: {expected} expected, {missing} missing, {absent} absent")
+        print(
+            f"audit report {found.report_id}: {found.expected} expected, {found.missing} "
+            f"missing, {found.absent} absent"
+        )
         return {
             **spec,
-            "report_id": report_id,
-            "missing": missing,
-            "absent": absent,
-            "runners": runners,
+            "report_id": found.report_id,
+            "missing": found.missing,
+            "absent": found.absent,
+            "runners": found.runners,
         }
 
     @task(on_failure_callback=alerts.audit_failed, on_success_callback=alerts.audit_passed)
     def check(report: dict[str, Any]) -> dict[str, Any]:
         """Great Expectations: no missing record, counts add up. Fails the run otherwise."""
-        from eventpush.airflow.connection import database_url
+        from eventpush.airflow.hook import EventpushHook
         from eventpush.quality.batch import check_audit
 
         label = f"{get_current_context()['dag_run'].run_id} report {report['report_id']}"
-        return check_audit(report["runners"], label, database_url()).statistics
+        return check_audit(report["runners"], label, EventpushHook().get_uri()).statistics
 
     @task(outlets=[GAPS])
     def publish_gaps(report: dict[str, Any]) -> dict[str, Any]:

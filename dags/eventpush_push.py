@@ -91,10 +91,10 @@ def eventpush_push() -> None:
     @task
     def list_workers() -> list[str]:
         """The enabled workers that have runners (none: the run ends, the next one looks)."""
-        from eventpush.airflow.connection import database_url
+        from eventpush.airflow.hook import EventpushHook
         from eventpush.airflow.push_slice import push_workers
 
-        return push_workers(database_url())
+        return push_workers(EventpushHook().get_uri())
 
     PushSliceSensor.partial(
         task_id="push",

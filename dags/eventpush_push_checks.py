@@ -57,10 +57,10 @@ def eventpush_push_checks() -> None:
         and fails when the worker's lag is past ``EVENTPUSH_ALERT_LAG_EVENTS`` (an alert)."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from eventpush.airflow.connection import database_url
+        from eventpush.airflow.hook import EventpushHook
         from eventpush.quality.push_slice import check_push_slice
 
-        url = database_url()
+        url = EventpushHook().get_uri()
         before, after, report = pushed["before"], pushed["after"], pushed["report"]
         outcome = check_push_slice(url, before, after, report, pushed["label"])
         lagging = alerts.push_lag_check(url, before["worker"])

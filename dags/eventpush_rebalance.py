@@ -72,17 +72,14 @@ def eventpush_rebalance() -> None:
         """Workers and runners are there to balance; the job's arguments."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from eventpush.airflow.connection import database_url
-        from eventpush.db import connection, transaction
+        from eventpush.airflow.hook import EventpushHook
 
         context = get_current_context()
-        with connection(database_url()) as conn, transaction(conn) as cur:
-            cur.execute("SELECT count(*) FILTER (WHERE enabled), count(*) FROM event_push_worker")
-            enabled, workers = cur.fetchone()
-            cur.execute("SELECT count(*) FROM event_target_runner WHERE deleted_at IS NULL")
-            runners = cur.fetchone()[0]
-        print(f"{runners} runners, {enabled} of {workers} workers enabled")
-        if runners and not enabled:
+        found = EventpushHook().placement()
+        print(
+            f"{found.runners} runners, {found.enabled_workers} of {found.workers} workers enabled"
+        )
+        if found.runners and not found.enabled_workers:
             raise AirflowFailException("no enabled worker to place runners on")
         params = context["params"]
         args = ["--label", context["dag_run"].run_id]
@@ -94,19 +91,10 @@ def eventpush_rebalance() -> None:
     @task(on_success_callback=alerts.rebalance_passed)
     def report() -> dict[str, Any]:
         """The proposal check's outcome and the assignment's current generation."""
-        from eventpush.airflow.connection import database_url
-        from eventpush.db import connection, transaction
+        from eventpush.airflow.hook import EventpushHook
 
         run_id = get_current_context()["dag_run"].run_id
-        with connection(database_url()) as conn, transaction(conn) as cur:
-            cur.execute(
-                "SELECT success, statistics FROM event_check_result "
-                "WHERE suite = 'rebalance' AND run_label = %s ORDER BY id DESC LIMIT 1",
-                (run_id,),
-            )
-            row = cur.fetchone()
-            cur.execute("SELECT max(generation) FROM event_assignment")
-            generation = cur.fetchone()[0]
+        row, generation = EventpushHook().rebalance_outcome(run_id)
         if row is None or not row[0]:
             raise RuntimeError(f"no passing rebalance check recorded for {run_id}")
         return {"generation": generation, "check": row[1]}

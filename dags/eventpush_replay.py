@@ -53,13 +53,9 @@ from typing import Any
 from airflow.sdk import Param, dag, get_current_context, task
 
 from eventpush.airflow.spark_submit import spark_job
-from eventpush.sparkjobs.forms import MAX_MESSAGE_ID_LENGTH, MAX_MESSAGE_IDS, replay_limits
+from eventpush.sparkjobs.forms import form_params, replay_limits
 
 LIMITS = replay_limits()
-
-
-def optional(kind: str, title: str, description: str, **schema: Any) -> Param:
-    return Param(None, type=["null", kind], title=title, description=description, **schema)
 
 
 @dag(
@@ -73,54 +69,7 @@ def optional(kind: str, title: str, description: str, **schema: Any) -> Param:
     tags=["eventpush", "replay", "spark"],
     default_args={"owner": "eventpush", "retries": 0},
     render_template_as_native_obj=True,
-    params={
-        "what": Param(
-            "failed",
-            type="string",
-            enum=["failed", "missing", "all"],
-            title="What to replay",
-            description="failed records, audit gaps (missing), or every matching event (all)",
-        ),
-        "bus": optional("string", "Bus", "only runners of this bus; empty for every bus"),
-        "rule": optional("string", "Rule", "only runners of this rule"),
-        "target": optional("string", "Target", "only this target's runner"),
-        "since": optional(
-            "string", "Since", "window start (ISO 8601), inclusive", format="date-time"
-        ),
-        "until": optional(
-            "string", "Until", "window end (ISO 8601), exclusive", format="date-time"
-        ),
-        "message_ids": Param(
-            [],
-            type="array",
-            items={"type": "string", "minLength": 1, "maxLength": MAX_MESSAGE_ID_LENGTH},
-            maxItems=MAX_MESSAGE_IDS,
-            title="Message ids",
-            description="only these events (their ids); empty for any",
-        ),
-        "max_count": optional(
-            "integer",
-            "Maximum count",
-            f"replay at most this many records (at most {LIMITS.max_count})",
-            minimum=1,
-            maximum=LIMITS.max_count,
-        ),
-        "rate_limit": optional(
-            "number",
-            "Rate limit",
-            f"at most this many records per second (at least {LIMITS.min_rate:g})",
-            minimum=LIMITS.min_rate,
-        ),
-        "dry_run": Param(
-            False, type="boolean", title="Dry run", description="select and check only"
-        ),
-        "everything": Param(
-            False,
-            type="boolean",
-            title="Everything",
-            description="what=all without a window: every event ever published (on purpose)",
-        ),
-    },
+    params={name: Param(**kw) for name, kw in form_params(LIMITS).items()},
 )
 def eventpush_replay() -> None:
     @task
@@ -128,13 +77,15 @@ def eventpush_replay() -> None:
         """Refuse impossible requests with a clear message; the job's arguments otherwise."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from eventpush.airflow.connection import database_url
+        from eventpush.airflow.hook import EventpushHook
         from eventpush.sparkjobs.replay import ReplayRequestError, checked_job_args
 
         context = get_current_context()
         run = context["dag_run"]
         try:
-            return checked_job_args(database_url(), dict(context["params"]), run.run_id, run.conf)
+            return checked_job_args(
+                EventpushHook().get_uri(), dict(context["params"]), run.run_id, run.conf
+            )
         except ReplayRequestError as exc:
             raise AirflowFailException(f"replay request refused: {exc}") from None
 
@@ -146,10 +97,10 @@ def eventpush_replay() -> None:
     @task
     def report() -> dict[str, Any]:
         """The counts of this run's replay, as recorded by the job."""
-        from eventpush.airflow.connection import database_url
+        from eventpush.airflow.hook import EventpushHook
         from eventpush.sparkjobs.replay import recorded_run
 
-        result = recorded_run(database_url(), get_current_context()["dag_run"].run_id)
+        result = recorded_run(EventpushHook().get_uri(), get_current_context()["dag_run"].run_id)
         print(f"replay {result['replay_id']}: {result}")
         return result
 

@@ -52,8 +52,8 @@ def eventpush_replay_gaps() -> None:
         from airflow.sdk import Variable
         from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-        from eventpush.airflow.connection import database_url
         from eventpush.airflow.gaps import SWITCH, replay_form, switch_on
+        from eventpush.airflow.hook import EventpushHook
         from eventpush.sparkjobs.replay import ReplayRequestError, checked_job_args
 
         context = get_current_context()
@@ -74,7 +74,7 @@ def eventpush_replay_gaps() -> None:
         label = context["dag_run"].run_id
         print(f"replaying {form} for {len(events)} gap event(s)")
         try:
-            return checked_job_args(database_url(), form, label)
+            return checked_job_args(EventpushHook().get_uri(), form, label)
         except ReplayRequestError as exc:
             raise AirflowFailException(f"gap replay refused: {exc}") from None
 
@@ -85,10 +85,10 @@ def eventpush_replay_gaps() -> None:
     @task
     def report() -> dict[str, Any]:
         """The counts of this run's replay, as recorded by the job."""
-        from eventpush.airflow.connection import database_url
+        from eventpush.airflow.hook import EventpushHook
         from eventpush.sparkjobs.replay import recorded_run
 
-        result = recorded_run(database_url(), get_current_context()["dag_run"].run_id)
+        result = recorded_run(EventpushHook().get_uri(), get_current_context()["dag_run"].run_id)
         print(f"replay {result['replay_id']}: {result}")
         return result
 

@@ -48,11 +48,10 @@ def eventpush_retention() -> None:
     @task
     def maintain() -> dict[str, Any]:
         """Make partitions ahead, drop those behind retention, prune old failure rows."""
-        from eventpush.airflow.connection import database_url
-        from eventpush.db import connection
+        from eventpush.airflow.hook import EventpushHook
         from eventpush.partitions import maintain
 
-        with connection(database_url()) as conn:
+        with EventpushHook().connection() as conn:
             report = maintain(conn)
         print(
             f"{len(report.created)} partitions made, {len(report.dropped)} dropped, "
@@ -63,17 +62,16 @@ def eventpush_retention() -> None:
     @task
     def check(report: dict[str, Any]) -> dict[str, Any]:
         """Great Expectations: days ahead made, nothing left behind retention."""
-        from eventpush.airflow.connection import database_url
-        from eventpush.db import connection
+        from eventpush.airflow.hook import EventpushHook
         from eventpush.partitions import layout
         from eventpush.quality.batch import check_retention
 
-        url = database_url()
-        with connection(url) as conn:
+        hook = EventpushHook()
+        with hook.connection() as conn:
             rows = layout(conn)
         label = f"{get_current_context()['dag_run'].run_id} retention"
         return {"tables": len(rows), "dropped": len(report["dropped"])} | dict(
-            check_retention(rows, label, url).statistics
+            check_retention(rows, label, hook.get_uri()).statistics
         )
 
     check(maintain())

@@ -7,11 +7,13 @@ from eventpush.addresses import InvalidTargetUrlError
 from eventpush.sinks.contract import DELIVERED, FINAL, RETRY, Outcome
 
 SENT: list[tuple[str, list[str], list[bytes]]] = []  # (runner, message ids, bodies)
+TRACED: list[tuple[list[str], str | None]] = []  # AnsweringSink's (message ids, traceparent)
 
 
 class MemorySink:
     """``memory://BOX``: keeps what it is sent; a record whose event says ``"refuse": true``
-    is refused for good."""
+    is refused for good. Its ``send`` takes no ``traceparent``, as plug-ins written before
+    the contract had one: the registry sends to it without."""
 
     def __init__(self, policy) -> None:
         self.policy = policy
@@ -48,7 +50,8 @@ class AnsweringSink:
             raise InvalidTargetUrlError(f"target URL {url!r} must be answering://BOX")
         return url
 
-    async def send(self, target, records, transform) -> Outcome:
+    async def send(self, target, records, transform, traceparent) -> Outcome:
+        TRACED.append(([r.message_id for r in records], traceparent))
         answers = []
         for r in records:
             detail = r.event.get("detail", {})

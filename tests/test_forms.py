@@ -5,12 +5,21 @@ real console script."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from eventpush.config import ConfigError
-from eventpush.sparkjobs.forms import FormError, audit_window, replay_limits
+from eventpush.sparkjobs.forms import (
+    FORM_FIELDS,
+    FormError,
+    audit_window,
+    form_params,
+    job_parser,
+    replay_limits,
+    request_from_args,
+)
 from eventpush.sparkjobs.replay import (
     ReplayRequest,
     ReplayRequestError,
@@ -96,6 +105,40 @@ def test_replay_form_reads_naive_times_as_utc_and_passes_everything_on():
         request_from_form({"rate_limit": "fast"})
     with pytest.raises(ReplayRequestError, match="since 'yesterday' is not an ISO 8601"):
         request_from_form({"since": "yesterday"})
+
+
+def test_one_description_gives_the_argv_the_options_and_the_form():
+    """The replay request's fields, written once (``forms.ReplayRequest``), make the job's
+    arguments, which its parser reads back to the same request; the CLI's options and the
+    DAG's form are the same fields."""
+    from eventpush.cli.batch import replay
+
+    full = ReplayRequest(
+        what="all",
+        bus="orders",
+        rule="r",
+        target="t",
+        since=datetime(2026, 1, 1, tzinfo=UTC),
+        until=datetime(2026, 1, 2, 3, tzinfo=UTC),
+        message_ids=("a", "b"),
+        max_count=7,
+        rate_limit=2.5,
+        dry_run=True,
+        everything=True,
+        pattern_version="current",
+        label="run-1",
+    )
+    for req in (full, ReplayRequest()):
+        assert request_from_args(job_parser().parse_args(job_args(req))) == req
+    assert job_args(full)[:4] == ["--what", "all", "--bus", "orders"]
+    assert job_args(full).count("--message-id") == 2
+    assert job_args(ReplayRequest()) == []  # every field at its default
+    options = {p.name for p in replay.params} - {"as_json"}
+    assert options == set(ReplayRequest.__dataclass_fields__) - {"label"}
+    assert list(form_params(replay_limits())) == list(FORM_FIELDS)
+    assert "pattern_version" not in FORM_FIELDS and "label" not in FORM_FIELDS
+    form = {k: v for k, v in full.to_json().items() if k in FORM_FIELDS}
+    assert request_from_form(form, label="run-1") == replace(full, pattern_version="history")
 
 
 def test_audit_form_reads_naive_times_as_utc():

@@ -5,6 +5,7 @@ refusals (a scheme claimed twice, a built-in replaced, a scheme nobody provides)
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,7 @@ def test_records_answered_one_by_one_settle_on_their_own_answers(conn, site):
     # their neighbours).
     install(site, "eventpush_answering_sink", answering="sink_plugin:AnsweringSink")
     sink_plugin.SENT.clear()
+    sink_plugin.TRACED.clear()
     catalog.create_bus(conn, "orders", 2)
     catalog.create_rule(conn, "orders", "all", {"source": ["shop"]})
     spec = catalog.TargetSpec(name="box", url="answering://box", batch_size=6, backoff_ms=10)
@@ -140,6 +142,17 @@ def test_records_answered_one_by_one_settle_on_their_own_answers(conn, site):
     assert {m for m, a in attempts.items() if a == 2} == {
         f"e{i}" for i in range(40) if i % 5 == 2 and f"e{i}" not in refused
     }
+    assert_traced_apart(sink_plugin.TRACED)
+
+
+def assert_traced_apart(traced: list[tuple[list[str], str | None]]) -> None:
+    """Every send was handed a W3C traceparent of its own (a span per attempt)."""
+    assert traced
+    spans = set()
+    for _, traceparent in traced:
+        assert re.fullmatch(r"00-[0-9a-f]{32}-([0-9a-f]{16})-0[01]", traceparent), traceparent
+        spans.add(traceparent.split("-")[2])
+    assert len(spans) == len(traced)
 
 
 def test_inline_retries_resend_only_the_records_answered_retry(site):
@@ -151,6 +164,7 @@ def test_inline_retries_resend_only_the_records_answered_retry(site):
 
     install(site, "eventpush_answering_sink", answering="sink_plugin:AnsweringSink")
     sink_plugin.SENT.clear()
+    sink_plugin.TRACED.clear()
     target = Target(1, "b/r/box", "b", 1, "r", "{}", "box", "answering://box", backoff_ms=1)
     records = [
         Record(0, i, f"e{i}", json.loads(raw), raw) for i, raw in enumerate(_answering_events(6))
@@ -177,3 +191,5 @@ def test_inline_retries_resend_only_the_records_answered_retry(site):
         "e3",
         "e5",
     ]
+    assert [mids for mids, _ in sink_plugin.TRACED] == [[f"e{i}" for i in range(6)], ["e2"]]
+    assert_traced_apart(sink_plugin.TRACED)

@@ -49,7 +49,10 @@ class BusSink:
         self._conn = None
         self._lock = asyncio.Lock()
 
-    async def send(self, target: Target, records: list[Record], transform) -> Outcome:
+    async def send(
+        self, target: Target, records: list[Record], transform, traceparent: str | None = None
+    ) -> Outcome:
+        # ``traceparent`` is not carried: the event published keeps its own (if any).
         started = time.perf_counter()
         single = target if target.batch_size == 1 else replace(target, batch_size=1)
         try:

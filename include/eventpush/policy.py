@@ -1,18 +1,21 @@
 """How a target is pushed when its creator says nothing: the one definition of the defaults.
 
-The migration's column defaults, ``catalog.TargetSpec``, ``sinks.contract.Target`` and the CLI's
-``target create`` options all read (or, for the migration, are tested against) these values
-and bounds, so a default changes in one place. A kind of target may differ
-(``SCHEME_DEFAULTS``): ``catalog.create_target`` fills a ``TargetSpec`` field left at None from
-``defaults_for`` its URL.
+:class:`TargetPolicy` is the one list of a target's retry and flow settings:
+``catalog.TargetSpec`` (what a target is made with) and ``sinks.contract.Target`` (what the
+engine pushes) derive from it, so each field and its default is written here only. The
+migration's column defaults and the CLI's ``target create`` options read (or, for the
+migration, are tested against) these values and bounds, so a default changes in one place.
+A kind of target may differ (``SCHEME_DEFAULTS``): ``catalog.create_target`` fills a
+``TargetSpec`` field left at None from ``defaults_for`` its URL.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
-@dataclass(frozen=True)
+# Keyword-only: a class deriving from it keeps its own fields' positions in its constructor.
+@dataclass(frozen=True, kw_only=True)
 class TargetPolicy:
     """Retry and flow settings of one target."""
 
@@ -22,9 +25,12 @@ class TargetPolicy:
     timeout_ms: int = 5000
     batch_size: int = 1
     concurrency: int = 16
+    ordered: bool = False  # a queue's records one send at a time, in offset order
 
 
 DEFAULTS = TargetPolicy()
+# In the order of event_target's columns (the catalog's and the engine's SQL list them so).
+POLICY_FIELDS = tuple(f.name for f in fields(TargetPolicy))
 
 # A NATS JetStream target publishes each record of a batch as a message of its own (a batch
 # changes nothing a stream's consumer sees, unlike an HTTP target's JSON array), so its

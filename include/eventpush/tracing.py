@@ -24,7 +24,6 @@ import os
 import random
 import re
 from contextlib import contextmanager
-from contextvars import ContextVar
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -40,8 +39,6 @@ _ONE_TRACE, _ONE_SPAN = "0" * 31 + "1", "0" * 15 + "1"
 _randbytes = random.randbytes
 _propagator = TraceContextTextMapPropagator()
 _provider: TracerProvider | None = None
-# The traceparent of the delivery attempt under way in this task: ``delivery.attempt`` sends it.
-OUTGOING: ContextVar[str | None] = ContextVar("eventpush_outgoing_traceparent", default=None)
 _enabled: bool | None = None
 
 
@@ -168,14 +165,11 @@ def finish_deliver_span(span: trace.Span, outcome) -> None:
 
 
 async def in_deliver_span(target, records, send):
-    """``await send()`` in a deliver span of its own, whose ``traceparent`` the request
-    carries (``OUTGOING``); the outcome is recorded on the span."""
+    """``await send(traceparent)`` in a deliver span of its own, ``traceparent`` naming that
+    span (the request carries it, so the receiver can join the trace); the outcome is
+    recorded on the span."""
     with deliver_span(target, records, records[0].attempts + 1) as (span, parent):
-        token = OUTGOING.set(parent)
-        try:
-            outcome = await send()
-        finally:
-            OUTGOING.reset(token)
+        outcome = await send(parent)
         finish_deliver_span(span, outcome)
     return outcome
 

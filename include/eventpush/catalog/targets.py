@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import psycopg2
 import psycopg2.errors
@@ -34,20 +34,11 @@ from eventpush.catalog.common import (
 )
 from eventpush.catalog.destinations import check_tls_files, destination_row
 from eventpush.db import Connection, transaction
-from eventpush.policy import DEFAULTS, LIMITS, defaults_for
+from eventpush.policy import LIMITS, POLICY_FIELDS, TargetPolicy, defaults_for
 from eventpush.sinks import validate_url
 from eventpush.sinks.headers import HeaderError, check_headers
 
 TRANSFORM_KINDS = ("ORIGINAL", "CONSTANT", "JSONPATH", "TEMPLATE")
-POLICY_FIELDS = (
-    "max_attempts",
-    "backoff_ms",
-    "max_age_s",
-    "timeout_ms",
-    "batch_size",
-    "concurrency",
-    "ordered",
-)
 MAX_KEEP_OLD_SECRET = dt.timedelta(days=30)
 
 
@@ -65,21 +56,17 @@ def check_secret(secret: str) -> str:
 
 
 @dataclass(frozen=True)
-class TargetSpec:
-    """What a target is: where it goes and how it is pushed."""
+class TargetSpec(TargetPolicy):
+    """What a target is: where it goes and how it is pushed (the retry and flow settings
+    are :class:`~eventpush.policy.TargetPolicy`'s, keyword-only)."""
 
     name: str
     url: str
     secret: str | None = None
     transform_kind: str = "ORIGINAL"
     transform_spec: object = None
-    max_attempts: int = DEFAULTS.max_attempts
-    backoff_ms: int = DEFAULTS.backoff_ms
-    max_age_s: int = DEFAULTS.max_age_s
-    timeout_ms: int = DEFAULTS.timeout_ms
-    batch_size: int | None = None  # None: the default of the URL's kind (policy.defaults_for)
-    concurrency: int = DEFAULTS.concurrency
-    ordered: bool = False
+    # None: the default of the URL's kind (policy.defaults_for), filled in by ``resolved``.
+    batch_size: int | None = field(default=None, kw_only=True)
     # Issue 32: send through an API destination (its URL, method, connection, rate limit and
     # TLS files; ``url`` is then left empty and filled from it), headers of the target's own,
     # adaptive concurrency, and TLS files of the target's own (over the destination's).
@@ -98,6 +85,7 @@ class TargetSpec:
 
 
 SPEC_FIELDS = tuple(f.name for f in fields(TargetSpec))
+_POLICY_COLUMNS = ", ".join(POLICY_FIELDS)  # event_target's columns are named as the fields
 
 
 def check_target(spec: TargetSpec) -> None:
@@ -121,10 +109,10 @@ def check_target(spec: TargetSpec) -> None:
         raise CatalogError(f"{where}: concurrency_auto must be true or false")
     if spec.secret is not None:
         check_secret(spec.secret)
-    for field, (low, high) in LIMITS.items():
-        value = getattr(spec, field)
+    for name, (low, high) in LIMITS.items():
+        value = getattr(spec, name)
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            option = "--" + field.replace("_", "-")
+            option = "--" + name.replace("_", "-")
             raise CatalogError(f"{option} must be between {low} and {high}, got {value}")
     if not isinstance(spec.ordered, bool):
         raise CatalogError(f"ordered must be true or false, got {spec.ordered!r}")
@@ -179,10 +167,9 @@ def create_target(conn: Connection, bus: str, rule: str, spec: TargetSpec) -> st
                 destination_id, url = destination_row(cur, spec.destination, "share")
             cur.execute(
                 "INSERT INTO event_target (rule_id, name, url, secret, transform_kind, "
-                "transform_spec, max_attempts, backoff_ms, max_age_s, timeout_ms, batch_size, "
-                "concurrency, ordered, destination_id, headers, concurrency_auto, "
-                "client_cert_file, client_key_file, ca_file) VALUES (%s, %s, %s, %s, %s, %s, "
-                "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                f"transform_spec, {_POLICY_COLUMNS}, destination_id, headers, "
+                "concurrency_auto, client_cert_file, client_key_file, ca_file) VALUES "
+                f"({', '.join(['%s'] * (12 + len(POLICY_FIELDS)))}) RETURNING id",
                 (
                     rule_id,
                     spec.name,
@@ -190,13 +177,7 @@ def create_target(conn: Connection, bus: str, rule: str, spec: TargetSpec) -> st
                     secret,
                     spec.transform_kind.upper(),
                     None if spec.transform_spec is None else json.dumps(spec.transform_spec),
-                    spec.max_attempts,
-                    spec.backoff_ms,
-                    spec.max_age_s,
-                    spec.timeout_ms,
-                    spec.batch_size,
-                    spec.concurrency,
-                    spec.ordered,
+                    *(getattr(spec, f) for f in POLICY_FIELDS),
                     destination_id,
                     _headers_json(spec.headers),
                     spec.concurrency_auto,
@@ -378,16 +359,31 @@ def update_target(
     with transaction(conn) as cur:
         target_id, bus_id = _target_row(cur, bus, rule, name, lock=True)
         cur.execute(
-            "SELECT t.url, t.secret, t.transform_kind, t.transform_spec, t.max_attempts, "
-            "t.backoff_ms, t.max_age_s, t.timeout_ms, t.batch_size, t.concurrency, t.ordered, "
+            "SELECT t.url, t.secret, t.transform_kind, t.transform_spec, "
+            f"{', '.join('t.' + f for f in POLICY_FIELDS)}, "
             "d.name, t.headers, t.concurrency_auto, t.client_cert_file, t.client_key_file, "
             "t.ca_file, t.version FROM event_target t "
             "LEFT JOIN event_api_destination d ON d.id = t.destination_id WHERE t.id = %s",
             (target_id,),
         )
-        url, secret, kind, tspec, *policy, version = cur.fetchone()
+        url, secret, kind, tspec, *rest, version = cur.fetchone()
         check_version("target", f"{bus}/{rule}/{name}", version, expected_version)
-        current = TargetSpec(name, url, None, kind, tspec, *policy)
+        policy = dict(zip(POLICY_FIELDS, rest, strict=False))
+        destination, headers, auto, cert, key, ca = rest[len(POLICY_FIELDS) :]
+        current = TargetSpec(
+            name,
+            url,
+            None,
+            kind,
+            tspec,
+            destination=destination,
+            headers=headers,
+            concurrency_auto=auto,
+            client_cert_file=cert,
+            client_key_file=key,
+            ca_file=ca,
+            **policy,
+        )
         changes = _destination_change(cur, name, changes)
         merged = replace(current, **{k: v for k, v in changes.items() if k != "secret"})
         if "batch_size" not in changes and "url" in changes:

@@ -16,6 +16,7 @@ from rich.table import Table
 from eventpush.cli.common import EXIT_MISSING, err, fail, handles_errors, out, print_json
 from eventpush.config import database_url
 from eventpush.quality.batch import CheckFailed
+from eventpush.sparkjobs.forms import REQUEST_ARGS, ReplayRequest, flag_of
 
 
 class IsoTime(click.ParamType):
@@ -157,77 +158,43 @@ def rebalance(window_minutes, dry_run, as_json) -> None:
     out.print(f"{doc['moves']} moves, spread {doc['spread']}, {applied}")
 
 
+def replay_options(command):
+    """The options of ``eventpush replay``: the replay request's fields
+    (``eventpush.sparkjobs.forms.ReplayRequest``), each under its own name."""
+    types = {"text": None, "time": ISO_TIME, "int": int, "float": float}
+    for name, default, arg in reversed(REQUEST_ARGS):
+        if not arg.cli:
+            continue
+        kw: dict = {"help": arg.help[0].upper() + arg.help[1:] + "."}
+        if arg.kind == "choice":
+            kw.update(type=click.Choice(arg.choices), default=default, show_default=True)
+        elif arg.kind == "flag":
+            kw["is_flag"] = True
+        elif arg.kind == "ids":
+            kw["multiple"] = True
+        else:
+            kw["type"] = types[arg.kind]
+        command = click.option(flag_of(name, arg), name, **kw)(command)
+    return command
+
+
 @click.command("replay")
-@click.option("--bus", help="Only runners of this bus.")
-@click.option("--rule", help="Only runners of this rule.")
-@click.option("--target", help="Only this target's runner.")
-@click.option("--since", type=ISO_TIME, help="Window start, inclusive.")
-@click.option("--until", type=ISO_TIME, help="Window end, exclusive.")
-@click.option(
-    "--what",
-    type=click.Choice(["failed", "missing", "all"]),
-    default="failed",
-    show_default=True,
-    help="Failed records, audit gaps, or every matching event of the window.",
-)
-@click.option("--message-id", "message_ids", multiple=True, help="Only these message ids.")
-@click.option("--max-count", type=int, help="Replay at most this many records.")
-@click.option("--rate-limit", type=float, help="At most this many records per second.")
-@click.option("--dry-run", is_flag=True, help="Select and check, push nothing.")
-@click.option(
-    "--everything",
-    is_flag=True,
-    help="With --what all and no window: re-push every event ever published, on purpose.",
-)
-@click.option(
-    "--pattern-version",
-    type=click.Choice(["history", "current"]),
-    default="history",
-    show_default=True,
-    help="Judge each event by the rule's version in force at its offset, or by its pattern now.",
-)
+@replay_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @handles_errors
-def replay(
-    bus,
-    rule,
-    target,
-    since,
-    until,
-    what,
-    message_ids,
-    max_count,
-    rate_limit,
-    dry_run,
-    everything,
-    pattern_version,
-    as_json,
-) -> None:
+def replay(as_json: bool, **fields) -> None:
     """Re-push failed records, audit gaps, or every matching event of a window.
 
     --what all needs --since (a window of at most EVENTPUSH_REPLAY_MAX_WINDOW_HOURS) or
     --everything; a run selects at most EVENTPUSH_REPLAY_MAX_COUNT records."""
     # Deferred: the Spark jobs are loaded only by the batch commands.
-    from eventpush.sparkjobs.replay import ReplayRequest, check_bounds, run_replay
+    from eventpush.sparkjobs.replay import check_bounds, run_replay
 
-    req = ReplayRequest(
-        what=what,
-        bus=bus,
-        rule=rule,
-        target=target,
-        since=since,
-        until=until,
-        message_ids=tuple(message_ids),
-        max_count=max_count,
-        rate_limit=rate_limit,
-        dry_run=dry_run,
-        everything=everything,
-        pattern_version=pattern_version,
-    )
+    req = ReplayRequest(**fields)
     check_bounds(req)  # before Spark starts: a refused request costs nothing
     url = database_url()
     try:
-        with err.status(f"replaying {what} records with Spark..."):
+        with err.status(f"replaying {req.what} records with Spark..."):
             result = run_replay(_spark(), url, req)
     except CheckFailed as exc:
         fail(str(exc), EXIT_MISSING)
@@ -236,7 +203,7 @@ def replay(
     if as_json:
         print_json(result.to_json())
         return
-    table = Table(title=f"replay {result.replay_id}" + (" (dry run)" if dry_run else ""))
+    table = Table(title=f"replay {result.replay_id}" + (" (dry run)" if req.dry_run else ""))
     table.add_column("runner")
     table.add_column("selected", justify="right")
     for runner, n in sorted(result.runners.items()):

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from eventpush.demo.serving import AppThread
+
 
 @dataclass
 class Received:
@@ -159,52 +161,20 @@ def make_app(state: ReceiverState) -> web.Application:
 
 
 class Receiver:
-    """The receiver running on a loopback port in a thread of its own."""
+    """The receiver on a loopback address (``host``; 127.0.0.2 stands in for a denied one)
+    and ``port`` (0: a free one), served from a thread of its own (``AppThread``)."""
 
     def __init__(self, port: int = 0, keep_bodies: bool = True, host: str = "127.0.0.1") -> None:
         self.state = ReceiverState(keep_bodies=keep_bodies)
-        self._host = host  # another loopback address (127.0.0.2) stands in for a denied one
-        self._port = port
-        self._loop = asyncio.new_event_loop()
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="receiver")
+        self._server = AppThread("receiver", host=host, port=port)
         self.url = ""
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        # Handlers still running at the stop (/hang, /slow) get a second, then are cancelled.
-        runner = web.AppRunner(make_app(self.state), access_log=None, shutdown_timeout=1.0)
-        self._loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, self._host, self._port)
-        self._loop.run_until_complete(site.start())
-        port = site._server.sockets[0].getsockname()[1]
-        self.url = f"http://{self._host}:{port}"
-        self._runner = runner
-        self._started.set()
-        self._loop.run_forever()
-
     def __enter__(self) -> Receiver:
-        self._thread.start()
-        self._started.wait(10)
+        self.url = self._server.start(lambda: make_app(self.state))
         return self
 
     def __exit__(self, *exc) -> None:
-        done = asyncio.run_coroutine_threadsafe(self._stop(), self._loop)
-        with contextlib.suppress(Exception):
-            done.result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
-
-    async def _stop(self) -> None:
-        """Clean up on the receiver's own loop, then end every task still on it, so nothing
-        is left to run on a closed loop (a handler's last callback would raise there)."""
-        await self._runner.cleanup()
-        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in others:
-            task.cancel()
-        await asyncio.gather(*others, return_exceptions=True)
-        await asyncio.sleep(0)  # callbacks the cancellations scheduled run before the stop
+        self._server.stop()
 
 
 class ReceiverProcess:

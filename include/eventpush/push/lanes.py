@@ -530,7 +530,7 @@ class Lanes:
 
     async def traced_attempt(self, runner: Runner, batch: list[Record], granted: Pass) -> Outcome:
         """One attempt through the target's sink, in a span of its own whose ``traceparent``
-        the request carries (``tracing.OUTGOING``), counted on the records, the breaker and
+        the sink is handed (the request carries it), counted on the records, the breaker and
         the worker's metrics."""
         retry = batch[0].attempts > 0
         if retry:
@@ -539,14 +539,17 @@ class Lanes:
         if send is None:
             send = runner.send_fn = self.sinks.sender_for(runner.target.url)
         if not tracing.enabled():  # the usual case, kept free of span machinery
-            token = tracing.OUTGOING.set(tracing.unrecorded_traceparent(batch[0].event))
-            try:
-                outcome = await send(runner.target, batch, runner.transform)
-            finally:
-                tracing.OUTGOING.reset(token)
+            outcome = await send(
+                runner.target,
+                batch,
+                runner.transform,
+                tracing.unrecorded_traceparent(batch[0].event),
+            )
         else:
             outcome = await tracing.in_deliver_span(
-                runner.target, batch, lambda: send(runner.target, batch, runner.transform)
+                runner.target,
+                batch,
+                lambda parent: send(runner.target, batch, runner.transform, parent),
             )
         if outcome.held is not None:  # rare: the destination already held some keys
             self.held_on_first_send(runner, batch, outcome)

@@ -28,6 +28,7 @@ import psycopg2.extras
 
 from eventpush.config import setting
 from eventpush.db import Connection, copy_text, transaction
+from eventpush.policy import POLICY_FIELDS
 from eventpush.sinks.contract import Auth, Target, Tls
 from eventpush.sources import broker_name
 
@@ -273,10 +274,10 @@ def read_assignment(conn: Connection, wid: int, worker: str) -> tuple[dict, dict
     return runners, controls, versions
 
 
-TARGET_SQL = """
+TARGET_SQL = f"""
 SELECT r.id, r.name, b.name, b.id, ru.name, ru.pattern::text, t.name, t.url, t.secret,
-       t.transform_kind, t.transform_spec, t.max_attempts, t.backoff_ms, t.max_age_s,
-       t.timeout_ms, t.batch_size, t.concurrency, t.ordered, b.account, b.region,
+       t.transform_kind, t.transform_spec, {", ".join("t." + f for f in POLICY_FIELDS)},
+       b.account, b.region,
        t.secret_old, t.secret_old_until, ru.version, t.version, ru.state, b.source_url,
        d.name, d.method, d.rate_limit, t.concurrency_auto, t.headers,
        coalesce(t.client_cert_file, d.client_cert_file),
@@ -299,21 +300,29 @@ def load_targets(cur, where: str = "TRUE", params: tuple = ()) -> list[Target]:
 
     cur.execute(f"{TARGET_SQL} WHERE {where} ORDER BY r.id", params)
     targets = []
+    policy_end = 11 + len(POLICY_FIELDS)
     for row in cur.fetchall():
-        (*head, secret), rest = row[:9], row[9:26]
-        *middle, old, old_until, rule_version, target_version, state, source = rest
+        (*head, secret, transform_kind, transform_spec) = row[:11]
+        policy = dict(zip(POLICY_FIELDS, row[11:policy_end], strict=True))
+        account, region, old, old_until, rule_version, target_version, state, source = row[
+            policy_end : policy_end + 8
+        ]
         targets.append(
             Target(
                 *head,
                 sealed.unseal_or_none(secret),
-                *middle,
+                transform_kind,
+                transform_spec,
+                **policy,
+                bus_account=account,
+                bus_region=region,
                 broker=broker_name(source),
                 secret_old=sealed.unseal_or_none(old),
                 secret_old_until=old_until,
                 rule_version=rule_version,
                 target_version=target_version,
                 rule_state=state,
-                **_destination_fields(row[26:]),
+                **_destination_fields(row[policy_end + 8 :]),
             )
         )
     return targets

@@ -5,8 +5,10 @@ every target of that kind through it:
 
 - ``Kind(policy)`` opens it (cheap: connections are made on first use), with the address
   policy every connection it makes must pass, checked on the resolved address;
-- ``await sink.send(target, records, transform)`` makes **one attempt** at one record or a
-  batch (``len(records) <= target.batch_size``) and classifies it as an
+- ``await sink.send(target, records, transform, traceparent)`` makes **one attempt** at one
+  record or a batch (``len(records) <= target.batch_size``), carrying ``traceparent`` (the
+  attempt's W3C trace context, a string, or None) where the destination has a place for it,
+  and classifies it as an
   :class:`~eventpush.sinks.contract.Outcome`: ``DELIVERED``, ``RETRY`` (with
   ``retry_after_s`` when the target asked for a delay) or ``FINAL``. It never raises for
   trouble with the target, and it never changes ``records`` (attempt counts, retries, rows
@@ -56,6 +58,7 @@ scheme claimed twice, or a built-in's claimed by a plug-in, is refused.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 
@@ -129,6 +132,23 @@ def validate_url(url: str, policy: AddressPolicy | None = None) -> str:
     )
 
 
+Sender = Callable[[Target, list[Record], object, str | None], Awaitable[Outcome]]
+
+
+def _takes_traceparent(send: Callable) -> bool:
+    """Whether a kind's ``send`` takes the trace context: plug-ins written before it was an
+    argument take three, and are sent to without it rather than broken."""
+    try:
+        params = inspect.signature(send).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a C callable): assume current
+        return True
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return (
+        any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+        or sum(p.kind in positional for p in params) >= 4
+    )
+
+
 def transform_failed(exc: BaseException) -> Outcome:
     """A transform that cannot apply to these events: final, and nothing left the process."""
     return Outcome(FINAL, None, f"transform failed: {first_line(exc)}", 0.0, reached=False)
@@ -154,22 +174,33 @@ class Sinks:
             self._by_url[url] = sink
         return sink
 
-    def sender_for(self, url: str) -> Callable[[Target, list[Record], object], Awaitable[Outcome]]:
+    def sender_for(self, url: str) -> Sender:
         """``send`` of the sink for ``url``, looked up once so a caller may keep it per target;
         with no sink for the URL's scheme, a send whose every attempt fails finally."""
         try:
-            return self.sink_for(url).send
+            send = self.sink_for(url).send
         except InvalidTargetUrlError as exc:  # its plug-in was uninstalled since
             error = str(exc)
 
-            async def unavailable(target: Target, records: list[Record], transform) -> Outcome:
+            async def unavailable(
+                target: Target, records: list[Record], transform, traceparent: str | None
+            ) -> Outcome:
                 return Outcome(FINAL, None, error, 0.0, reached=False)
 
             return unavailable
+        if _takes_traceparent(send):
+            return send
 
-    async def send(self, target: Target, records: list[Record], transform) -> Outcome:
+        def without_trace(target: Target, records: list[Record], transform, traceparent):
+            return send(target, records, transform)
+
+        return without_trace
+
+    async def send(
+        self, target: Target, records: list[Record], transform, traceparent: str | None = None
+    ) -> Outcome:
         """One attempt through the target's sink."""
-        return await self.sender_for(target.url)(target, records, transform)
+        return await self.sender_for(target.url)(target, records, transform, traceparent)
 
     async def deliver(self, target: Target, records: list[Record], transform) -> Outcome:
         """Attempts with retries inline (as replay does), each in its own trace span: the
@@ -186,7 +217,9 @@ class Sinks:
         while True:
             sending = [records[i] for i in todo]
             outcome = await tracing.in_deliver_span(
-                target, sending, lambda sending=sending: self.send(target, sending, transform)
+                target,
+                sending,
+                lambda parent, sending=sending: self.send(target, sending, transform, parent),
             )
             if held is None:
                 held = (outcome.held or [], outcome.held_by)

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Protocol
 
 from eventpush.addresses import AddressPolicy
-from eventpush.policy import DEFAULTS
+from eventpush.policy import TargetPolicy
 
 DELIVERED = "delivered"
 RETRY = "retry"
@@ -63,8 +63,9 @@ class Tls:
 
 
 @dataclass(frozen=True)
-class Target:
-    """A runner's target as the engine pushes it (secret included: never log this object)."""
+class Target(TargetPolicy):
+    """A runner's target as the engine pushes it (secret included: never log this object);
+    its retry and flow settings are :class:`~eventpush.policy.TargetPolicy`'s (keyword-only)."""
 
     runner_id: int
     runner: str
@@ -77,13 +78,6 @@ class Target:
     secret: str | None = field(default=None, repr=False)
     transform_kind: str = "ORIGINAL"
     transform_spec: object = None
-    max_attempts: int = DEFAULTS.max_attempts
-    backoff_ms: int = DEFAULTS.backoff_ms
-    max_age_s: int = DEFAULTS.max_age_s
-    timeout_ms: int = DEFAULTS.timeout_ms
-    batch_size: int = DEFAULTS.batch_size
-    concurrency: int = DEFAULTS.concurrency
-    ordered: bool = False
     # The bus's settings for the input transformer's <aws.events.event> and rule ARN.
     bus_account: str | None = None
     bus_region: str | None = None
@@ -176,7 +170,9 @@ class Sink(Protocol):
     @staticmethod
     def validate_url(url: str, policy: AddressPolicy | None = None) -> str: ...
 
-    def send(self, target: Target, records: list[Record], transform) -> Awaitable[Outcome]: ...
+    def send(
+        self, target: Target, records: list[Record], transform, traceparent: str | None = None
+    ) -> Awaitable[Outcome]: ...
 
     async def close(self) -> None: ...
 

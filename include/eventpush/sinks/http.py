@@ -30,7 +30,6 @@ from pyreqwest.client import Client, ClientBuilder
 from pyreqwest.exceptions import PyreqwestError, RequestTimeoutError
 from pyreqwest.http import Url
 
-from eventpush import tracing
 from eventpush.addresses import (
     AddressPolicy,
     InvalidTargetUrlError,
@@ -258,12 +257,15 @@ def new_session(limit: int = 0, policy: AddressPolicy | None = None) -> Session:
 
 
 def attempt(
-    session: Session, target: Target, body: bytes, headers: dict[str, str]
+    session: Session,
+    target: Target,
+    body: bytes,
+    headers: dict[str, str],
+    traceparent: str | None = None,
 ) -> Awaitable[Outcome]:
-    """One POST with the target's timeout (the client's own: no timer of ours), carrying the
-    ``traceparent`` of the attempt under way (``tracing.OUTGOING``). Never raises for network
+    """One POST with the target's timeout (the client's own: no timer of ours), carrying
+    ``traceparent`` (the attempt's trace context) when given. Never raises for network
     trouble. Returns the request coroutine itself: no frame of its own on the hot path."""
-    traceparent = tracing.OUTGOING.get()
     if traceparent is not None:  # the span of this attempt, so the receiver can join it
         headers = {**headers, "traceparent": traceparent}
     return post(session, target, body, headers)
@@ -347,15 +349,14 @@ class HttpSink:
         self.session = new_session(policy=policy)
         self.tokens = Tokens()
 
-    def send(self, target: Target, records: list[Record], transform) -> Awaitable[Outcome]:
+    def send(
+        self, target: Target, records: list[Record], transform, traceparent: str | None = None
+    ) -> Awaitable[Outcome]:
         """The attempt's awaitable: the request coroutine itself, so a send costs no
         coroutine frame of this adapter on the engine's hot path. The headers carry the
-        attempt's ``traceparent`` (``tracing.OUTGOING``, as :func:`attempt` adds it),
-        put in as they are built rather than copied in after."""
+        attempt's ``traceparent``, put in as they are built rather than copied in after."""
         try:
-            body, headers = build_request(
-                target, records, transform, traceparent=tracing.OUTGOING.get()
-            )
+            body, headers = build_request(target, records, transform, traceparent=traceparent)
         except Exception as exc:
             return _ready(transform_failed(exc))
         auth = target.auth

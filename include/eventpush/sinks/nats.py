@@ -44,7 +44,6 @@ import nats.errors
 import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from eventpush import tracing
 from eventpush.addresses import AddressPolicy, RefusedAddressError
 from eventpush.config import ConfigError, redact
 from eventpush.errors import first_line
@@ -342,7 +341,9 @@ class NatsSink:
         # retry horizon (once per process: see _check_window).
         self._windows_checked: set[tuple[str, str]] = set()
 
-    async def send(self, target: Target, records: list[Record], transform) -> Outcome:
+    async def send(
+        self, target: Target, records: list[Record], transform, traceparent: str | None = None
+    ) -> Outcome:
         started = time.perf_counter()
         where = _where(target.url)
         subject = where.path
@@ -352,7 +353,6 @@ class NatsSink:
             messages = [build_request(single, [r], transform) for r in records]
         except Exception as exc:
             return transform_failed(exc)
-        traceparent = tracing.OUTGOING.get()
         timeout_s = target.timeout_ms / 1000
         conn = acks = None
         try:

@@ -38,9 +38,9 @@ from eventpush.partitions import clip_window, kept_since_by_bus
 from eventpush.rules.patterns import RuleIndex
 from eventpush.sources import sync_heads
 from eventpush.sparkjobs import jdbc
+from eventpush.sparkjobs.forms import PATTERN_VERSIONS
 
 STATES = ("delivered", "failed", "pending", "missing")
-PATTERN_VERSIONS = ("history", "current")
 NO_END = 2**62  # the newest version's segment runs on for good
 KEYS = ("runner_id", "queue_id", "offset")  # one record of one runner
 

@@ -45,20 +45,20 @@ from eventpush.sinks import Sinks
 from eventpush.sinks.contract import DELIVERED, FINAL, Record, by_answer
 from eventpush.sinks.readback import ABSENT
 from eventpush.sources import sync_heads
-from eventpush.sparkjobs import jdbc
+from eventpush.sparkjobs import forms, jdbc
 from eventpush.sparkjobs.audit import KEYS, classify, load_scope, readable_runners, verify
 from eventpush.sparkjobs.forms import (
-    FORM_FIELDS,
     MAX_MESSAGE_ID_LENGTH,
     MAX_MESSAGE_IDS,
+    PATTERN_VERSIONS,
+    WHATS,
     FormError,
     ReplayLimits,
-    check_form_keys,
-    parse_time,
+    ReplayRequest,
+    job_args,
     replay_limits,
 )
 
-WHATS = ("failed", "missing", "all")
 PUSH_CONCURRENCY = 16  # requests in flight per partition
 WRITE_INTERVAL_S = 0.2  # how often a partition writes its finished outcomes (as the engine)
 # A pushing partition is a Python process, a database connection and an HTTP pool: below this
@@ -68,32 +68,6 @@ RECORDS_PER_PUSH_PARTITION = 50_000
 
 class ReplayRequestError(ValueError):
     """A replay request that cannot be run; the message names the field."""
-
-
-@dataclass(frozen=True)
-class ReplayRequest:
-    what: str = "failed"
-    bus: str | None = None
-    rule: str | None = None
-    target: str | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-    message_ids: tuple[str, ...] = ()
-    max_count: int | None = None
-    rate_limit: float | None = None  # records per second over the whole replay
-    dry_run: bool = False
-    label: str | None = None  # who asked: e.g. the Airflow run id, to find the run again
-    everything: bool = False  # ``all`` with no window: every event ever published, on purpose
-    # ``history``: each event judged by the rule's version in force at its offset (as live);
-    # ``current``: by the rule's pattern now.
-    pattern_version: str = "history"
-
-    def to_json(self) -> dict:
-        doc = asdict(self)
-        doc["since"] = self.since.isoformat() if self.since else None
-        doc["until"] = self.until.isoformat() if self.until else None
-        doc["message_ids"] = list(self.message_ids)
-        return doc
 
 
 @dataclass
@@ -113,8 +87,6 @@ class ReplayResult:
 
 def check_bounds(req: ReplayRequest, limits: ReplayLimits | None = None) -> None:
     """Refuse requests outside what the operator may ask for (no database needed)."""
-    from eventpush.sparkjobs.audit import PATTERN_VERSIONS
-
     limits = limits or replay_limits()
     if req.what not in WHATS:
         raise ReplayRequestError(f"what must be one of {', '.join(WHATS)}, got {req.what!r}")
@@ -736,64 +708,15 @@ def _runner_names(db_url: str, runner_ids: list[int]) -> dict[int, str]:
         return dict(cur.fetchall())
 
 
-def _form_time(params: dict, key: str) -> datetime | None:
-    value = params.get(key)
-    if value in (None, ""):
-        return None
-    try:
-        return parse_time(key, value)
-    except FormError as exc:
-        raise ReplayRequestError(str(exc)) from None
-
-
-def _form_number(params: dict, key: str, kind: type) -> int | float | None:
-    value = params.get(key)
-    if value in (None, ""):
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ReplayRequestError(f"{key} must be a number, got {value!r}")
-    try:
-        number = kind(value)
-    except ValueError:
-        raise ReplayRequestError(f"{key} must be a number, got {value!r}") from None
-    if kind is float and number != number:  # NaN
-        raise ReplayRequestError(f"{key} must be a number, got {value!r}")
-    return number
-
-
 def request_from_form(
     params: dict, label: str | None = None, conf: dict | None = None
 ) -> ReplayRequest:
-    """A request from the replay DAG's form (empty fields mean "any"); ``conf`` is the run's
-    raw configuration, checked for unknown fields too."""
+    """A request from the replay DAG's form (``forms.request_from_form``), a bad field
+    refused as a ``ReplayRequestError``."""
     try:
-        check_form_keys(params, conf, known=FORM_FIELDS)
+        return forms.request_from_form(params, label, conf)
     except FormError as exc:
         raise ReplayRequestError(str(exc)) from None
-
-    def text(key: str) -> str | None:
-        value = params.get(key)
-        return str(value).strip() or None if value is not None else None
-
-    ids = params.get("message_ids") or ()
-    if isinstance(ids, str):
-        ids = [line for line in ids.replace(",", "\n").splitlines() if line.strip()]
-    if not isinstance(ids, list | tuple):
-        raise ReplayRequestError(f"message_ids must be a list of strings, got {ids!r}")
-    return ReplayRequest(
-        what=str(params.get("what") or "failed"),
-        bus=text("bus"),
-        rule=text("rule"),
-        target=text("target"),
-        since=_form_time(params, "since"),
-        until=_form_time(params, "until"),
-        message_ids=tuple(str(m).strip() for m in ids),
-        max_count=_form_number(params, "max_count", int),
-        rate_limit=_form_number(params, "rate_limit", float),
-        dry_run=bool(params.get("dry_run")),
-        label=label,
-        everything=bool(params.get("everything")),
-    )
 
 
 def checked_job_args(
@@ -805,30 +728,3 @@ def checked_job_args(
     with connection(db_url) as conn, transaction(conn) as cur:
         check_request(request, cur)
     return job_args(request)
-
-
-def job_args(req: ReplayRequest) -> list[str]:
-    """The spark-submit arguments of ``spark_jobs/replay.py`` for a checked request."""
-    args = ["--what", req.what]
-    for flag, value in (("--bus", req.bus), ("--rule", req.rule), ("--target", req.target)):
-        if value:
-            args += [flag, value]
-    if req.since:
-        args += ["--since", req.since.isoformat()]
-    if req.until:
-        args += ["--until", req.until.isoformat()]
-    for message_id in req.message_ids:
-        args += ["--message-id", message_id]
-    if req.max_count is not None:
-        args += ["--max-count", str(req.max_count)]
-    if req.rate_limit is not None:
-        args += ["--rate-limit", str(req.rate_limit)]
-    if req.dry_run:
-        args.append("--dry-run")
-    if req.everything:
-        args.append("--everything")
-    if req.pattern_version != "history":
-        args += ["--pattern-version", req.pattern_version]
-    if req.label:
-        args += ["--label", req.label]
-    return args
