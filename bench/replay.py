@@ -95,7 +95,7 @@ def live(rx: ReceiverProcess, records: int, **spec) -> dict:
 def replay(
     spark, rx: ReceiverProcess, records: int, rate_limit: float | None, split=False, **spec
 ) -> dict:
-    from eventpush.sparkjobs import replay as job
+    from eventpush.sparkjobs import replay_push as job
     from eventpush.sparkjobs.replay import ReplayRequest, run_replay
 
     default = job.RECORDS_PER_PUSH_PARTITION
@@ -201,7 +201,7 @@ def main() -> None:
 
 
 def main_push_only(args) -> None:
-    from eventpush.sparkjobs.replay import _push
+    from eventpush.sparkjobs.replay_push import _push
 
     spec = {"batch_size": args.batch_size}
     sides = [("replay push (this tree)", lambda rx: push_only(rx, _push, args.records, **spec))]

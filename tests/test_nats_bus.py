@@ -221,7 +221,7 @@ def test_delivery_and_failure_rows_name_the_nats_broker(conn, nats_server):
     is the bus's source kind (not the column default of eventpush's own store)."""
     from eventpush.push.store import load_targets
     from eventpush.sinks.contract import DELIVERED, FINAL, Outcome, Record
-    from eventpush.sparkjobs.replay import _write_outcomes
+    from eventpush.sparkjobs.replay_push import _write_outcomes
 
     with Receiver() as rx:
         setup(conn, nats_server, rx.url + "/ok", queues=2)

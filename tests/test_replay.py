@@ -288,7 +288,7 @@ def _replay_batched_and_ordered(db_url, conn, spark, receiver, hook):  # noqa: F
 
 
 def test_a_small_replay_pushes_from_one_partition_a_large_one_from_every_core():
-    from eventpush.sparkjobs.replay import RECORDS_PER_PUSH_PARTITION, push_partitions
+    from eventpush.sparkjobs.replay_push import RECORDS_PER_PUSH_PARTITION, push_partitions
 
     assert push_partitions(1, 8) == 1
     assert push_partitions(RECORDS_PER_PUSH_PARTITION, 8) == 1
@@ -297,7 +297,7 @@ def test_a_small_replay_pushes_from_one_partition_a_large_one_from_every_core():
 
 
 def test_spread_keeps_an_ordered_queue_whole_and_deals_the_rest_round():
-    from eventpush.sparkjobs.replay import spread
+    from eventpush.sparkjobs.replay_push import spread
 
     rows = [{"runner_id": 1, "queue_id": q, "offset": o} for q in (0, 1) for o in range(6)]
     rows += [{"runner_id": 2, "queue_id": 0, "offset": o} for o in range(7)]

@@ -150,7 +150,7 @@ def test_an_absent_record_the_stream_still_holds_fails_as_not_restored():
     remembers the deleted message's id within its duplicate window) stored nothing: it fails,
     saying why; a record replayed for another reason keeps its answer."""
     from eventpush.sinks.contract import DELIVERED, FINAL, Outcome
-    from eventpush.sparkjobs.replay import not_restored
+    from eventpush.sparkjobs.replay_push import not_restored
 
     batch = [{"absent": True}, {"absent": False}, {"absent": True}]
     outcome = Outcome(DELIVERED, None, None, 1.0, held=[0, 1], held_by="stream SINK")
