@@ -273,3 +273,26 @@ def test_every_move_says_why():
     why = {m["runner"]: (m["from"], m["why"]) for m in doc["moved"]}
     assert why == {"a": ("gone", "worker gone is disabled or gone"), "b": (None, "unassigned")}
     assert doc["moves"] == len(doc["moved"]) == 2
+
+
+def test_a_worker_joining_two_busy_ones_may_take_one_runner_from_each():
+    """The demo's case: four runners on two workers, each worker holding one heavy and one
+    lighter runner, a third worker joins. Each busy worker sheds its lighter runner to the
+    newcomer: two moves of four, within the check's bound (one per worker over its share)."""
+    workers = [rb.Worker(i, f"w{i}", 100) for i in (1, 2, 3)]
+    runners = [
+        rb.Runner(1, "warehouse", 1),
+        rb.Runner(2, "crm", 1),
+        rb.Runner(3, "invoices", 2),
+        rb.Runner(4, "risk", 2),
+    ]
+    load = {1: 15.0, 2: 4.0, 3: 15.0, 4: 4.0}
+    inputs, p = plan(workers, runners, load)
+    assert p.moves == 2
+    assert {p.assignment[2], p.assignment[4]} == {3}  # the lighter one of each goes to w3
+    max_spread, max_count_spread, max_moves = rb.bounds(inputs)
+    assert p.moves <= max_moves == 2
+    assert p.spread <= max_spread and p.count_spread <= max_count_spread
+    # Nobody over its share: the bound stays a quarter of the runners.
+    _, _, calm_moves = rb.bounds(rb.Inputs(workers[:2], runners, load, inputs.worker_names))
+    assert calm_moves == 1

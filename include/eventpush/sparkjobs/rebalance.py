@@ -303,7 +303,9 @@ def spread(load: dict[int, float], capacity: dict[int, int]) -> float:
 def bounds(inputs: Inputs, tolerance: float = TOLERANCE) -> tuple[float, float, int]:
     """The check's limits: the weight spread the placement can always reach (its tolerance
     plus one runner's worth of granularity), the count spread (the count cap's), and the moves
-    it may make (every runner that must move, plus a quarter of the rest)."""
+    it may make: every runner that must move and every runner over a worker's count cap, plus
+    a quarter of the rest or one for each worker over its share of the weight, whichever is
+    more (a worker joining four runners on two busy ones takes one from each: 2 of 4)."""
     weight = weights(inputs)
     capacity = capacities(inputs)
     if not capacity or not weight:
@@ -318,7 +320,19 @@ def bounds(inputs: Inputs, tolerance: float = TOLERANCE) -> tuple[float, float, 
         (cap + 1e-9) / (n * capacity[w] / total_cap) for w, cap in count_caps(n, capacity).items()
     )
     must_move = sum(1 for r in inputs.runners if r.worker_id not in capacity)
-    return 1 + tolerance + granularity, count_bound, must_move + math.ceil(0.25 * n)
+    held: dict[int, list[int]] = {w: [] for w in capacity}
+    for r in inputs.runners:
+        if r.worker_id in held:
+            held[r.worker_id].append(r.id)
+    caps = count_caps(n, capacity)
+    over_cap = sum(max(0, len(rs) - caps[w]) for w, rs in held.items())
+    over_share = sum(
+        1
+        for w, rs in held.items()
+        if sum(weight[r] for r in rs) > total_load * capacity[w] / total_cap * (1 + tolerance)
+    )
+    moves = must_move + over_cap + max(math.ceil(0.25 * n), over_share)
+    return 1 + tolerance + granularity, count_bound, moves
 
 
 class StaleProposalError(RuntimeError):
