@@ -21,6 +21,7 @@ import random
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psycopg2
 from rich.console import Console
@@ -317,11 +318,12 @@ def main() -> None:
     )
     console.rule()
     console.print(f"report: [cyan]{path}[/]")
-    shown = redact_url(url)  # the private cluster's URL carries a password: never printed
-    masked = " (credentials masked: yours, as in EVENTPUSH_DATABASE_URL)" if shown != url else ""
-    console.print(
-        f"inspect it yourself: EVENTPUSH_DATABASE_URL={shown} .venv/bin/eventpush status{masked}"
-    )
+    # The private cluster's URL carries a password: never printed (trust auth's is kept whole).
+    secret = urlsplit(url).password is not None
+    shown = redact_url(url) if secret else url
+    console.print(f"inspect it yourself: EVENTPUSH_DATABASE_URL={shown} .venv/bin/eventpush status")
+    if secret:
+        console.print("(credentials masked: the same as in your EVENTPUSH_DATABASE_URL)")
     console.print(f"demo finished in {time.monotonic() - started:.0f} s; nothing left running")
 
 
