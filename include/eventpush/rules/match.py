@@ -251,17 +251,63 @@ def _field_test(spec: _FieldSpec) -> EventTest:
     if len(segments) > 2:
         return test
     first = segments[0]
-    second = segments[1] if len(segments) == 2 else None
-    joined = ".".join(segments)
+    strings = _strings_only(spec)
+    if len(segments) == 1:
+        if strings is not None:  # the commonest field of all: a list of strings, inline
 
-    def test_inline(event: dict) -> bool:
-        if event.__class__ is not dict:
-            return False
-        value = event.get(first, _MISSING)
-        if second is not None:
+            def test_strings_one(event: dict) -> bool:
+                if event.__class__ is not dict:
+                    return False
+                value = event.get(first, _MISSING)
+                cls = value.__class__
+                if cls is str:
+                    return value in strings
+                if cls is list:
+                    return leaves(value)
+                return accept_missing if cls is dict or value is _MISSING else False
+
+            return test_strings_one
+
+        def test_one(event: dict) -> bool:
+            if event.__class__ is not dict:
+                return False
+            value = event.get(first, _MISSING)
+            cls = value.__class__
+            if cls is list:
+                return leaves(value)
+            if cls is dict or value is _MISSING:
+                return accept_missing
+            return predicate(value)
+
+        return test_one
+
+    second = segments[1]
+    joined = ".".join(segments)
+    if strings is not None:
+
+        def test_strings_two(event: dict) -> bool:
+            if event.__class__ is not dict:
+                return False
+            value = event.get(first, _MISSING)
             if value.__class__ is not dict or joined in event:
                 return test(event)  # through dotted keys or arrays: the general reading
             value = value.get(second, _MISSING)
+            cls = value.__class__
+            if cls is str:
+                return value in strings
+            if cls is list:
+                return leaves(value)
+            return accept_missing if cls is dict or value is _MISSING else False
+
+        return test_strings_two
+
+    def test_two(event: dict) -> bool:
+        if event.__class__ is not dict:
+            return False
+        value = event.get(first, _MISSING)
+        if value.__class__ is not dict or joined in event:
+            return test(event)  # through dotted keys or arrays: the general reading
+        value = value.get(second, _MISSING)
         cls = value.__class__
         if cls is list:
             return leaves(value)
@@ -269,7 +315,27 @@ def _field_test(spec: _FieldSpec) -> EventTest:
             return accept_missing
         return predicate(value)
 
-    return test_inline
+    return test_two
+
+
+def _strings_only(spec: _FieldSpec) -> frozenset | None:
+    """The field's strings when exact strings are all it accepts (``_value_predicate``'s
+    first shape), so a test can check them without calling the predicate."""
+    if (
+        spec.exists_true
+        or spec.accept_true
+        or spec.accept_false
+        or spec.accept_null
+        or spec.numbers
+        or spec.prefixes
+        or spec.suffixes
+        or spec.prefixes_ic
+        or spec.suffixes_ic
+        or spec.equals_ic
+        or spec.others
+    ):
+        return None
+    return frozenset(spec.strings)
 
 
 def _general_field_test(
@@ -338,10 +404,10 @@ class CompiledPattern:
                 return False
             return test(event)
 
-        if not conjunction.alternatives and len(conjunction.fields) == 1:
-            spec = conjunction.fields[0]
-            if len(spec.segments) <= 2 and not spec.exists_true:
-                matches = test  # the field's own test answers for non-dicts too
+        if not conjunction.alternatives and all(
+            len(spec.segments) <= 2 and not spec.exists_true for spec in conjunction.fields
+        ):
+            matches = test  # each field's own test answers for non-dicts too
 
         # An instance attribute, not a method: saves building a bound method on every call.
         self.matches = matches
