@@ -209,8 +209,10 @@ def queued_gap_runs() -> list[str]:
 
 
 def test_audit_gaps_become_an_asset_event_and_the_switch_replays_them(
-    bag, conn, spark_conn, receiver, tmp_path, monkeypatch
+    bag, conn, in_process_conn, receiver, tmp_path, monkeypatch
 ):
+    # The jobs run in-process (the connection's extra): what this test checks is the DAGs'
+    # asset event, switch and alert; the spark-submit path has tests of its own above and below.
     # The job's results and the check's alert land in a node-exporter textfile directory.
     monkeypatch.setenv("EVENTPUSH_METRICS_TEXTFILE_DIR", str(tmp_path))
     monkeypatch.delenv("AIRFLOW_VAR_EVENTPUSH_REPLAY_GAPS", raising=False)
