@@ -301,8 +301,9 @@ async def post(session: Session, target: Target, body: bytes, headers: dict[str,
         )
         async with request as resp:
             status = resp.status
-            retry_after = resp.get_header("retry-after")
-            location = resp.get_header("location")
+            if status >= 300:  # what only a refusal's handling reads (two calls saved on a 2xx)
+                retry_after = resp.get_header("retry-after")
+                location = resp.get_header("location")
     except (RefusedAddressError, InvalidTargetUrlError) as exc:
         refused = _outcome(target, FINAL, None, f"refused address: {exc}", started)
         refused.reached = False
