@@ -452,11 +452,11 @@ nested = st.recursive(
 @settings(max_examples=400, deadline=None)
 @given(
     event_=st.dictionaries(st.sampled_from(["a", "b", "a.b", "a.b.c", "b.c"]), nested),
-    segments=st.sampled_from([("a", "b"), ("a", "b", "c"), ("b", "c")]),
+    segments=st.sampled_from(
+        [("a", "b"), ("a", "b", "c"), ("b", "c"), ("a", "b", "c", "c"), ("a", "a", "b", "c")]
+    ),
 )
-def test_the_fast_paths_of_two_and_three_segments_read_what_the_general_walk_reads(
-    event_, segments
-):
+def test_the_fast_paths_of_two_and_more_segments_read_what_the_general_walk_reads(event_, segments):
     fast, general = match._leaf_getter(segments), match._leaf_getter(segments, fast=False)
     got, expected = fast(event_), general(event_)
     assert got is expected or (got == expected and got.__class__ is expected.__class__)
@@ -496,12 +496,35 @@ def test_a_field_read_inline_answers_as_the_general_walk(event_, path, array):
     from eventpush.rules.parse import _parse_pattern
 
     spec = _parse_pattern({path: array} if "." not in path else {"a": {"b": array}})[1].fields[0]
-    inline = match._field_test(spec)
+    assert match._field_test(spec)(event_) == general_field_answer(spec, event_)
+
+
+def general_field_answer(spec, event_: dict) -> bool:
+    """What a field answers through the general leaf walk and its predicate (presence alone
+    for ``exists: true``)."""
+    get = match._leaf_getter(spec.segments, fast=False)
     if spec.exists_true:
-        return  # presence is read by the general walk already
-    general = match._general_field_test(
-        match._leaf_getter(spec.segments, fast=False),
-        match._value_predicate(spec),
-        spec.exists_false,
-    )
-    assert inline(event_) == general(event_)
+        value = get(event_)
+        missing = value is match._MISSING or (value.__class__ is list and not value)
+        return spec.exists_false if missing else True
+    general = match._general_field_test(get, match._value_predicate(spec), spec.exists_false)
+    return general(event_)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    event_=st.dictionaries(st.sampled_from(["a", "b", "a.b", "a.b.c", "b.c"]), nested),
+    segments=st.sampled_from([("a", "b", "c"), ("a", "b", "c", "c"), ("a", "a", "b", "c")]),
+    array=match_array,
+)
+def test_a_deep_field_read_inline_answers_as_the_general_walk(event_, segments, array):
+    """Fields of three and more segments walk nested objects inline (issue 34) and fall back
+    to the general reading at an array or a dotted key; what they answer is the same."""
+    from eventpush.rules.parse import _parse_pattern
+
+    pattern: dict = {segments[-1]: array}
+    for key in reversed(segments[:-1]):
+        pattern = {key: pattern}
+    spec = _parse_pattern(pattern)[1].fields[0]
+    assert match._field_test(spec)(event_) == general_field_answer(spec, event_)
+    assert match._field_test(spec)([event_]) is False  # not an object: no match

@@ -127,7 +127,33 @@ def _leaf_getter(segments: tuple[str, ...], fast: bool = True) -> Callable[[dict
             return get_many(event)
 
         return get_three
-    return get_many
+    levels = _levels(segments)
+
+    def get_deep(event: dict) -> Any:
+        node: Any = event
+        for key, dotted in levels:
+            cls = node.__class__
+            if cls is not dict:
+                if cls is list:
+                    return get_many(event)  # arrays on the way: the general walk
+                return _MISSING  # a scalar (or nothing) before the path's end
+            for joined in dotted:
+                if joined in node:
+                    return get_many(event)  # a dotted key on the way
+            node = node.get(key, _MISSING)
+        return _leaf_of(node)
+
+    return get_deep
+
+
+def _levels(segments: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Per segment of a path: its key, and the dotted keys starting there that would also
+    lead along the path (``a.b`` and ``a.b.c`` at ``a`` of ``a.b.c``): where none is present,
+    the path is a plain walk through nested objects."""
+    n = len(segments)
+    return tuple(
+        (segments[i], tuple(".".join(segments[i:j]) for j in range(i + 2, n + 1))) for i in range(n)
+    )
 
 
 def _leaf_of(value: Any) -> Any:
@@ -224,6 +250,8 @@ def _field_test(spec: _FieldSpec) -> EventTest:
     if spec.exists_true:
         # Any present leaf satisfies the field; only presence needs checking.
         def present(event: dict) -> bool:
+            if event.__class__ is not dict:
+                return False
             value = get(event)
             if value is _MISSING or (value.__class__ is list and not value):
                 return accept_missing
@@ -249,7 +277,29 @@ def _field_test(spec: _FieldSpec) -> EventTest:
     # and the test also answers for a whole pattern of this one field (a non-dict: False).
     segments = spec.segments
     if len(segments) > 2:
-        return test
+        levels = _levels(segments)
+
+        def test_deep(event: dict) -> bool:
+            if event.__class__ is not dict:
+                return False
+            value: Any = event
+            for key, dotted in levels:
+                if value.__class__ is not dict:
+                    if value.__class__ is list:
+                        return test(event)  # arrays on the way: the general reading
+                    return accept_missing  # a scalar (or nothing) before the path's end
+                for joined in dotted:
+                    if joined in value:
+                        return test(event)  # a dotted key on the way
+                value = value.get(key, _MISSING)
+            cls = value.__class__
+            if cls is list:
+                return leaves(value)
+            if cls is dict or value is _MISSING:
+                return accept_missing
+            return predicate(value)
+
+        return test_deep
     first = segments[0]
     strings = _strings_only(spec)
     if len(segments) == 1:
@@ -404,9 +454,7 @@ class CompiledPattern:
                 return False
             return test(event)
 
-        if not conjunction.alternatives and all(
-            len(spec.segments) <= 2 and not spec.exists_true for spec in conjunction.fields
-        ):
+        if not conjunction.alternatives:
             matches = test  # each field's own test answers for non-dicts too
 
         # An instance attribute, not a method: saves building a bound method on every call.
