@@ -245,3 +245,42 @@ def test_group_publisher_runs_a_second_commit_while_one_waits(db_url, conn):
     finally:
         holder.close()
     assert _check_gapless(conn, bus.id) == {0: 5}
+
+
+def test_a_busy_bus_does_not_starve_another(db_url, conn):
+    """One connection, groups of one caller: callers of two buses are served in turn."""
+    catalog.create_bus(conn, "busy", 1)
+    catalog.create_bus(conn, "quiet", 1)
+    busy, quiet = bus_named(conn, "busy"), bus_named(conn, "quiet")
+    conn.commit()
+    holder = psycopg2.connect(db_url)
+    order: list[str] = []
+
+    async def scenario() -> None:
+        publisher = GroupPublisher(db_url, max_group=1, max_in_flight=1)
+        publisher.start()
+
+        async def put(bus, label: str) -> None:
+            await publisher.publish(bus, _events(1, queues=1))
+            order.append(label)
+
+        try:
+            with holder.cursor() as cur:  # the first commit waits: the others queue up
+                cur.execute("SELECT 1 FROM event_bus_queue FOR UPDATE")
+            tasks = [asyncio.create_task(put(busy, "busy 1"))]
+            await asyncio.sleep(0.3)
+            tasks += [asyncio.create_task(put(busy, f"busy {i}")) for i in (2, 3, 4)]
+            await asyncio.sleep(0.1)
+            tasks.append(asyncio.create_task(put(quiet, "quiet")))
+            await asyncio.sleep(0.1)
+            holder.commit()
+            async with asyncio.timeout(30):
+                await asyncio.gather(*tasks)
+        finally:
+            await publisher.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        holder.close()
+    assert order == ["busy 1", "busy 2", "quiet", "busy 3", "busy 4"]

@@ -155,15 +155,16 @@ class GroupPublisher:
 
     def _take(self, bus_id: int) -> tuple[Bus, list[_Waiting]]:
         """The callers of the next group of ``bus_id``: as many as fit ``max_group`` (at
-        least one, whatever its size)."""
-        bus, waiting = self._queues[bus_id]
+        least one, whatever its size). A bus with callers left goes behind the other buses,
+        so a busy bus cannot starve them when a connection frees up."""
+        bus, waiting = self._queues.pop(bus_id)
         taken, size = [], 0
         while waiting and (not taken or size + len(waiting[0].events) <= self.max_group):
             item = waiting.pop(0)
             taken.append(item)
             size += len(item.events)
-        if not waiting:
-            del self._queues[bus_id]
+        if waiting:
+            self._queues[bus_id] = (bus, waiting)
         return bus, taken
 
     async def _commit(
