@@ -207,43 +207,53 @@ def test_a_failed_append_stores_nothing_and_never_says_committed(db_url, conn):
     assert _check_gapless(conn, bus.id) == {0: 3}
 
 
+def _held(db_url: str, scenario, **publisher_args) -> None:
+    """Run ``scenario(publisher, release)`` with a GroupPublisher while another transaction
+    holds every queue row of the database's buses, until ``release()`` commits it."""
+    holder = psycopg2.connect(db_url)
+
+    async def run() -> None:
+        publisher = GroupPublisher(db_url, **publisher_args)
+        publisher.start()
+        try:
+            with holder.cursor() as cur:
+                cur.execute("SELECT 1 FROM event_bus_queue FOR UPDATE")
+            await scenario(publisher, holder.commit)
+        finally:
+            await publisher.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        holder.close()
+
+
 def test_group_publisher_runs_a_second_commit_while_one_waits(db_url, conn):
     """Two groups in flight at once (two connections), each caller answered once its own
     commit is durable."""
     catalog.create_bus(conn, "orders", 1)
     bus = bus_named(conn, "orders")
     conn.commit()
-    holder = psycopg2.connect(db_url)
 
-    async def scenario() -> None:
-        publisher = GroupPublisher(db_url, max_in_flight=2)
-        publisher.start()
-        try:
-            with holder.cursor() as cur:  # the bus's only queue is held: commits wait
-                cur.execute("SELECT 1 FROM event_bus_queue WHERE bus_id = %s FOR UPDATE", (bus.id,))
-            first = asyncio.create_task(publisher.publish(bus, _events(2, 1)))
-            await asyncio.sleep(0.5)
-            second = asyncio.create_task(publisher.publish(bus, _events(3, 2)))
-            await asyncio.sleep(1.0)
-            assert not first.done() and not second.done()
-            with conn.cursor() as cur:  # both groups are in the database, each waiting
-                cur.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND application_name = 'eventpush-api' AND wait_event_type = 'Lock'"
-                )
-                assert cur.fetchone()[0] == 2
-            conn.rollback()
-            holder.commit()
-            async with asyncio.timeout(30):
-                await asyncio.gather(first, second)
-            assert publisher.stats.commits == 2 and publisher.stats.events == 5
-        finally:
-            await publisher.close()
+    async def scenario(publisher: GroupPublisher, release) -> None:
+        first = asyncio.create_task(publisher.publish(bus, _events(2, 1)))
+        await asyncio.sleep(0.5)
+        second = asyncio.create_task(publisher.publish(bus, _events(3, 2)))
+        await asyncio.sleep(1.0)
+        assert not first.done() and not second.done()
+        with conn.cursor() as cur:  # both groups are in the database, each waiting
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = 'eventpush-api' AND wait_event_type = 'Lock'"
+            )
+            assert cur.fetchone()[0] == 2
+        conn.rollback()
+        release()
+        async with asyncio.timeout(30):
+            await asyncio.gather(first, second)
+        assert publisher.stats.commits == 2 and publisher.stats.events == 5
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        holder.close()
+    _held(db_url, scenario, max_in_flight=2)
     assert _check_gapless(conn, bus.id) == {0: 5}
 
 
@@ -253,34 +263,22 @@ def test_a_busy_bus_does_not_starve_another(db_url, conn):
     catalog.create_bus(conn, "quiet", 1)
     busy, quiet = bus_named(conn, "busy"), bus_named(conn, "quiet")
     conn.commit()
-    holder = psycopg2.connect(db_url)
     order: list[str] = []
 
-    async def scenario() -> None:
-        publisher = GroupPublisher(db_url, max_group=1, max_in_flight=1)
-        publisher.start()
-
+    async def scenario(publisher: GroupPublisher, release) -> None:
         async def put(bus, label: str) -> None:
             await publisher.publish(bus, _events(1, queues=1))
             order.append(label)
 
-        try:
-            with holder.cursor() as cur:  # the first commit waits: the others queue up
-                cur.execute("SELECT 1 FROM event_bus_queue FOR UPDATE")
-            tasks = [asyncio.create_task(put(busy, "busy 1"))]
-            await asyncio.sleep(0.3)
-            tasks += [asyncio.create_task(put(busy, f"busy {i}")) for i in (2, 3, 4)]
-            await asyncio.sleep(0.1)
-            tasks.append(asyncio.create_task(put(quiet, "quiet")))
-            await asyncio.sleep(0.1)
-            holder.commit()
-            async with asyncio.timeout(30):
-                await asyncio.gather(*tasks)
-        finally:
-            await publisher.close()
+        tasks = [asyncio.create_task(put(busy, "busy 1"))]  # its commit waits; others queue
+        await asyncio.sleep(0.3)
+        tasks += [asyncio.create_task(put(busy, f"busy {i}")) for i in (2, 3, 4)]
+        await asyncio.sleep(0.1)
+        tasks.append(asyncio.create_task(put(quiet, "quiet")))
+        await asyncio.sleep(0.1)
+        release()
+        async with asyncio.timeout(30):
+            await asyncio.gather(*tasks)
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        holder.close()
+    _held(db_url, scenario, max_group=1, max_in_flight=1)
     assert order == ["busy 1", "busy 2", "quiet", "busy 3", "busy 4"]
