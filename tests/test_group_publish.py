@@ -1,0 +1,284 @@
+"""The API's publish path against the real PostgreSQL: ``publish_anywhere`` (one statement on
+one queue no other publisher holds, the wake-up after the commit) and the group publisher's
+commits in flight side by side."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import select
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg2
+import pytest
+
+from eventpush import catalog
+from eventpush.group_publish import GroupPublisher
+from eventpush.publish import Prepared, parse_events
+from eventpush.sources import bus_named
+from eventpush.sources.postgres import publish_anywhere
+
+ODD = ["tab\there", "new\nline", 'quote" and \\ back', "ünï €", "{a,b}", "NULL", "x'y"]
+
+
+def _events(n: int, seed: int = 0, queues: int = 4) -> list[Prepared]:
+    lines = [
+        json.dumps(
+            {
+                "source": ODD[i % len(ODD)],
+                "detail-type": ODD[(i + 3) % len(ODD)],
+                "detail": {"n": seed * 100_000 + i, "text": ODD[i % len(ODD)]},
+                "time": "2026-11-26T09:00:00+01:00",
+            }
+        )
+        for i in range(n)
+    ]
+    return parse_events(lines, queues)
+
+
+def _stored(conn, bus_id: int) -> dict[str, tuple]:
+    with conn.cursor() as cur:
+        cur.execute(
+            'SELECT message_id, queue_id, "offset", source, detail_type, event_time, size_bytes, '
+            "body::text FROM bus_event WHERE bus_id = %s",
+            (bus_id,),
+        )
+        return {row[0]: row[1:] for row in cur.fetchall()}
+
+
+def _check_gapless(conn, bus_id: int) -> dict[int, int]:
+    """Every queue's offsets 0..n-1 with no gap or repeat, and next_offset == n."""
+    with conn.cursor() as cur:
+        cur.execute(
+            'SELECT q.queue_id, q.next_offset, coalesce(array_agg(e."offset" ORDER BY '
+            'e."offset") FILTER (WHERE e."offset" IS NOT NULL), \'{}\') FROM event_bus_queue q '
+            "LEFT JOIN bus_event e ON e.bus_id = q.bus_id AND e.queue_id = q.queue_id "
+            "WHERE q.bus_id = %s GROUP BY q.queue_id, q.next_offset",
+            (bus_id,),
+        )
+        rows = cur.fetchall()
+    for queue_id, next_offset, offsets in rows:
+        assert offsets == list(range(next_offset)), f"queue {queue_id}"
+    return {queue_id: next_offset for queue_id, next_offset, _ in rows}
+
+
+def test_concurrent_commits_keep_every_queue_gapless_and_events_verbatim(db_url, conn):
+    catalog.create_bus(conn, "orders", 4)
+    bus = bus_named(conn, "orders")
+    conn.commit()
+
+    def publisher(seed: int) -> list[list[Prepared]]:
+        done = []
+        with contextlib.closing(psycopg2.connect(db_url)) as c:
+            for k in range(15):
+                events = _events(37, seed * 100 + k)
+                placed = publish_anywhere(c, bus, events)
+                (queue_id,) = placed  # one queue a commit
+                first, last, count = placed[queue_id]
+                assert count == len(events) == last - first + 1
+                assert {e.queue_id for e in events} == {queue_id}
+                assert not c.autocommit  # put back as it was
+                done.append(events)
+        return done
+
+    with ThreadPoolExecutor(4) as pool:  # a publisher's failure is raised here
+        batches = [events for done in pool.map(publisher, range(4)) for events in done]
+    heads = _check_gapless(conn, bus.id)
+    assert sum(heads.values()) == 4 * 15 * 37
+    assert len([q for q, n in heads.items() if n]) > 1, "every commit took the same queue"
+    stored = _stored(conn, bus.id)
+    for events in batches:
+        offsets = sorted(stored[e.message_id][1] for e in events)
+        assert offsets == list(range(offsets[0], offsets[0] + len(events)))  # contiguous
+        for e in events:
+            queue_id, _, source, detail_type, event_time, size, body = stored[e.message_id]
+            assert (queue_id, source, detail_type, size, body) == (
+                e.queue_id,
+                e.source,
+                e.detail_type,
+                e.size,
+                e.body,
+            )
+            assert event_time.isoformat() == "2026-11-26T08:00:00+00:00"
+
+
+def test_a_free_queue_is_taken_without_waiting_and_a_held_one_waited_for(db_url, conn):
+    catalog.create_bus(conn, "orders", 2)
+    bus = bus_named(conn, "orders")
+    conn.commit()
+    holder = psycopg2.connect(db_url)
+    publisher = psycopg2.connect(db_url)
+    try:
+        with holder.cursor() as cur:  # another publisher in the middle of its commit on queue 0
+            cur.execute(
+                "SELECT 1 FROM event_bus_queue WHERE bus_id = %s AND queue_id = 0 FOR UPDATE",
+                (bus.id,),
+            )
+        placed: list[dict] = []  # five commits, each from a random first queue; none waits
+        free = threading.Thread(
+            target=lambda: placed.extend(
+                publish_anywhere(publisher, bus, _events(1)) for _ in range(5)
+            )
+        )
+        free.start()
+        free.join(10)
+        assert not free.is_alive(), "waited for the held queue while another was free"
+        assert [list(p) for p in placed] == [[1]] * 5
+
+        with holder.cursor() as cur:  # now both queues are held
+            cur.execute("SELECT 1 FROM event_bus_queue WHERE bus_id = %s FOR UPDATE", (bus.id,))
+        done: list[dict] = []
+        waiting = threading.Thread(
+            target=lambda: done.append(publish_anywhere(publisher, bus, _events(3)))
+        )
+        waiting.start()
+        waiting.join(1.0)
+        assert waiting.is_alive() and not done, "published on a queue another commit holds"
+        with holder.cursor() as cur:
+            cur.execute("SELECT count(*) FROM bus_event WHERE bus_id = %s", (bus.id,))
+            assert cur.fetchone()[0] == 5  # nothing of the waiting commit is visible
+        holder.commit()
+        waiting.join(30)
+        assert len(done) == 1 and sum(n for _, _, n in done[0].values()) == 3
+    finally:
+        holder.close()
+        publisher.close()
+    assert sum(_check_gapless(conn, bus.id).values()) == 8
+
+
+def test_committed_is_called_once_durable_and_the_wake_up_follows(db_url, conn):
+    catalog.create_bus(conn, "orders", 4)
+    bus = bus_named(conn, "orders")
+    conn.commit()
+    listener = psycopg2.connect(db_url)
+    listener.autocommit = True
+    listener.cursor().execute("LISTEN eventpush_publish")
+    publisher = psycopg2.connect(db_url)
+    seen_at_commit: list[int] = []
+
+    def committed() -> None:
+        with conn.cursor() as cur:  # another session sees them: committed
+            cur.execute("SELECT count(*) FROM bus_event WHERE bus_id = %s", (bus.id,))
+            seen_at_commit.append(cur.fetchone()[0])
+        conn.rollback()
+        listener.poll()
+        seen_at_commit.append(len(listener.notifies))  # not woken yet
+
+    try:
+        publish_anywhere(publisher, bus, _events(4), committed)
+        assert seen_at_commit == [4, 0]
+        deadline = time.monotonic() + 10
+        while not listener.notifies and time.monotonic() < deadline:
+            select.select([listener], [], [], 0.5)
+            listener.poll()
+        assert [n.payload for n in listener.notifies] == [str(bus.id)]
+        with publisher.cursor() as cur:  # the wake-up's relaxed commit stayed its own
+            cur.execute("SHOW synchronous_commit")
+            assert cur.fetchone()[0] == "on"
+    finally:
+        listener.close()
+        publisher.close()
+
+
+def test_a_failed_append_stores_nothing_and_never_says_committed(db_url, conn):
+    catalog.create_bus(conn, "orders", 1)
+    bus = bus_named(conn, "orders")
+    conn.commit()
+    events = _events(3)
+    events[2].body = '{"not": json'  # the database refuses it: the whole statement fails
+    calls: list[int] = []
+    publisher = psycopg2.connect(db_url)
+    try:
+        with pytest.raises(psycopg2.DataError):
+            publish_anywhere(publisher, bus, events, lambda: calls.append(1))
+        assert calls == []
+        publisher.rollback()
+        events[2].body = '{"a":\n1}'  # valid JSON, but the bodies travel a line each
+        with pytest.raises(ValueError, match="raw newline"):
+            publish_anywhere(publisher, bus, events, lambda: calls.append(1))
+        events[2].body = events[1].body
+        publish_anywhere(publisher, bus, events, lambda: calls.append(1))
+        assert calls == [1]
+    finally:
+        publisher.close()
+    assert _check_gapless(conn, bus.id) == {0: 3}
+
+
+def _held(db_url: str, scenario, **publisher_args) -> None:
+    """Run ``scenario(publisher, release)`` with a GroupPublisher while another transaction
+    holds every queue row of the database's buses, until ``release()`` commits it."""
+    holder = psycopg2.connect(db_url)
+
+    async def run() -> None:
+        publisher = GroupPublisher(db_url, **publisher_args)
+        publisher.start()
+        try:
+            with holder.cursor() as cur:
+                cur.execute("SELECT 1 FROM event_bus_queue FOR UPDATE")
+            await scenario(publisher, holder.commit)
+        finally:
+            await publisher.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        holder.close()
+
+
+def test_group_publisher_runs_a_second_commit_while_one_waits(db_url, conn):
+    """Two groups in flight at once (two connections), each caller answered once its own
+    commit is durable."""
+    catalog.create_bus(conn, "orders", 1)
+    bus = bus_named(conn, "orders")
+    conn.commit()
+
+    async def scenario(publisher: GroupPublisher, release) -> None:
+        first = asyncio.create_task(publisher.publish(bus, _events(2, 1)))
+        await asyncio.sleep(0.5)
+        second = asyncio.create_task(publisher.publish(bus, _events(3, 2)))
+        await asyncio.sleep(1.0)
+        assert not first.done() and not second.done()
+        with conn.cursor() as cur:  # both groups are in the database, each waiting
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = 'eventpush-api' AND wait_event_type = 'Lock'"
+            )
+            assert cur.fetchone()[0] == 2
+        conn.rollback()
+        release()
+        async with asyncio.timeout(30):
+            await asyncio.gather(first, second)
+        assert publisher.stats.commits == 2 and publisher.stats.events == 5
+
+    _held(db_url, scenario, max_in_flight=2)
+    assert _check_gapless(conn, bus.id) == {0: 5}
+
+
+def test_a_busy_bus_does_not_starve_another(db_url, conn):
+    """One connection, groups of one caller: callers of two buses are served in turn."""
+    catalog.create_bus(conn, "busy", 1)
+    catalog.create_bus(conn, "quiet", 1)
+    busy, quiet = bus_named(conn, "busy"), bus_named(conn, "quiet")
+    conn.commit()
+    order: list[str] = []
+
+    async def scenario(publisher: GroupPublisher, release) -> None:
+        async def put(bus, label: str) -> None:
+            await publisher.publish(bus, _events(1, queues=1))
+            order.append(label)
+
+        tasks = [asyncio.create_task(put(busy, "busy 1"))]  # its commit waits; others queue
+        await asyncio.sleep(0.3)
+        tasks += [asyncio.create_task(put(busy, f"busy {i}")) for i in (2, 3, 4)]
+        await asyncio.sleep(0.1)
+        tasks.append(asyncio.create_task(put(quiet, "quiet")))
+        await asyncio.sleep(0.1)
+        release()
+        async with asyncio.timeout(30):
+            await asyncio.gather(*tasks)
+
+    _held(db_url, scenario, max_group=1, max_in_flight=1)
+    assert order == ["busy 1", "busy 2", "quiet", "busy 3", "busy 4"]
