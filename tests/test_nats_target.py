@@ -425,8 +425,11 @@ def crash_run(conn, nats_server, total: int) -> tuple[str, list[str]]:  # noqa: 
 @pytest.mark.parametrize(
     ("batch_size", "n"),
     [
-        # One record per send: each send's one answer settles it (never per record).
-        (1, 20_000),
+        # One record per send: each send's one answer settles it (never per record). Sends
+        # run well ahead of commits: at 20,000, a fast quiet host's third worker had sent
+        # every event before the broker was killed at a fortieth's more commits, and met
+        # no dead broker; 60,000 leave the kills room on any host this suite runs on.
+        (1, 60_000),
         # The JetStream default (None: the catalog fills it in), 64 messages a send: what a
         # killed worker left uncommitted is sent again in other batches than before, so only
         # the per-record Nats-Msg-Id keeps it from landing twice; sends unanswered when the
@@ -555,9 +558,11 @@ def test_targets_of_several_rules_on_one_stream_each_get_every_event_once_throug
     once mid-run: every subject holds every event its rule matched, exactly once. (With one
     message id per event, shared by its targets, the stream dropped all but the first
     subject's copy as duplicates, and the books called them delivered.)"""
-    # As many sends as the one-target crash test (about 21,000 over 3 runners): the kills
-    # must land before the last offset is committed, also on a loaded machine.
-    n = 20_000
+    # About as many sends as the one-target crash test (about 63,000 over 3 runners): the
+    # kills must land before the last offset is committed, on a loaded machine and on a fast
+    # quiet one (at 20,000 one commit moved 32,000 filtered offsets and the third kill came
+    # after the run).
+    n = 60_000
     add_stream(nats_server.url, name="SINK", subjects=("sink.>",))
     shared_topology(conn, nats_server.url, timeout_ms=2000, concurrency=8)
     evs = shared_events(n)
