@@ -380,7 +380,8 @@ def localstack_engine():
             text=True,
         )
         if run.returncode or not module_file.exists():
-            raise SystemExit(f"bench/patterns.py: could not install {LOCALSTACK}: {run.stderr}")
+            why = (run.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SystemExit(f"bench/patterns.py: could not install {LOCALSTACK}: {why}")
     # The module imports one exception class from LocalStack's generated API package, which
     # would pull in LocalStack's gateway; a stand-in class is all matching needs.
     exceptions = types.ModuleType("localstack.aws.api.events")
