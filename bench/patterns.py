@@ -45,6 +45,7 @@ import tracemalloc
 import types
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import json5
 
@@ -390,18 +391,10 @@ def localstack_engine():
     for name in ("localstack", "localstack.aws", "localstack.aws.api"):
         stand_ins[name] = types.ModuleType(name)
         stand_ins[name].__path__ = []
-    saved = {name: sys.modules.get(name) for name in stand_ins}
-    sys.modules.update(stand_ins)
-    try:
+    with mock.patch.dict(sys.modules, stand_ins):
         spec = importlib.util.spec_from_file_location("localstack_event_rule_engine", module_file)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    finally:
-        for name, was in saved.items():
-            if was is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = was
     return module
 
 

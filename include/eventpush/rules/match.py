@@ -191,6 +191,10 @@ def _ip_number(text: str) -> tuple[int, int] | None:
 
 def _value_predicate(spec: _FieldSpec) -> Predicate:
     """One function answering whether a single leaf value satisfies any matcher of the field."""
+    # The common shapes get a dedicated closure: matching cost is dominated by call overhead.
+    exact = _strings_only(spec)
+    if exact is not None:
+        return lambda v: v.__class__ is str and v in exact
     strings = frozenset(spec.strings)
     numbers = frozenset(spec.numbers)
     accept_true, accept_false, accept_null = spec.accept_true, spec.accept_false, spec.accept_null
@@ -203,9 +207,6 @@ def _value_predicate(spec: _FieldSpec) -> Predicate:
     has_ic = bool(prefixes_ic or suffixes_ic or equals_ic)
     others = tuple(p for _, p in sorted(spec.others, key=lambda cp: cp[0]))
 
-    # The common shapes get a dedicated closure: matching cost is dominated by call overhead.
-    if not has_exact_other and not prefixes and not suffixes and not has_ic and not others:
-        return lambda v: v.__class__ is str and v in strings
     only_others = not (strings or has_exact_other or prefixes or suffixes or has_ic)
     if only_others and len(others) == 1:
         return others[0]
@@ -273,8 +274,9 @@ def _field_test(spec: _FieldSpec) -> EventTest:
                 return True
         return False
 
-    # One and two segments (nearly every path) read inline: one call less per evaluation,
-    # and the test also answers for a whole pattern of this one field (a non-dict: False).
+    # The path read inline (one and two segments directly, more through nested objects):
+    # calls saved per evaluation, and the test also answers for a whole pattern of this one
+    # field (a non-dict: False).
     segments = spec.segments
     if len(segments) > 2:
         levels = _levels(segments)
@@ -369,11 +371,10 @@ def _field_test(spec: _FieldSpec) -> EventTest:
 
 
 def _strings_only(spec: _FieldSpec) -> frozenset | None:
-    """The field's strings when exact strings are all it accepts (``_value_predicate``'s
-    first shape), so a test can check them without calling the predicate."""
+    """The field's strings when exact strings are all its values may match (presence aside):
+    ``_value_predicate``'s first shape, and what a field test checks without calling it."""
     if (
-        spec.exists_true
-        or spec.accept_true
+        spec.accept_true
         or spec.accept_false
         or spec.accept_null
         or spec.numbers
