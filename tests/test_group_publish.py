@@ -5,17 +5,15 @@ commits in flight side by side."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import select
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import psycopg2
 import pytest
 
 from eventpush import catalog
+from eventpush.db import StoreError, connect_on_loop, execute_on_loop
 from eventpush.group_publish import GroupPublisher
 from eventpush.publish import Prepared, parse_events
 from eventpush.sources import bus_named
@@ -65,27 +63,35 @@ def _check_gapless(conn, bus_id: int) -> dict[int, int]:
     return {queue_id: next_offset for queue_id, next_offset, _ in rows}
 
 
+async def _on_loop(db_url: str):
+    return await connect_on_loop(db_url, application_name="eventpush-api")
+
+
 def test_concurrent_commits_keep_every_queue_gapless_and_events_verbatim(db_url, conn):
     catalog.create_bus(conn, "orders", 4)
     bus = bus_named(conn, "orders")
     conn.commit()
 
-    def publisher(seed: int) -> list[list[Prepared]]:
+    async def publisher(seed: int) -> list[list[Prepared]]:
         done = []
-        with contextlib.closing(psycopg2.connect(db_url)) as c:
+        c = await _on_loop(db_url)
+        try:
             for k in range(15):
                 events = _events(37, seed * 100 + k)
-                placed = publish_anywhere(c, bus, events)
+                placed = await publish_anywhere(c, bus, events)
                 (queue_id,) = placed  # one queue a commit
                 first, last, count = placed[queue_id]
                 assert count == len(events) == last - first + 1
                 assert {e.queue_id for e in events} == {queue_id}
-                assert not c.autocommit  # put back as it was
                 done.append(events)
+        finally:
+            c.close()
         return done
 
-    with ThreadPoolExecutor(4) as pool:  # a publisher's failure is raised here
-        batches = [events for done in pool.map(publisher, range(4)) for events in done]
+    async def four() -> list[list[list[Prepared]]]:  # a publisher's failure is raised here
+        return await asyncio.gather(*(publisher(seed) for seed in range(4)))
+
+    batches = [events for done in asyncio.run(four()) for events in done]
     heads = _check_gapless(conn, bus.id)
     assert sum(heads.values()) == 4 * 15 * 37
     assert len([q for q, n in heads.items() if n]) > 1, "every commit took the same queue"
@@ -110,42 +116,39 @@ def test_a_free_queue_is_taken_without_waiting_and_a_held_one_waited_for(db_url,
     bus = bus_named(conn, "orders")
     conn.commit()
     holder = psycopg2.connect(db_url)
-    publisher = psycopg2.connect(db_url)
-    try:
-        with holder.cursor() as cur:  # another publisher in the middle of its commit on queue 0
-            cur.execute(
-                "SELECT 1 FROM event_bus_queue WHERE bus_id = %s AND queue_id = 0 FOR UPDATE",
-                (bus.id,),
-            )
-        placed: list[dict] = []  # five commits, each from a random first queue; none waits
-        free = threading.Thread(
-            target=lambda: placed.extend(
-                publish_anywhere(publisher, bus, _events(1)) for _ in range(5)
-            )
-        )
-        free.start()
-        free.join(10)
-        assert not free.is_alive(), "waited for the held queue while another was free"
-        assert [list(p) for p in placed] == [[1]] * 5
 
-        with holder.cursor() as cur:  # now both queues are held
-            cur.execute("SELECT 1 FROM event_bus_queue WHERE bus_id = %s FOR UPDATE", (bus.id,))
-        done: list[dict] = []
-        waiting = threading.Thread(
-            target=lambda: done.append(publish_anywhere(publisher, bus, _events(3)))
-        )
-        waiting.start()
-        waiting.join(1.0)
-        assert waiting.is_alive() and not done, "published on a queue another commit holds"
-        with holder.cursor() as cur:
-            cur.execute("SELECT count(*) FROM bus_event WHERE bus_id = %s", (bus.id,))
-            assert cur.fetchone()[0] == 5  # nothing of the waiting commit is visible
-        holder.commit()
-        waiting.join(30)
-        assert len(done) == 1 and sum(n for _, _, n in done[0].values()) == 3
+    async def scenario() -> None:
+        publisher = await _on_loop(db_url)
+        try:
+            with holder.cursor() as cur:  # another publisher in the middle of its commit on 0
+                cur.execute(
+                    "SELECT 1 FROM event_bus_queue WHERE bus_id = %s AND queue_id = 0 FOR UPDATE",
+                    (bus.id,),
+                )
+            # Five commits, each from a random first queue; none waits for the held one.
+            async with asyncio.timeout(10):
+                placed = [await publish_anywhere(publisher, bus, _events(1)) for _ in range(5)]
+            assert [list(p) for p in placed] == [[1]] * 5
+
+            with holder.cursor() as cur:  # now both queues are held
+                cur.execute("SELECT 1 FROM event_bus_queue WHERE bus_id = %s FOR UPDATE", (bus.id,))
+            waiting = asyncio.create_task(publish_anywhere(publisher, bus, _events(3)))
+            await asyncio.sleep(1.0)
+            assert not waiting.done(), "published on a queue another commit holds"
+            with holder.cursor() as cur:
+                cur.execute("SELECT count(*) FROM bus_event WHERE bus_id = %s", (bus.id,))
+                assert cur.fetchone()[0] == 5  # nothing of the waiting commit is visible
+            holder.commit()
+            async with asyncio.timeout(30):
+                done = await waiting
+            assert sum(n for _, _, n in done.values()) == 3
+        finally:
+            publisher.close()
+
+    try:
+        asyncio.run(scenario())
     finally:
         holder.close()
-        publisher.close()
     assert sum(_check_gapless(conn, bus.id).values()) == 8
 
 
@@ -156,7 +159,6 @@ def test_committed_is_called_once_durable_and_the_wake_up_follows(db_url, conn):
     listener = psycopg2.connect(db_url)
     listener.autocommit = True
     listener.cursor().execute("LISTEN eventpush_publish")
-    publisher = psycopg2.connect(db_url)
     seen_at_commit: list[int] = []
 
     def committed() -> None:
@@ -167,20 +169,26 @@ def test_committed_is_called_once_durable_and_the_wake_up_follows(db_url, conn):
         listener.poll()
         seen_at_commit.append(len(listener.notifies))  # not woken yet
 
+    async def scenario() -> str:
+        publisher = await _on_loop(db_url)
+        try:
+            await publish_anywhere(publisher, bus, _events(4), committed)
+            # the wake-up's relaxed commit stayed its own
+            ((setting,),) = await execute_on_loop(publisher, "SHOW synchronous_commit")
+            return setting
+        finally:
+            publisher.close()
+
     try:
-        publish_anywhere(publisher, bus, _events(4), committed)
+        assert asyncio.run(scenario()) == "on"
         assert seen_at_commit == [4, 0]
         deadline = time.monotonic() + 10
         while not listener.notifies and time.monotonic() < deadline:
             select.select([listener], [], [], 0.5)
             listener.poll()
         assert [n.payload for n in listener.notifies] == [str(bus.id)]
-        with publisher.cursor() as cur:  # the wake-up's relaxed commit stayed its own
-            cur.execute("SHOW synchronous_commit")
-            assert cur.fetchone()[0] == "on"
     finally:
         listener.close()
-        publisher.close()
 
 
 def test_a_failed_append_stores_nothing_and_never_says_committed(db_url, conn):
@@ -190,21 +198,32 @@ def test_a_failed_append_stores_nothing_and_never_says_committed(db_url, conn):
     events = _events(3)
     events[2].body = '{"not": json'  # the database refuses it: the whole statement fails
     calls: list[int] = []
-    publisher = psycopg2.connect(db_url)
-    try:
-        with pytest.raises(psycopg2.DataError):
-            publish_anywhere(publisher, bus, events, lambda: calls.append(1))
-        assert calls == []
-        publisher.rollback()
-        events[2].body = '{"a":\n1}'  # valid JSON, but the bodies travel a line each
-        with pytest.raises(ValueError, match="raw newline"):
-            publish_anywhere(publisher, bus, events, lambda: calls.append(1))
-        events[2].body = events[1].body
-        publish_anywhere(publisher, bus, events, lambda: calls.append(1))
-        assert calls == [1]
-    finally:
-        publisher.close()
+
+    async def scenario() -> None:
+        publisher = await _on_loop(db_url)
+        try:
+            with pytest.raises(psycopg2.DataError):
+                await publish_anywhere(publisher, bus, events, lambda: calls.append(1))
+            assert calls == []
+            events[2].body = '{"a":\n1}'  # valid JSON, but the bodies travel a line each
+            with pytest.raises(ValueError, match="raw newline"):
+                await publish_anywhere(publisher, bus, events, lambda: calls.append(1))
+            events[2].body = events[1].body
+            await publish_anywhere(publisher, bus, events, lambda: calls.append(1))
+            assert calls == [1]
+        finally:
+            publisher.close()
+
+    asyncio.run(scenario())
     assert _check_gapless(conn, bus.id) == {0: 3}
+
+
+def test_a_connection_that_cannot_be_made_is_one_line_without_the_password(db_url):
+    bad = "postgresql://postgres:hunter2@127.0.0.1:1/nowhere"
+    with pytest.raises(StoreError) as raised:
+        asyncio.run(connect_on_loop(bad))
+    assert "hunter2" not in str(raised.value) and "\n" not in str(raised.value)
+    assert "cannot connect to" in str(raised.value)
 
 
 def _held(db_url: str, scenario, **publisher_args) -> None:

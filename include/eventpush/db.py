@@ -1,7 +1,9 @@
-"""Connections and transactions on the eventpush PostgreSQL database (psycopg2)."""
+"""Connections and transactions on the eventpush PostgreSQL database (psycopg2), and
+asynchronous connections driven by the running event loop (for the API's group commit)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 
@@ -30,6 +32,57 @@ def connect(
     except psycopg2.OperationalError as exc:
         raise StoreError(f"cannot connect to {redact_url(url)}: {first_line(exc)}") from None
     return conn
+
+
+async def connect_on_loop(url: str, *, application_name: str = "eventpush") -> Connection:
+    """A new asynchronous connection (psycopg2's ``async_``: always autocommit), opened
+    without blocking the running event loop; use it with :func:`execute_on_loop`."""
+    try:
+        conn = psycopg2.connect(
+            url, application_name=application_name, connect_timeout=10, async_=True
+        )
+        await _ready(conn)
+    except psycopg2.OperationalError as exc:
+        raise StoreError(f"cannot connect to {redact_url(url)}: {first_line(exc)}") from None
+    return conn
+
+
+async def execute_on_loop(conn: Connection, sql: str, params: object = None) -> list[tuple]:
+    """Run one statement (or several, in one implicit transaction) on an asynchronous
+    connection while the loop serves others; the last statement's rows ([] for none). An
+    error is the database's, as a blocking ``execute`` raises it; after a cancellation the
+    connection's state is unknown: close it."""
+    cur = conn.cursor()
+    cur.execute(sql, params)
+    await _ready(conn)
+    return cur.fetchall() if cur.description is not None else []
+
+
+async def _ready(conn: Connection) -> None:
+    """Wait on the loop, with no thread, until psycopg2 says the connection is ready."""
+    loop = asyncio.get_running_loop()
+    while True:
+        state = conn.poll()
+        if state == psycopg2.extensions.POLL_OK:
+            return
+        if state == psycopg2.extensions.POLL_READ:
+            watch, unwatch = loop.add_reader, loop.remove_reader
+        elif state == psycopg2.extensions.POLL_WRITE:
+            watch, unwatch = loop.add_writer, loop.remove_writer
+        else:
+            raise psycopg2.OperationalError(f"unexpected connection poll state {state}")
+        fd = conn.fileno()  # may change while a connection is made
+        ready = loop.create_future()
+        watch(fd, _wake, ready)
+        try:
+            await ready
+        finally:
+            unwatch(fd)
+
+
+def _wake(ready: asyncio.Future) -> None:
+    if not ready.done():
+        ready.set_result(None)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,9 @@ shares them. Up to ``max_in_flight`` commits run at once, each on its own connec
 bus whose source chooses the queue at commit time (``publish_anywhere``: PostgreSQL, where
 each commit takes a queue no other one holds, so the server's processes commit side by
 side) the next group may start while one commits; any other bus has one commit at a time.
+``publish_anywhere`` runs on the event loop itself, on an asynchronous connection: handing
+each commit to a worker thread and back cost the server a tenth of its CPU a request. Other
+kinds' ``publish`` blocks, so it runs in a worker thread.
 A caller woken with success may answer its client: what it handed in is durable. A caller
 woken with an error knows none of its events of that bus were stored (the source's publish
 is all or nothing; a JetStream publish that failed half-way may have stored some, which AWS
@@ -29,13 +32,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from eventpush.db import Connection, connect
+from eventpush.db import Connection, connect, connect_on_loop
 from eventpush.publish import Prepared
 from eventpush.sources import Bus, kind_for
 
 log = logging.getLogger("eventpush.group_publish")
 
-MAX_GROUP_EVENTS = 5000  # one COPY at most this big; the rest goes in the next commit
+MAX_GROUP_EVENTS = 5000  # one append at most this big; the rest goes in the next commit
 MAX_WAITING_EVENTS = 20_000
 # Commits in flight per process, each on its own connection. One is the default: the
 # PostgreSQL source already lets the server's processes commit side by side (each takes a
@@ -44,6 +47,23 @@ MAX_WAITING_EVENTS = 20_000
 # (alternating, quiet machine), and more CPU a request. More may pay where commits wait on a
 # slow disk rather than on CPU (one server process, a remote database).
 MAX_IN_FLIGHT = 1
+APPLICATION = "eventpush-api"  # the connections' application_name, as pg_stat_activity shows
+
+
+@dataclass
+class _Slot:
+    """The connections of one commit in flight, each opened on first use and dropped after a
+    failure: an asynchronous one for ``publish_anywhere``, a blocking one for ``publish``."""
+
+    on_loop: Connection | None = None
+    blocking: Connection | None = None
+
+    def close(self) -> None:
+        for conn in (self.on_loop, self.blocking):
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+        self.on_loop = self.blocking = None
 
 
 @dataclass
@@ -68,9 +88,9 @@ class GroupStats:
 
 
 class GroupPublisher:
-    """One committer task and up to ``max_in_flight`` database connections for the process,
-    one per commit in flight; start with :meth:`start` inside the event loop, stop with
-    :meth:`close`."""
+    """One committer task and up to ``max_in_flight`` commits in flight for the process,
+    each with its own connections; start with :meth:`start` inside the event loop, stop
+    with :meth:`close`."""
 
     def __init__(
         self,
@@ -79,15 +99,12 @@ class GroupPublisher:
         max_group: int = MAX_GROUP_EVENTS,
         max_waiting: int = MAX_WAITING_EVENTS,
         max_in_flight: int = MAX_IN_FLIGHT,
-        connect_fn: Callable[[str], Connection] | None = None,
     ) -> None:
         self.url = database_url
         self.max_group = max_group
         self.max_waiting = max_waiting
         self.stats = GroupStats()
-        self._connect = connect_fn or (lambda url: connect(url, application_name="eventpush-api"))
-        # A connection per commit in flight (None: not opened yet, or dropped after a failure).
-        self._free: list[Connection | None] = [None] * max(1, max_in_flight)
+        self._free: list[_Slot] = [_Slot() for _ in range(max(1, max_in_flight))]
         self._queues: dict[int, tuple[Bus, list[_Waiting]]] = {}
         self._busy_buses: set[int] = set()  # buses of a kind that takes one commit at a time
         self._commits: set[asyncio.Task] = set()
@@ -108,11 +125,8 @@ class GroupPublisher:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for conn in self._free:
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    conn.close()
-        self._free = [None] * len(self._free)
+        for slot in self._free:
+            slot.close()
 
     async def publish(self, bus: Bus, events: list[Prepared]) -> None:
         """Return once ``events`` are committed on ``bus``; raise what the commit raised."""
@@ -149,8 +163,8 @@ class GroupPublisher:
                 one_at_a_time = kind_for(bus.source_url).publish_anywhere is None
                 if one_at_a_time:
                     self._busy_buses.add(bus_id)
-                conn = self._free.pop()
-                task = asyncio.create_task(self._commit(bus, taken, conn, one_at_a_time))
+                slot = self._free.pop()
+                task = asyncio.create_task(self._commit(bus, taken, slot, one_at_a_time))
                 self._commits.add(task)
 
     def _take(self, bus_id: int) -> tuple[Bus, list[_Waiting]]:
@@ -168,14 +182,13 @@ class GroupPublisher:
         return bus, taken
 
     async def _commit(
-        self, bus: Bus, taken: list[_Waiting], conn: Connection | None, one_at_a_time: bool
+        self, bus: Bus, taken: list[_Waiting], slot: _Slot, one_at_a_time: bool
     ) -> None:
         events = [event for item in taken for event in item.events]
         started = time.perf_counter()
-        loop = asyncio.get_running_loop()
         answered: list[bool] = []
 
-        def answer() -> None:  # in the loop, once the events are durable
+        def answer() -> None:  # once the events are durable
             if not answered:
                 answered.append(True)
                 self.stats.commits += 1
@@ -186,12 +199,10 @@ class GroupPublisher:
                         item.done.set_result(None)
 
         try:
-            conn = await asyncio.to_thread(
-                self._publish, conn, bus, events, lambda: loop.call_soon_threadsafe(answer)
-            )
+            await self._publish(slot, bus, events, answer)
             answer()
         except Exception as exc:
-            conn = None  # closed by _publish: the next group must not inherit a broken session
+            slot.close()  # the next group must not inherit a broken session
             if answered:  # stored and answered; only the workers' wake-up failed
                 log.warning(
                     "events committed on bus %s, but waking the workers failed: %s", bus.name, exc
@@ -201,9 +212,12 @@ class GroupPublisher:
                 for item in taken:
                     if not item.done.done():
                         item.done.set_exception(exc)
+        except BaseException:  # cancelled mid-statement: the session's state is unknown
+            slot.close()
+            raise
         finally:
             self.stats.seconds += time.perf_counter() - started
-            self._free.append(conn)
+            self._free.append(slot)
             if one_at_a_time:
                 self._busy_buses.discard(bus.id)
             self._commits.discard(asyncio.current_task())
@@ -212,26 +226,17 @@ class GroupPublisher:
                 self._waiting_events -= len(events)
                 self._room.notify_all()
 
-    def _publish(
-        self,
-        conn: Connection | None,
-        bus: Bus,
-        events: list[Prepared],
-        committed: Callable[[], None],
-    ) -> Connection:
-        """In a worker thread: the source's all-or-nothing publish on ``conn`` (opened when
-        None), ``committed()`` called as soon as the events are durable where the source
-        says when; the connection to use next, or the error after closing it."""
-        if conn is None:
-            conn = self._connect(self.url)
-        try:
-            kind = kind_for(bus.source_url)
-            if kind.publish_anywhere is not None:
-                kind.publish_anywhere(conn, bus, events, committed)
-            else:
-                kind.publish(conn, bus, events)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                conn.close()
-            raise
-        return conn
+    async def _publish(
+        self, slot: _Slot, bus: Bus, events: list[Prepared], committed: Callable[[], None]
+    ) -> None:
+        """The source's all-or-nothing publish: ``publish_anywhere`` on the loop (``committed()``
+        as soon as the events are durable), any other kind's ``publish`` in a worker thread."""
+        kind = kind_for(bus.source_url)
+        if kind.publish_anywhere is not None:
+            if slot.on_loop is None:
+                slot.on_loop = await connect_on_loop(self.url, application_name=APPLICATION)
+            await kind.publish_anywhere(slot.on_loop, bus, events, committed)
+            return
+        if slot.blocking is None:
+            slot.blocking = await asyncio.to_thread(connect, self.url, application_name=APPLICATION)
+        await asyncio.to_thread(kind.publish, slot.blocking, bus, events)

@@ -5,7 +5,7 @@ only."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -100,12 +100,13 @@ class SourceKind:
     - ``open_reader(database_url)``: the engine's :class:`Reader` for every bus of the kind.
     - ``publish(conn, bus, events)``: append validated events (``eventpush.publish``'s
       prepared events, in order); returns ``{queue_id: (first, last, count)}`` positions.
-    - ``publish_anywhere(conn, bus, events, committed)``, optional: the same for events
+    - ``publish_anywhere(conn, bus, events, committed)``, optional, a coroutine on an
+      asynchronous connection (``eventpush.db.connect_on_loop``): the same for events
       whose queues the kind may choose itself at commit time (no partition key: the API's
       group commit), setting each event's ``queue_id`` to where it went and calling
       ``committed()`` once they are durable (work that may follow, such as waking the
       workers, then does not delay the publishers); a kind without it is handed ``publish``
-      with the queues already chosen.
+      (in a worker thread) with the queues already chosen.
     - ``heads(conn, bus)``: ``{queue_id: next position}`` (last position + 1, 0 when empty).
     - ``read_range(conn, bus, queue_id, start, stop)``: ``Stored`` events of one queue with
       ``start <= position < stop``, in order (the batch jobs' reader).
@@ -125,7 +126,10 @@ class SourceKind:
     read_range: Callable[[Connection, Bus, int, int, int], Iterator[Stored]]
     position_at: Callable[[Connection, Bus, int, datetime], int]
     publish_anywhere: (
-        Callable[[Connection, Bus, list, Callable[[], None]], dict[int, tuple[int, int, int]]]
+        Callable[
+            [Connection, Bus, list, Callable[[], None]],
+            Awaitable[dict[int, tuple[int, int, int]]],
+        ]
         | None
     ) = None
     set_retention: Callable[[Connection, Bus, int], None] | None = None

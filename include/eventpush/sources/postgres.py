@@ -18,7 +18,15 @@ from datetime import datetime
 
 import msgspec
 
-from eventpush.db import Connection, StoreError, connect, copy_text, is_transient, transaction
+from eventpush.db import (
+    Connection,
+    StoreError,
+    connect,
+    copy_text,
+    execute_on_loop,
+    is_transient,
+    transaction,
+)
 from eventpush.dbslot import DbSlot
 from eventpush.sources.contract import Bus, Chunk, Reader, SourceError, SourceKind, Stored
 
@@ -247,17 +255,18 @@ _NOTIFY = "SET LOCAL synchronous_commit = off; SELECT pg_notify('eventpush_publi
 _encode_json = msgspec.json.Encoder().encode
 
 
-def publish_anywhere(
+async def publish_anywhere(
     conn: Connection, bus: Bus, events: list, committed: Callable[[], None] | None = None
 ) -> dict[int, tuple[int, int, int]]:
     """Append ``events``, whose queue is free to choose (no partition key: the API's), in one
     transaction or not at all, on one queue that no other publisher holds now (waiting for
-    one only when all are held); each event's ``queue_id`` is set to it. The append is one
-    statement, its own transaction (autocommit), so the queue is held for one round trip and
-    the commit, not for a conversation with this process. ``committed()`` is called as soon as
-    the events are durable, before the workers are woken (a wake-up that fails after it
-    raises, but the events are stored). ``conn`` must be idle (no transaction open); it is
-    put in autocommit for the call and back after."""
+    one only when all are held); each event's ``queue_id`` is set to it. ``conn`` is an
+    asynchronous connection (``eventpush.db.connect_on_loop``): the statement runs while the
+    loop serves others, with no thread to hand it to. The append is one statement, its own
+    transaction (autocommit), so the queue is held for one round trip and the commit, not for
+    a conversation with this process. ``committed()`` is called as soon as the events are
+    durable, before the workers are woken (a wake-up that fails after it raises, but the
+    events are stored)."""
     if not events:
         return {}
     params = {
@@ -281,25 +290,17 @@ def publish_anywhere(
     }
     if params["bodies"].count("\n") != len(events) - 1:
         raise ValueError("an event body holds a raw newline: not compact JSON")
-    autocommit = conn.autocommit
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(_SKIP_LOCKED, params)
-            row = cur.fetchone()
-            if row is None:  # every queue is held: wait for one (holding none: no deadlock)
-                cur.execute(_WAIT_LOCKED, params)
-                row = cur.fetchone()
-            if row is None:
-                raise StoreError(f"bus {bus.name} has no queues to publish on")
-            queue_id, first = row
-            for event in events:
-                event.queue_id = queue_id
-            if committed is not None:
-                committed()
-            cur.execute(_NOTIFY, (str(bus.id),))
-    finally:
-        conn.autocommit = autocommit
+    rows = await execute_on_loop(conn, _SKIP_LOCKED, params)
+    if not rows:  # every queue is held: wait for one (holding none: no deadlock)
+        rows = await execute_on_loop(conn, _WAIT_LOCKED, params)
+    if not rows:
+        raise StoreError(f"bus {bus.name} has no queues to publish on")
+    ((queue_id, first),) = rows
+    for event in events:
+        event.queue_id = queue_id
+    if committed is not None:
+        committed()
+    await execute_on_loop(conn, _NOTIFY, (str(bus.id),))
     return {queue_id: (first, first + len(events) - 1, len(events))}
 
 
