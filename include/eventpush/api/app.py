@@ -13,6 +13,7 @@ handler. Every refusal is AWS's error shape (eventpush.api.errors); an unexpecte
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import time
 from datetime import UTC, datetime
@@ -44,6 +45,7 @@ OPERATIONS = {
 PRODUCER_OPERATIONS = frozenset({"PutEvents", "TestEventPattern"})
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
+GC_YOUNG_THRESHOLD = 10_000
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 
@@ -271,6 +273,18 @@ async def _served_by_events_app(request: Request) -> Response:
     raise AssertionError("POST / reached Starlette")
 
 
+def _tune_collector() -> None:
+    """With Python's default (a young collection every 700 net allocations) the collector ran
+    every few requests while 64 requests were in flight, 16 ms of CPU per 1,000 requests
+    (in-process, the real group commit); a request's objects are freed by reference counting
+    and cycles are rare (an exception's traceback), so a young collection every
+    ``GC_YOUNG_THRESHOLD`` allocations is ample, and what start-up built is frozen out of the
+    older generations' scans."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+
+
 def create_app(settings: Settings) -> EventsApp:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -278,6 +292,7 @@ def create_app(settings: Settings) -> EventsApp:
         await service.start()
         app.state.service = service
         app.state.metrics = ApiMetrics(service)
+        _tune_collector()
         try:
             yield
         finally:
