@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import select
+import socket
 import time
 
 import psycopg2
@@ -218,12 +219,21 @@ def test_a_failed_append_stores_nothing_and_never_says_committed(db_url, conn):
     assert _check_gapless(conn, bus.id) == {0: 3}
 
 
-def test_a_connection_that_cannot_be_made_is_one_line_without_the_password(db_url):
-    bad = "postgresql://postgres:hunter2@127.0.0.1:1/nowhere"
-    with pytest.raises(StoreError) as raised:
-        asyncio.run(connect_on_loop(bad))
-    assert "hunter2" not in str(raised.value) and "\n" not in str(raised.value)
-    assert "cannot connect to" in str(raised.value)
+def test_a_connection_that_cannot_be_made_is_one_line_without_the_password(monkeypatch):
+    bad = "postgresql://postgres:hunter2@127.0.0.1:{port}/nowhere"
+    with pytest.raises(StoreError) as refused:  # nothing listens on port 1
+        asyncio.run(connect_on_loop(bad.format(port=1)))
+    # A server that accepts and never answers: refused after the timeout, not waited on.
+    monkeypatch.setattr("eventpush.db.CONNECT_TIMEOUT_S", 0.5)
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        started = time.monotonic()
+        with pytest.raises(StoreError) as timed_out:
+            asyncio.run(connect_on_loop(bad.format(port=silent.getsockname()[1])))
+        assert time.monotonic() - started < 5
+    assert "no answer in 0.5 s" in str(timed_out.value)
+    for raised in (refused, timed_out):
+        assert "hunter2" not in str(raised.value) and "\n" not in str(raised.value)
+        assert str(raised.value).startswith("cannot connect to")
 
 
 def _held(db_url: str, scenario, **publisher_args) -> None:

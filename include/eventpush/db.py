@@ -15,6 +15,7 @@ from eventpush.config import database_url, redact_url
 from eventpush.errors import first_line
 
 Connection = psycopg2.extensions.connection
+CONNECT_TIMEOUT_S = 10
 
 
 class StoreError(RuntimeError):
@@ -28,7 +29,9 @@ def connect(
     connection parameters (e.g. TCP keepalives)."""
     url = url or database_url()
     try:
-        conn = psycopg2.connect(url, application_name=application_name, connect_timeout=10, **libpq)
+        conn = psycopg2.connect(
+            url, application_name=application_name, connect_timeout=CONNECT_TIMEOUT_S, **libpq
+        )
     except psycopg2.OperationalError as exc:
         raise StoreError(f"cannot connect to {redact_url(url)}: {first_line(exc)}") from None
     return conn
@@ -38,12 +41,21 @@ async def connect_on_loop(url: str, *, application_name: str = "eventpush") -> C
     """A new asynchronous connection (psycopg2's ``async_``: always autocommit), opened
     without blocking the running event loop; use it with :func:`execute_on_loop`."""
     try:
-        conn = psycopg2.connect(
-            url, application_name=application_name, connect_timeout=10, async_=True
-        )
-        await _ready(conn)
+        conn = psycopg2.connect(url, application_name=application_name, async_=True)
     except psycopg2.OperationalError as exc:
         raise StoreError(f"cannot connect to {redact_url(url)}: {first_line(exc)}") from None
+    try:
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):  # libpq's connect_timeout is for blocking
+            await _ready(conn)
+    except BaseException as exc:
+        conn.close()
+        if isinstance(exc, psycopg2.OperationalError):
+            why = first_line(exc)
+        elif isinstance(exc, TimeoutError):
+            why = f"no answer in {CONNECT_TIMEOUT_S} s"
+        else:
+            raise
+        raise StoreError(f"cannot connect to {redact_url(url)}: {why}") from None
     return conn
 
 
