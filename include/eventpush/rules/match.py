@@ -105,8 +105,12 @@ def _leaf_getter(segments: tuple[str, ...], fast: bool = True) -> Callable[[dict
 
         def get_two(event: dict) -> Any:
             child = event.get(first, _MISSING)
-            if child.__class__ is dict and joined not in event:
-                return _leaf_of(child.get(second, _MISSING))
+            cls = child.__class__
+            if cls is dict:
+                if joined not in event:
+                    return _leaf_of(child.get(second, _MISSING))
+            elif cls is not list and joined not in event:
+                return _MISSING  # nothing (or a scalar) where the path starts
             return get_many(event)
 
         return get_two
@@ -117,13 +121,17 @@ def _leaf_getter(segments: tuple[str, ...], fast: bool = True) -> Callable[[dict
 
         def get_three(event: dict) -> Any:
             child = event.get(first, _MISSING)
-            if child.__class__ is dict and dotted[0] not in event and dotted[1] not in event:
-                grand = child.get(second, _MISSING)
-                if inner not in child:
-                    if grand.__class__ is dict:
-                        return _leaf_of(grand.get(third, _MISSING))
-                    if grand is _MISSING:
-                        return _MISSING
+            if dotted[0] not in event and dotted[1] not in event:
+                cls = child.__class__
+                if cls is dict:
+                    grand = child.get(second, _MISSING)
+                    if inner not in child:
+                        if grand.__class__ is dict:
+                            return _leaf_of(grand.get(third, _MISSING))
+                        if grand is _MISSING:
+                            return _MISSING
+                elif cls is not list:
+                    return _MISSING  # nothing (or a scalar) where the path starts
             return get_many(event)
 
         return get_three
@@ -342,7 +350,9 @@ def _field_test(spec: _FieldSpec) -> EventTest:
                 return False
             value = event.get(first, _MISSING)
             if value.__class__ is not dict or joined in event:
-                return test(event)  # through dotted keys or arrays: the general reading
+                if value.__class__ is list or joined in event:
+                    return test(event)  # through dotted keys or arrays: the general reading
+                return accept_missing  # nothing (or a scalar) where the path starts
             value = value.get(second, _MISSING)
             cls = value.__class__
             if cls is str:
@@ -358,7 +368,9 @@ def _field_test(spec: _FieldSpec) -> EventTest:
             return False
         value = event.get(first, _MISSING)
         if value.__class__ is not dict or joined in event:
-            return test(event)  # through dotted keys or arrays: the general reading
+            if value.__class__ is list or joined in event:
+                return test(event)  # through dotted keys or arrays: the general reading
+            return accept_missing  # nothing (or a scalar) where the path starts
         value = value.get(second, _MISSING)
         cls = value.__class__
         if cls is list:
