@@ -7,9 +7,7 @@ generator leaves out and for the rule index, and the leaf access the rule index 
 from __future__ import annotations
 
 import functools
-import ipaddress
 import json
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +17,7 @@ from eventpush.rules.parse import (
     _FieldSpec,
     _parse_pattern,
 )
+from eventpush.rules.parse import _ip_number as _ip_number  # its home before the cidr test's
 
 _MISSING = object()
 
@@ -183,22 +182,6 @@ def _leaf_of(value: Any) -> Any:
 # --------------------------------------------------------------------------- value matchers
 
 
-def _ip_number(text: str) -> tuple[int, int] | None:
-    """(IP version, address as int) of a string holding an IP address, else None; what
-    ``ipaddress.ip_address`` accepts. inet_pton reads dotted quads several times faster and
-    accepts exactly the strict form ipaddress does (four decimal octets, no leading zeros);
-    anything else, IPv6 included, goes to ipaddress."""
-    try:
-        return 4, int.from_bytes(socket.inet_pton(socket.AF_INET, text), "big")
-    except (OSError, ValueError):
-        pass
-    try:
-        address = ipaddress.ip_address(text)
-    except ValueError:
-        return None
-    return address.version, int(address)
-
-
 def _value_predicate(spec: _FieldSpec) -> Predicate:
     """One function answering whether a single leaf value satisfies any matcher of the field."""
     # The common shapes get a dedicated closure: matching cost is dominated by call overhead.
@@ -215,7 +198,7 @@ def _value_predicate(spec: _FieldSpec) -> Predicate:
     suffixes_ic = tuple(spec.suffixes_ic)
     equals_ic = frozenset(spec.equals_ic)
     has_ic = bool(prefixes_ic or suffixes_ic or equals_ic)
-    others = tuple(p for _, p in sorted(spec.others, key=lambda cp: cp[0]))
+    others = tuple(other[1] for other in sorted(spec.others, key=lambda other: other[0]))
 
     only_others = not (strings or has_exact_other or prefixes or suffixes or has_ic)
     if only_others and len(others) == 1:
@@ -592,6 +575,9 @@ def _generate_field(src: _Source, spec: _FieldSpec) -> None:
 
 def _required(parts: list[str]) -> str:
     """A branch's body: ``return False`` unless one of the tests holds."""
+    if "True" in parts:  # an inline form that holds for every leaf of this type
+        return "            pass"
+    parts = [part for part in parts if part != "False"]
     if not parts:
         return "            return False"
     return f"            if not ({' or '.join(parts)}):\n                return False"
@@ -625,10 +611,10 @@ def _value_parts(src: _Source, spec: _FieldSpec) -> tuple[list[str], list[str]]:
     if spec.numbers:
         numbers = src.name(frozenset(spec.numbers))
         others.append(f"((cls is int or cls is float) and v in {numbers})")
-    for _, predicate in sorted(spec.others, key=lambda cp: cp[0]):
-        call = f"{src.name(predicate)}(v)"
-        strings.append(call)
-        others.append(call)
+    for _, _, inline in sorted(spec.others, key=lambda other: other[0]):
+        names = [src.name(value) for value in inline.values]
+        strings.append(inline.on_string.format(*names))
+        others.append(inline.on_other.format(*names))
     return strings, others
 
 
