@@ -43,7 +43,7 @@ class InvalidPatternError(ValueError):
 # --------------------------------------------------------------------------- value matchers
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Inline:
     """A value test as expressions for the generated matchers of ``rules.match``: on a string
     leaf ``v``, and on any other leaf ``v`` of class ``cls``; ``{0}``, ``{1}`` stand for the
@@ -234,6 +234,13 @@ class _FieldSpec:
         return 1
 
 
+# anything-but's prefix and suffix: the test, and its text in generated code.
+_EXCLUDED_AFFIX = {
+    "prefix": (str.startswith, "not v.startswith({0})"),
+    "suffix": (str.endswith, "not v.endswith({0})"),
+}
+
+
 def _add_anything_but(spec: _FieldSpec, arg: Any, where: str) -> None:
     op = "anything-but"
     spec.negative = True
@@ -251,13 +258,12 @@ def _add_anything_but(spec: _FieldSpec, arg: Any, where: str) -> None:
                     where, f"{op}/{inner} takes a string or an array of strings, not an object"
                 )
             items = tuple(_string_or_list(value, where, f"{op}/{inner}", allow_empty=False))
-            method = "startswith" if inner == "prefix" else "endswith"
-            affix = getattr(str, method)
+            affix, text = _EXCLUDED_AFFIX[inner]
             spec.others.append(
                 (
                     1,
                     lambda v: v.__class__ is not str or not affix(v, items),
-                    _Inline(f"not v.{method}({{0}})", "True", (items,)),
+                    _Inline(text, "True", (items,)),
                 )
             )
         elif inner == "equals-ignore-case":
@@ -376,21 +382,30 @@ def _numeric_predicate(arg: Any, where: str) -> Predicate:
     return lambda v: (v.__class__ is int or v.__class__ is float) and low <= v <= high
 
 
-# A numeric matcher's comparison in generated code, by operator: fixed text, {0} and {1} the
-# bounds' names.
-_COMPARE = {"=": "v == {0}", "<": "v < {0}", "<=": "v <= {0}", ">": "v > {0}", ">=": "v >= {0}"}
-_ABOVE_LOW = {">": "{0} < v", ">=": "{0} <= v"}
-_BELOW_HIGH = {"<": "v < {1}", "<=": "v <= {1}"}
+# A numeric matcher's test of a leaf in generated code, by its operators: fixed text, made
+# once ({0} and {1} the bounds' names); numbers alone may match.
+_NUMERIC_TESTS = {
+    ops: "(cls is int or cls is float) and " + test
+    for ops, test in {
+        "=": "v == {0}",
+        "<": "v < {0}",
+        "<=": "v <= {0}",
+        ">": "v > {0}",
+        ">=": "v >= {0}",
+        (">", "<"): "{0} < v < {1}",
+        (">", "<="): "{0} < v <= {1}",
+        (">=", "<"): "{0} <= v < {1}",
+        (">=", "<="): "{0} <= v <= {1}",
+    }.items()
+}
 
 
 def _numeric_inline(arg: list) -> _Inline:
-    """The inline form of an already validated numeric matcher: numbers alone may match."""
+    """The inline form of an already validated numeric matcher."""
     if len(arg) == 2:
-        test, values = _COMPARE[arg[0]], (arg[1],)
-    else:
-        low_op, low, high_op, high = arg
-        test, values = f"{_ABOVE_LOW[low_op]} and {_BELOW_HIGH[high_op]}", (low, high)
-    return _Inline("False", f"(cls is int or cls is float) and {test}", values)
+        return _Inline("False", _NUMERIC_TESTS[arg[0]], (arg[1],))
+    low_op, low, high_op, high = arg
+    return _Inline("False", _NUMERIC_TESTS[low_op, high_op], (low, high))
 
 
 def _bound(value: Any, side: int) -> tuple:
