@@ -528,3 +528,68 @@ def test_a_deep_field_read_inline_answers_as_the_general_walk(event_, segments, 
     spec = _parse_pattern(pattern)[1].fields[0]
     assert match._field_test(spec)(event_) == general_field_answer(spec, event_)
     assert match._field_test(spec)([event_]) is False  # not an object: no match
+
+
+def general_answer(conj, event_) -> bool:
+    """What a parsed pattern answers through the general leaf walk, field by field."""
+    return all(general_field_answer(f, event_) for f in conj.fields) and all(
+        any(general_answer(branch, event_) for branch in group) for group in conj.alternatives
+    )
+
+
+DEEP_PATHS = ["a", "b", "a.b", "b.c", "a.b.c", "a.b.c.c", "a.a.b.c"]
+deep_fields = st.dictionaries(st.sampled_from(DEEP_PATHS), match_array, min_size=1, max_size=3)
+deep_pattern = st.one_of(
+    deep_fields,
+    st.tuples(deep_fields, st.lists(deep_fields, min_size=2, max_size=3)).map(
+        lambda pair: {**pair[0], "$or": pair[1]}
+    ),
+    st.lists(deep_fields, min_size=2, max_size=3).map(lambda branches: {"$or": branches}),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    event_=st.dictionaries(st.sampled_from(["a", "b", "a.b", "a.b.c", "b.c"]), nested),
+    pattern=deep_pattern,
+)
+def test_a_generated_pattern_answers_as_the_general_walk(event_, pattern):
+    """A pattern is compiled to one generated function (issue 34): its fields, of one to four
+    segments through arrays and dotted keys, answer as the general reading does."""
+    from eventpush.rules.parse import _parse_pattern
+
+    compiled = compile_pattern(pattern)
+    assert compiled.matches.__name__ == "match"  # the generated function, not a closure
+    conj = _parse_pattern(pattern)[1]
+    assert compiled.matches(event_) == general_answer(conj, event_)
+    assert compiled.matches([event_]) is False  # not an object: no match
+
+
+def test_shapes_past_the_generator_s_limits_are_matched_by_the_closures():
+    deep = ".".join(["a"] * (match._GENERATED_SEGMENTS + 1))
+    nested_event: dict = {"a": 1}
+    for _ in range(match._GENERATED_SEGMENTS):
+        nested_event = {"a": nested_event}
+    compiled = compile_pattern({deep: [1], "b": ["x"]})  # generated, the long path's closure inline
+    assert compiled.matches({**nested_event, "b": "x"})
+    assert not compiled.matches({**nested_event, "b": "y"})
+    assert not compiled.matches({"a": {"a": 1}, "b": "x"})
+    many = {f"f{i}": [i] for i in range(match._GENERATED_FIELDS + 1)}
+    compiled = compile_pattern(many)
+    assert compiled.matches.__name__ != "match"  # closures throughout
+    assert compiled.matches({f"f{i}": i for i in range(match._GENERATED_FIELDS + 1)})
+    assert not compiled.matches({f"f{i}": 0 for i in range(match._GENERATED_FIELDS + 1)})
+
+
+def test_a_pattern_s_text_never_reaches_the_generated_source():
+    """Keys and values that would be code if spliced into source are matched as data; one
+    shape is compiled once whatever its values."""
+    hostile = '"]) or exec("import os; os_system(1)") or ([""'  # no dot: one segment
+    before = match._factory.cache_info()
+    one = compile_pattern({hostile: [hostile], "x": {hostile: [{"prefix": hostile}]}})
+    two = compile_pattern({"k": ["v"], "x": {"y": [{"prefix": "p"}]}})
+    after = match._factory.cache_info()
+    assert after.misses - before.misses <= 1  # one source for both
+    assert one.matches({hostile: hostile, "x": {hostile: hostile + "!"}})
+    assert not one.matches({hostile: "v", "x": {hostile: hostile}})
+    assert two.matches({"k": "v", "x": {"y": "pq"}})

@@ -17,7 +17,6 @@ from eventpush.rules.match import (
     CompiledPattern,
     EventTest,
     _compile_conjunction,
-    _ip_number,
     _leaf_getter,
     _value_predicate,
 )
@@ -26,6 +25,7 @@ from eventpush.rules.parse import (
     _BELOW_ALL,
     _Conjunction,
     _FieldSpec,
+    _ip_number,
     _parse_pattern,
     _wildcard_predicate,
 )

@@ -1,13 +1,13 @@
-"""Compiled matchers: a parsed event pattern (``rules.parse``) turned into closures that
-answer, for one event, whether the pattern selects it: ``CompiledPattern`` and
-``compile_pattern``, and the leaf access the rule index shares.
+"""Compiled matchers: a parsed event pattern (``rules.parse``) turned into a function that
+answers, for one event, whether the pattern selects it (``CompiledPattern`` and
+``compile_pattern``): one generated function per pattern, closures per field for what the
+generator leaves out and for the rule index, and the leaf access the rule index shares.
 """
 
 from __future__ import annotations
 
-import ipaddress
+import functools
 import json
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +17,7 @@ from eventpush.rules.parse import (
     _FieldSpec,
     _parse_pattern,
 )
+from eventpush.rules.parse import _ip_number as _ip_number  # its home before the cidr test's
 
 _MISSING = object()
 
@@ -105,8 +106,12 @@ def _leaf_getter(segments: tuple[str, ...], fast: bool = True) -> Callable[[dict
 
         def get_two(event: dict) -> Any:
             child = event.get(first, _MISSING)
-            if child.__class__ is dict and joined not in event:
-                return _leaf_of(child.get(second, _MISSING))
+            cls = child.__class__
+            if cls is dict:
+                if joined not in event:
+                    return _leaf_of(child.get(second, _MISSING))
+            elif cls is not list and joined not in event:
+                return _MISSING  # nothing (or a scalar) where the path starts
             return get_many(event)
 
         return get_two
@@ -117,13 +122,17 @@ def _leaf_getter(segments: tuple[str, ...], fast: bool = True) -> Callable[[dict
 
         def get_three(event: dict) -> Any:
             child = event.get(first, _MISSING)
-            if child.__class__ is dict and dotted[0] not in event and dotted[1] not in event:
-                grand = child.get(second, _MISSING)
-                if inner not in child:
-                    if grand.__class__ is dict:
-                        return _leaf_of(grand.get(third, _MISSING))
-                    if grand is _MISSING:
-                        return _MISSING
+            if dotted[0] not in event and dotted[1] not in event:
+                cls = child.__class__
+                if cls is dict:
+                    grand = child.get(second, _MISSING)
+                    if inner not in child:
+                        if grand.__class__ is dict:
+                            return _leaf_of(grand.get(third, _MISSING))
+                        if grand is _MISSING:
+                            return _MISSING
+                elif cls is not list:
+                    return _MISSING  # nothing (or a scalar) where the path starts
             return get_many(event)
 
         return get_three
@@ -173,22 +182,6 @@ def _leaf_of(value: Any) -> Any:
 # --------------------------------------------------------------------------- value matchers
 
 
-def _ip_number(text: str) -> tuple[int, int] | None:
-    """(IP version, address as int) of a string holding an IP address, else None; what
-    ``ipaddress.ip_address`` accepts. inet_pton reads dotted quads several times faster and
-    accepts exactly the strict form ipaddress does (four decimal octets, no leading zeros);
-    anything else, IPv6 included, goes to ipaddress."""
-    try:
-        return 4, int.from_bytes(socket.inet_pton(socket.AF_INET, text), "big")
-    except (OSError, ValueError):
-        pass
-    try:
-        address = ipaddress.ip_address(text)
-    except ValueError:
-        return None
-    return address.version, int(address)
-
-
 def _value_predicate(spec: _FieldSpec) -> Predicate:
     """One function answering whether a single leaf value satisfies any matcher of the field."""
     # The common shapes get a dedicated closure: matching cost is dominated by call overhead.
@@ -205,7 +198,7 @@ def _value_predicate(spec: _FieldSpec) -> Predicate:
     suffixes_ic = tuple(spec.suffixes_ic)
     equals_ic = frozenset(spec.equals_ic)
     has_ic = bool(prefixes_ic or suffixes_ic or equals_ic)
-    others = tuple(p for _, p in sorted(spec.others, key=lambda cp: cp[0]))
+    others = tuple(other[1] for other in sorted(spec.others, key=lambda other: other[0]))
 
     only_others = not (strings or has_exact_other or prefixes or suffixes or has_ic)
     if only_others and len(others) == 1:
@@ -262,17 +255,7 @@ def _field_test(spec: _FieldSpec) -> EventTest:
 
     predicate = _value_predicate(spec)
     test = _general_field_test(get, predicate, accept_missing)
-
-    def leaves(value: list) -> bool:
-        """A list found at the path: flattened, any leaf satisfying the field will do."""
-        out: list = []
-        _flatten_leaves(value, out)
-        if not out:
-            return accept_missing
-        for leaf in out:
-            if predicate(leaf):
-                return True
-        return False
+    leaves = _leaves_test(predicate, accept_missing)
 
     # The path read inline (one and two segments directly, more through nested objects):
     # calls saved per evaluation, and the test also answers for a whole pattern of this one
@@ -342,7 +325,9 @@ def _field_test(spec: _FieldSpec) -> EventTest:
                 return False
             value = event.get(first, _MISSING)
             if value.__class__ is not dict or joined in event:
-                return test(event)  # through dotted keys or arrays: the general reading
+                if value.__class__ is list or joined in event:
+                    return test(event)  # through dotted keys or arrays: the general reading
+                return accept_missing  # nothing (or a scalar) where the path starts
             value = value.get(second, _MISSING)
             cls = value.__class__
             if cls is str:
@@ -358,7 +343,9 @@ def _field_test(spec: _FieldSpec) -> EventTest:
             return False
         value = event.get(first, _MISSING)
         if value.__class__ is not dict or joined in event:
-            return test(event)  # through dotted keys or arrays: the general reading
+            if value.__class__ is list or joined in event:
+                return test(event)  # through dotted keys or arrays: the general reading
+            return accept_missing  # nothing (or a scalar) where the path starts
         value = value.get(second, _MISSING)
         cls = value.__class__
         if cls is list:
@@ -368,6 +355,21 @@ def _field_test(spec: _FieldSpec) -> EventTest:
         return predicate(value)
 
     return test_two
+
+
+def _leaves_test(predicate: Predicate, accept_missing: bool) -> Callable[[list], bool]:
+    def leaves(value: list) -> bool:
+        """A list found at the path: flattened, any leaf satisfying the field will do."""
+        out: list = []
+        _flatten_leaves(value, out)
+        if not out:
+            return accept_missing
+        for leaf in out:
+            if predicate(leaf):
+                return True
+        return False
+
+    return leaves
 
 
 def _strings_only(spec: _FieldSpec) -> frozenset | None:
@@ -437,26 +439,220 @@ def _compile_conjunction(conj: _Conjunction) -> EventTest:
     return all_fields
 
 
+# --------------------------------------------------------------------------- generated matchers
+
+# A whole pattern compiled to one Python function, generated as source, so that its field
+# tests, their path reads and the value matchers run inline: the closures above cost a call
+# per field and per value test, which was most of an evaluation. The source holds names only
+# (``k0``, ``k1``, ...): every key, string, number, set and predicate of the pattern reaches
+# the function as an argument of the factory that makes it, never as text, so a pattern
+# cannot inject code. The source depends on the pattern's shape alone, and each shape is
+# compiled once. Shapes the generator leaves to the closures: paths of more than
+# _GENERATED_SEGMENTS segments (read by their closure field test, inline in the rest) and
+# patterns of more than _GENERATED_FIELDS fields (closures throughout).
+
+_GENERAL = object()  # a path read found an array or a dotted key on the way
+_GENERATED_SEGMENTS = 8
+_GENERATED_FIELDS = 64
+# No builtins but the types the tests compare classes with.
+_GENERATED_GLOBALS = {
+    "__builtins__": {},
+    "dict": dict,
+    "list": list,
+    "str": str,
+    "int": int,
+    "float": float,
+}
+
+
+class _Source:
+    """A generated function's lines, and the constants its names stand for."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.values: list[Any] = []
+
+    def name(self, value: Any) -> str:
+        """The name by which the generated code reads ``value``."""
+        self.values.append(value)
+        return f"k{len(self.values) - 1}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _factory(source: str) -> Callable[..., EventTest]:
+    namespace: dict[str, Any] = {}
+    # Safe to run: the source is built from fixed text and generated names only (see above).
+    exec(compile(source, "<event pattern>", "exec"), dict(_GENERATED_GLOBALS), namespace)
+    return namespace["make"]
+
+
+def _lazy(build: Callable[[], Callable[[Any], bool]]) -> Callable[[Any], bool]:
+    """A test built on its first call: the generated code's rare paths cost no compile time
+    until an event takes them."""
+    built: list = []
+
+    def lazy(value: Any) -> bool:
+        if not built:
+            built.append(build())
+        return built[0](value)
+
+    return lazy
+
+
+def _generated(conj: _Conjunction) -> EventTest | None:
+    """The conjunction as one generated function, or None for a shape left to the closures."""
+    if len(conj.fields) > _GENERATED_FIELDS:
+        return None
+    src = _Source()
+    lines = src.lines
+    for spec in sorted(conj.fields, key=lambda f: f.cost):
+        if len(spec.segments) > _GENERATED_SEGMENTS:
+            lines.append(_FAIL_UNLESS.format(test=src.name(_field_test(spec))))
+        else:
+            _generate_field(src, spec)
+    for group in conj.alternatives:
+        branches = [_generated(c) or _compile_conjunction(c) for c in group]
+        calls = " or ".join(f"{src.name(b)}(event)" for b in branches)
+        lines.append(f"        if not ({calls}):\n            return False")
+    names = "".join(f", k{i}" for i in range(len(src.values)))
+    text = _FUNCTION.format(names=names, body="\n".join(lines))
+    return _factory(text)(_MISSING, _GENERAL, *src.values)
+
+
+_FUNCTION = """def make(MISSING, GENERAL{names}):
+    def match(event):
+        if event.__class__ is not dict:
+            return False
+{body}
+        return True
+    return match
+"""
+_FAIL_UNLESS = """        if not {test}(event):
+            return False"""
+_LEVEL = """        if v.__class__ is dict:
+            v = {read}
+        elif v.__class__ is list:
+            v = GENERAL
+        elif v is not GENERAL:
+            v = MISSING  # a scalar (or nothing) before the path's end"""
+
+
+def _generate_field(src: _Source, spec: _FieldSpec) -> None:
+    """Lines leaving ``return False`` when the field fails: the path read into ``v`` level by
+    level (as ``test_deep`` reads it), then the leaf's test by its type."""
+    lines = src.lines
+    levels = _levels(spec.segments)
+    for depth, (key, dotted) in enumerate(levels):
+        node = "v" if depth else "event"
+        read = f"{node}.get({src.name(key)}, MISSING)"
+        if dotted:
+            found = " or ".join(f"{src.name(d)} in {node}" for d in dotted)
+            read = f"GENERAL if ({found}) else {read}"
+        lines.append(_LEVEL.format(read=read) if depth else f"        v = {read}")
+    accept_missing = spec.exists_false
+    lines.append("        cls = v.__class__")
+    if spec.exists_true:  # any present leaf will do
+        lines.append("        if v is MISSING or cls is dict:")
+        others = None
+        leaves = _lazy(lambda: _presence_test(accept_missing))
+    else:
+        strings, others = _value_parts(src, spec)
+        lines.append("        if cls is str:")
+        lines.append(_required(strings))
+        lines.append("        elif v is MISSING or cls is dict:")
+        leaves = _lazy(lambda: _leaves_test(_value_predicate(spec), accept_missing))
+    lines.append("            pass" if accept_missing else "            return False")
+    lines.append("        elif cls is list:")
+    lines.append(f"            if not {src.name(leaves)}(v):\n                return False")
+    if len(levels) > 1:
+        general = src.name(_lazy(lambda: _field_test(spec)))
+        lines.append("        elif v is GENERAL:  # an array or a dotted key: the general reading")
+        lines.append(f"            if not {general}(event):\n                return False")
+    if others is not None:
+        lines.append("        else:")
+        lines.append(_required(others))
+
+
+def _required(parts: list[str]) -> str:
+    """A branch's body: ``return False`` unless one of the tests holds."""
+    if "True" in parts:  # an inline form that holds for every leaf of this type
+        return "            pass"
+    parts = [part for part in parts if part != "False"]
+    if not parts:
+        return "            return False"
+    return f"            if not ({' or '.join(parts)}):\n                return False"
+
+
+# The tests of a string leaf: (the spec's attribute, the constant made of it, the expression).
+_STRING_TESTS = (
+    ("strings", frozenset, "v in {}"),
+    ("prefixes", tuple, "v.startswith({})"),
+    ("suffixes", tuple, "v.endswith({})"),
+    ("equals_ic", frozenset, "v.lower() in {}"),
+    ("prefixes_ic", tuple, "v.lower().startswith({})"),
+    ("suffixes_ic", tuple, "v.lower().endswith({})"),
+)
+_SCALAR_TESTS = (
+    ("accept_true", "v is True"),
+    ("accept_false", "v is False"),
+    ("accept_null", "v is None"),
+)
+
+
+def _value_parts(src: _Source, spec: _FieldSpec) -> tuple[list[str], list[str]]:
+    """The tests (expressions on ``v``, any of which will do) of a string leaf and of any
+    other leaf: what ``_value_predicate`` answers, by type."""
+    strings = [
+        form.format(src.name(kind(getattr(spec, attr))))
+        for attr, kind, form in _STRING_TESTS
+        if getattr(spec, attr)
+    ]
+    others = [test for attr, test in _SCALAR_TESTS if getattr(spec, attr)]
+    if spec.numbers:
+        numbers = src.name(frozenset(spec.numbers))
+        others.append(f"((cls is int or cls is float) and v in {numbers})")
+    for _, _, inline in sorted(spec.others, key=lambda other: other[0]):
+        names = [src.name(value) for value in inline.values]
+        strings.append(inline.on_string.format(*names))
+        others.append(inline.on_other.format(*names))
+    return strings, others
+
+
+def _presence_test(accept_missing: bool) -> Callable[[list], bool]:
+    """For ``exists: true``: a list found at the path, present when it holds a leaf."""
+
+    def present(value: list) -> bool:
+        out: list = []
+        _flatten_leaves(value, out)
+        return True if out else accept_missing
+
+    return present
+
+
 # --------------------------------------------------------------------------- public API
 
 
 class CompiledPattern:
-    """A validated event pattern, compiled into closures. Call ``matches(event)``."""
+    """A validated event pattern, compiled into one function. Call ``matches(event)``."""
 
     __slots__ = ("source_json", "matches", "_conjunction")
 
     def __init__(self, source_json: str, conjunction: _Conjunction) -> None:
         self.source_json = source_json
         self._conjunction = conjunction
-        test = _compile_conjunction(conjunction)
+        generated = _generated(conjunction)
+        if generated is not None:
+            matches = generated
+        else:
+            test = _compile_conjunction(conjunction)
 
-        def matches(event: dict) -> bool:
-            if event.__class__ is not dict:
-                return False
-            return test(event)
+            def matches(event: dict) -> bool:
+                if event.__class__ is not dict:
+                    return False
+                return test(event)
 
-        if not conjunction.alternatives:
-            matches = test  # each field's own test answers for non-dicts too
+            if not conjunction.alternatives:
+                matches = test  # each field's own test answers for non-dicts too
 
         # An instance attribute, not a method: saves building a bound method on every call.
         self.matches = matches

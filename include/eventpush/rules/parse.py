@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,39 @@ class InvalidPatternError(ValueError):
 
 
 # --------------------------------------------------------------------------- value matchers
+
+
+@dataclass(frozen=True, slots=True)
+class _Inline:
+    """A value test as expressions for the generated matchers of ``rules.match``: on a string
+    leaf ``v``, and on any other leaf ``v`` of class ``cls``; ``{0}``, ``{1}`` stand for the
+    names under which ``values`` reach the generated code. Fixed text only, never a pattern's:
+    an operator of the pattern selects one of these texts, its values go in ``values``."""
+
+    on_string: str
+    on_other: str
+    values: tuple = ()
+
+
+def _on_strings(test: Callable[[str], bool]) -> _Inline:
+    """A test of string leaves alone (every other leaf fails it), called on them."""
+    return _Inline("{0}(v)", "False", (test,))
+
+
+def _ip_number(text: str) -> tuple[int, int] | None:
+    """(IP version, address as int) of a string holding an IP address, else None; what
+    ``ipaddress.ip_address`` accepts. inet_pton reads dotted quads several times faster and
+    accepts exactly the strict form ipaddress does (four decimal octets, no leading zeros);
+    anything else, IPv6 included, goes to ipaddress."""
+    try:
+        return 4, int.from_bytes(socket.inet_pton(socket.AF_INET, text), "big")
+    except (OSError, ValueError):
+        pass
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    return address.version, int(address)
 
 
 def _is_number(value: Any) -> bool:
@@ -167,7 +201,7 @@ class _FieldSpec:
     prefixes_ic: list = field(default_factory=list)
     suffixes_ic: list = field(default_factory=list)
     equals_ic: set = field(default_factory=set)
-    others: list = field(default_factory=list)  # (cost, predicate)
+    others: list = field(default_factory=list)  # (cost, predicate, _Inline)
     exists_true: bool = False
     exists_false: bool = False
     # The same matchers again, as data the rule index files in its per-field structures.
@@ -196,8 +230,15 @@ class _FieldSpec:
         if self.exact_only:
             return 0
         if self.others:
-            return 1 + max(c for c, _ in self.others)
+            return 1 + max(other[0] for other in self.others)
         return 1
+
+
+# anything-but's prefix and suffix: the test, and its text in generated code.
+_EXCLUDED_AFFIX = {
+    "prefix": (str.startswith, "not v.startswith({0})"),
+    "suffix": (str.endswith, "not v.endswith({0})"),
+}
 
 
 def _add_anything_but(spec: _FieldSpec, arg: Any, where: str) -> None:
@@ -217,27 +258,45 @@ def _add_anything_but(spec: _FieldSpec, arg: Any, where: str) -> None:
                     where, f"{op}/{inner} takes a string or an array of strings, not an object"
                 )
             items = tuple(_string_or_list(value, where, f"{op}/{inner}", allow_empty=False))
-            if inner == "prefix":
-                spec.others.append((1, lambda v: v.__class__ is not str or not v.startswith(items)))
-            else:
-                spec.others.append((1, lambda v: v.__class__ is not str or not v.endswith(items)))
+            affix, text = _EXCLUDED_AFFIX[inner]
+            spec.others.append(
+                (
+                    1,
+                    lambda v: v.__class__ is not str or not affix(v, items),
+                    _Inline(text, "True", (items,)),
+                )
+            )
         elif inner == "equals-ignore-case":
             lowered = frozenset(
                 s.lower() for s in _string_or_list(value, where, f"{op}/{inner}", True)
             )
-            spec.others.append((1, lambda v: v.__class__ is not str or v.lower() not in lowered))
+            spec.others.append(
+                (
+                    1,
+                    lambda v: v.__class__ is not str or v.lower() not in lowered,
+                    _Inline("v.lower() not in {0}", "True", (lowered,)),
+                )
+            )
         elif inner == "wildcard":
             tests = tuple(
                 _wildcard_predicate(_parse_wildcard(s, where, f"{op}/wildcard")[0])
                 for s in _string_or_list(value, where, f"{op}/{inner}", True)
             )
 
-            def not_wildcard(v: Any) -> bool:
-                if v.__class__ is not str:
-                    return True
-                return not any(t(v) for t in tests)
+            def any_wildcard(v: str) -> bool:
+                for test in tests:
+                    if test(v):
+                        return True
+                return False
 
-            spec.others.append((2, not_wildcard))
+            match_any = tests[0] if len(tests) == 1 else any_wildcard
+            spec.others.append(
+                (
+                    2,
+                    lambda v: v.__class__ is not str or not match_any(v),
+                    _Inline("not {0}(v)", "True", (match_any,)),
+                )
+            )
         else:
             raise InvalidPatternError(where, f"{op} does not support {inner!r}")
         return
@@ -266,7 +325,12 @@ def _add_anything_but(spec: _FieldSpec, arg: Any, where: str) -> None:
             return v not in numbers
         return True
 
-    spec.others.append((0, anything_but))
+    inline = (
+        _Inline("v not in {0}", "True", (strings,))
+        if strings
+        else _Inline("True", "not (cls is int or cls is float) or v not in {0}", (numbers,))
+    )
+    spec.others.append((0, anything_but, inline))
 
 
 def _numeric_predicate(arg: Any, where: str) -> Predicate:
@@ -318,6 +382,32 @@ def _numeric_predicate(arg: Any, where: str) -> Predicate:
     return lambda v: (v.__class__ is int or v.__class__ is float) and low <= v <= high
 
 
+# A numeric matcher's test of a leaf in generated code, by its operators: fixed text, made
+# once ({0} and {1} the bounds' names); numbers alone may match.
+_NUMERIC_TESTS = {
+    ops: "(cls is int or cls is float) and " + test
+    for ops, test in {
+        "=": "v == {0}",
+        "<": "v < {0}",
+        "<=": "v <= {0}",
+        ">": "v > {0}",
+        ">=": "v >= {0}",
+        (">", "<"): "{0} < v < {1}",
+        (">", "<="): "{0} < v <= {1}",
+        (">=", "<"): "{0} <= v < {1}",
+        (">=", "<="): "{0} <= v <= {1}",
+    }.items()
+}
+
+
+def _numeric_inline(arg: list) -> _Inline:
+    """The inline form of an already validated numeric matcher."""
+    if len(arg) == 2:
+        return _Inline("False", _NUMERIC_TESTS[arg[0]], (arg[1],))
+    low_op, low, high_op, high = arg
+    return _Inline("False", _NUMERIC_TESTS[low_op, high_op], (low, high))
+
+
 def _bound(value: Any, side: int) -> tuple:
     """A range end as a key in one total order: ``(v, 0)`` is v itself, ``(v, 1)`` just above
     v (an open low end), ``(v, -1)`` just below v (an open high end). Every range is then a
@@ -346,8 +436,9 @@ def _numeric_bounds(arg: list) -> tuple[tuple, tuple]:
     return _bound(low, 1 if low_op == ">" else 0), _bound(high, -1 if high_op == "<" else 0)
 
 
-def _cidr_predicate(arg: Any, where: str) -> tuple[Predicate, tuple[int, int, int]]:
-    """The test of a cidr matcher, and its block as (IP version, first, last address)."""
+def _cidr_predicate(arg: Any, where: str) -> tuple[Predicate, _Inline, tuple[int, int, int]]:
+    """The test of a cidr matcher, its inline form, and its block as (IP version, first, last
+    address)."""
     if not isinstance(arg, str):
         raise InvalidPatternError(where, f"cidr takes a string, not {_type_name(arg)}")
     address, slash, bits = arg.partition("/")
@@ -362,18 +453,16 @@ def _cidr_predicate(arg: Any, where: str) -> tuple[Predicate, tuple[int, int, in
     version = network.version
     mask = int(network.netmask)
     base = int(network.network_address)
-    parse = ipaddress.ip_address
 
-    def in_network(v: Any) -> bool:
-        if v.__class__ is not str:
-            return False
-        try:
-            ip = parse(v)
-        except ValueError:
-            return False
-        return ip.version == version and (int(ip) & mask) == base
+    def in_block(v: str) -> bool:
+        address = _ip_number(v)
+        return address is not None and address[0] == version and (address[1] & mask) == base
 
-    return in_network, (version, base, base + network.num_addresses - 1)
+    return (
+        lambda v: v.__class__ is str and in_block(v),
+        _on_strings(in_block),
+        (version, base, base + network.num_addresses - 1),
+    )
 
 
 def _add_operator(spec: _FieldSpec, matcher: dict, where: str) -> None:
@@ -414,18 +503,19 @@ def _add_operator(spec: _FieldSpec, matcher: dict, where: str) -> None:
         else:
             spec.exists_false = True
     elif op == "numeric":
-        spec.others.append((0, _numeric_predicate(arg, where)))
+        spec.others.append((0, _numeric_predicate(arg, where), _numeric_inline(arg)))
         spec.ranges.append(_numeric_bounds(arg))
     elif op == "cidr":
-        predicate, block = _cidr_predicate(arg, where)
-        spec.others.append((2, predicate))
+        predicate, inline, block = _cidr_predicate(arg, where)
+        spec.others.append((2, predicate, inline))
         spec.cidrs.append(block)
     elif op == "wildcard":
         if not isinstance(arg, str):
             raise InvalidPatternError(where, f"wildcard takes a string, not {_type_name(arg)}")
         parts = _parse_wildcard(arg, where, "wildcard")[0]
         test = _wildcard_predicate(parts)
-        spec.others.append((2, lambda v: v.__class__ is str and test(v)))
+        inline = _Inline("v == {0}", "False", (parts[0],)) if len(parts) == 1 else _on_strings(test)
+        spec.others.append((2, lambda v: v.__class__ is str and test(v), inline))
         spec.wildcards.append(parts)
     else:
         raise InvalidPatternError(where, f"unknown operator {op!r} (operators are case-sensitive)")
