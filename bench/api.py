@@ -100,6 +100,18 @@ def stored(url: str, bus: str) -> int:
         conn.close()
 
 
+def checkpoints(url: str) -> int:
+    """The server's checkpoints so far: each makes commits wait longer for the disk, and every
+    DROP DATABASE (any test run on the machine) forces one."""
+    conn = psycopg2.connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter")
+            return cur.fetchone()[0]
+    finally:
+        conn.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=200_000)
@@ -153,6 +165,7 @@ def main() -> None:
             script.write_text(LUA % {"body": body_path, "headers": headers})
             before_api = stored(url, "orders")
             cpu_before = tree_cpu(server.proc.pid)
+            checkpoints_before = checkpoints(url)
             run = subprocess.run(
                 [
                     wrk,
@@ -170,6 +183,7 @@ def main() -> None:
                 timeout=args.seconds + 120,
             )
             cpu = tree_cpu(server.proc.pid) - cpu_before
+            checkpointed = checkpoints(url) - checkpoints_before
             metrics = httpx.get(server.url + "/metrics").text
         finally:
             server.stop()
@@ -205,6 +219,7 @@ def main() -> None:
     print(f"  server CPU {cpu:.1f} s: {cpu / max(requests, 1) * 1e6:,.0f} µs per request")
     if commits:
         print(f"  group commits in the last worker scraped: {commits:,.0f}")
+    print(f"  PostgreSQL checkpoints during the run: {checkpointed}")
     print(f"ratio API / publish: {rate_api / rate_publish:.2f} (goal >= 0.5)")
     if bad_status or events_stored < requests * ENTRIES:
         sys.exit("some requests failed or answered events are missing")
