@@ -685,7 +685,7 @@ def _standalone_drain(url: str, n_expected: int) -> tuple[float, int, float, dic
     env = {**os.environ, "EVENTPUSH_DATABASE_URL": url}
     # The worker starts from compiled modules, as an installed one does: with
     # PYTHONDONTWRITEBYTECODE (set in some shells) every start compiled its imports anew,
-    # ~0.4 s of a 20 s drain. The cache is filled before the clock starts.
+    # ~0.9 s of every run on a loaded 2-core machine. The cache is filled before the clock starts.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
     subprocess.run([PYTHON, "-c", WORKER_IMPORTS], env=env, check=True)
