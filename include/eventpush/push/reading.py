@@ -1,9 +1,10 @@
 """Reading and matching: bus queues read in shared, aligned windows, each event parsed and
 matched once against every rule of the worker on its bus.
 
-Runners walk the windows with cursors of their own (see ``lanes``). Windows are cached a few
-per queue and by total size, least recently used first out, so runners at the same position
-share one read while the cache's memory stays within a fixed budget whatever the events weigh.
+Runners walk the windows with cursors of their own (see ``lanes``). Windows are cached up to
+``CACHE_WINDOWS_PER_QUEUE`` per queue and within a total size, least recently used first out,
+so runners near one another on a queue share one read while the cache's memory stays within a
+fixed budget whatever the events weigh.
 The rows come from the bus's source (eventpush.sources: PostgreSQL or a broker), whose watcher
 wakes the feeders waiting at the end of a queue (``BusSignals``); polling is the fallback.
 """
@@ -25,6 +26,10 @@ from eventpush.sources import Chunk
 log = logging.getLogger("eventpush.push")
 
 WINDOW = 256
+# Windows kept per queue, under the cache's byte budget. Runners of one queue drift apart by
+# their own targets' pace, and a window evicted before the last of them reaches it is read
+# again; 64 a queue cut those reads by a quarter but not the CPU per delivery, for ~40 MiB
+# more (docs/BENCHMARKS.md, issue 34).
 CACHE_WINDOWS_PER_QUEUE = 8
 _decode = msgspec.json.Decoder().decode
 
@@ -92,7 +97,9 @@ class WindowCache:
         self.max_bytes = max_bytes
         self.window_for = window_for  # positions per window of the bus's queues
         self.windows: OrderedDict[tuple[int, int, int], Window] = OrderedDict()
-        self.per_queue: dict[tuple[int, int], int] = {}
+        # Each queue's windows, least recently used first: the per-queue bound's eviction
+        # looks at that queue's windows only, however many other queues are cached.
+        self.per_queue: dict[tuple[int, int], OrderedDict[tuple[int, int, int], None]] = {}
         self.bytes = 0
         # Moves on whenever a bus's runners change: events matched at an older epoch than a
         # runner's own were matched without its newest version (push/versions.py).
@@ -108,8 +115,9 @@ class WindowCache:
         window = self.windows.pop(key)
         self.bytes -= window.size
         queue = key[:2]
-        self.per_queue[queue] -= 1
-        if not self.per_queue[queue]:
+        windows = self.per_queue[queue]
+        del windows[key]
+        if not windows:
             del self.per_queue[queue]
 
     def _evict(self, keep: tuple[int, int, int]) -> None:
@@ -117,17 +125,20 @@ class WindowCache:
         queue = keep[:2]
         # Each bound's scan only when it is passed (on every new window, the scans of every
         # window held were a cost of their own).
-        if self.per_queue.get(queue, 0) > CACHE_WINDOWS_PER_QUEUE:
-            for key in [k for k in self.windows if k[:2] == queue and k != keep]:
-                if self.per_queue.get(queue, 0) <= CACHE_WINDOWS_PER_QUEUE:
+        windows = self.per_queue.get(queue)
+        if windows is not None and len(windows) > CACHE_WINDOWS_PER_QUEUE:
+            for key in [k for k in windows if k != keep]:
+                if len(windows) <= CACHE_WINDOWS_PER_QUEUE:
                     break
                 self._drop(key)
-        if self.bytes > self.max_bytes:
-            for key in list(self.windows):
-                if self.bytes <= self.max_bytes:
-                    break
-                if key != keep:
-                    self._drop(key)
+        # Over the budget, the least recently used window goes first, one at a time: with
+        # many queues cached the budget binds often, and no list of every window is made.
+        while self.bytes > self.max_bytes and len(self.windows) > 1:
+            key = next(iter(self.windows))
+            if key == keep:  # in use (touched before a read that then filled it): kept
+                self.windows.move_to_end(key)
+                continue
+            self._drop(key)
 
     async def events_from(self, bus_id: int, queue_id: int, pos: int) -> list[BusEvent]:
         """Events at positions >= pos in the first window from pos's on that has any, reading
@@ -150,10 +161,11 @@ class WindowCache:
         window = self.windows.get(key)
         if window is None:
             window = self.windows[key] = Window(start, start + size, start)
-            self.per_queue[key[:2]] = self.per_queue.get(key[:2], 0) + 1
+            self.per_queue.setdefault(key[:2], OrderedDict())[key] = None
             self._evict(key)
         else:
             self.windows.move_to_end(key)
+            self.per_queue[key[:2]].move_to_end(key)
         known = window.end
         async with window.lock:
             # A window always holds [start, end): read from where it ends, never from pos,
