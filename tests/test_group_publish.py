@@ -311,3 +311,35 @@ def test_a_busy_bus_does_not_starve_another(db_url, conn):
 
     _held(db_url, scenario, max_group=1, max_in_flight=1)
     assert order == ["busy 1", "busy 2", "quiet", "busy 3", "busy 4"]
+
+
+def test_a_commit_whose_connection_died_fails_its_callers_and_the_next_one_reconnects(db_url, conn):
+    """The server's backend ended under the publisher (a PostgreSQL restart, an operator's
+    pg_terminate_backend): the group on it fails as a whole (its callers answer 'send it
+    again'), the broken session is dropped, and the next group commits on a new one."""
+    catalog.create_bus(conn, "orders", 2)
+    bus = bus_named(conn, "orders")
+    conn.commit()
+
+    async def scenario() -> None:
+        publisher = GroupPublisher(db_url)
+        publisher.start()
+        try:
+            await publisher.publish(bus, _events(3, 1, queues=2))
+            with conn.cursor() as cur:  # the timeout: returns once ended, not just signalled
+                cur.execute(
+                    "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND application_name = 'eventpush-api'"
+                )
+                assert [ok for (ok,) in cur.fetchall()] == [True]
+            conn.rollback()
+            with pytest.raises(psycopg2.OperationalError):
+                await publisher.publish(bus, _events(4, 2, queues=2))
+            async with asyncio.timeout(30):
+                await publisher.publish(bus, _events(5, 3, queues=2))
+            assert (publisher.stats.commits, publisher.stats.failures) == (2, 1)
+        finally:
+            await publisher.close()
+
+    asyncio.run(scenario())
+    assert sum(_check_gapless(conn, bus.id).values()) == 3 + 5  # none of the failed group
