@@ -11,9 +11,9 @@ shares them. Up to ``max_in_flight`` commits run at once, each on its own connec
 bus whose source chooses the queue at commit time (``publish_anywhere``: PostgreSQL, where
 each commit takes a queue no other one holds, so the server's processes commit side by
 side) the next group may start while one commits; any other bus has one commit at a time.
-``publish_anywhere`` runs on the event loop itself, on an asynchronous connection: handing
-each commit to a worker thread and back cost the server a tenth of its CPU a request. Other
-kinds' ``publish`` blocks, so it runs in a worker thread.
+``publish_anywhere`` runs on the event loop itself, on an asynchronous connection (no
+thread to hand each commit to and back, no GIL shared with one); other kinds' ``publish``
+blocks, so it runs in a worker thread.
 A caller woken with success may answer its client: what it handed in is durable. A caller
 woken with an error knows none of its events of that bus were stored (the source's publish
 is all or nothing; a JetStream publish that failed half-way may have stored some, which AWS
