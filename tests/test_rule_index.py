@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventpush.rules import index as rule_index
-from eventpush.rules import match, patterns
+from eventpush.rules import match, parse, patterns
 from eventpush.rules.patterns import RuleIndex, compile_pattern
 
 # --------------------------------------------------------------------------- random rules
@@ -177,7 +177,7 @@ def test_fast_address_parse_agrees_with_ipaddress(text):
         expected = (address.version, int(address))
     except ValueError:
         expected = None
-    assert match._ip_number(text) == expected
+    assert parse._ip_number(text) == expected
 
 
 # --------------------------------------------------------------------------- larger sets

@@ -33,8 +33,12 @@ def connect(
             url, application_name=application_name, connect_timeout=CONNECT_TIMEOUT_S, **libpq
         )
     except psycopg2.OperationalError as exc:
-        raise StoreError(f"cannot connect to {redact_url(url)}: {first_line(exc)}") from None
+        raise _unreachable(url, first_line(exc)) from None
     return conn
+
+
+def _unreachable(url: str, why: str) -> StoreError:
+    return StoreError(f"cannot connect to {redact_url(url)}: {why}")
 
 
 async def connect_on_loop(url: str, *, application_name: str = "eventpush") -> Connection:
@@ -43,19 +47,19 @@ async def connect_on_loop(url: str, *, application_name: str = "eventpush") -> C
     try:
         conn = psycopg2.connect(url, application_name=application_name, async_=True)
     except psycopg2.OperationalError as exc:
-        raise StoreError(f"cannot connect to {redact_url(url)}: {first_line(exc)}") from None
+        raise _unreachable(url, first_line(exc)) from None
     try:
         async with asyncio.timeout(CONNECT_TIMEOUT_S):  # libpq's connect_timeout is for blocking
             await _ready(conn)
-    except BaseException as exc:
+    except psycopg2.OperationalError as exc:
         conn.close()
-        if isinstance(exc, psycopg2.OperationalError):
-            why = first_line(exc)
-        elif isinstance(exc, TimeoutError):
-            why = f"no answer in {CONNECT_TIMEOUT_S} s"
-        else:
-            raise
-        raise StoreError(f"cannot connect to {redact_url(url)}: {why}") from None
+        raise _unreachable(url, first_line(exc)) from None
+    except TimeoutError:
+        conn.close()
+        raise _unreachable(url, f"no answer in {CONNECT_TIMEOUT_S} s") from None
+    except BaseException:  # cancelled: the half-open connection goes too
+        conn.close()
+        raise
     return conn
 
 

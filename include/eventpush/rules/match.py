@@ -17,7 +17,6 @@ from eventpush.rules.parse import (
     _FieldSpec,
     _parse_pattern,
 )
-from eventpush.rules.parse import _ip_number as _ip_number  # its home before the cidr test's
 
 _MISSING = object()
 
@@ -554,7 +553,7 @@ def _generate_field(src: _Source, spec: _FieldSpec) -> None:
     if spec.exists_true:  # any present leaf will do
         lines.append("        if v is MISSING or cls is dict:")
         others = None
-        leaves = _lazy(lambda: _presence_test(accept_missing))
+        leaves = _lazy(lambda: _leaves_test(_any_leaf, accept_missing))
     else:
         strings, others = _value_parts(src, spec)
         lines.append("        if cls is str:")
@@ -618,15 +617,9 @@ def _value_parts(src: _Source, spec: _FieldSpec) -> tuple[list[str], list[str]]:
     return strings, others
 
 
-def _presence_test(accept_missing: bool) -> Callable[[list], bool]:
-    """For ``exists: true``: a list found at the path, present when it holds a leaf."""
-
-    def present(value: list) -> bool:
-        out: list = []
-        _flatten_leaves(value, out)
-        return True if out else accept_missing
-
-    return present
+def _any_leaf(value: Any) -> bool:
+    """``exists: true``'s value test: a leaf is there."""
+    return True
 
 
 # --------------------------------------------------------------------------- public API
