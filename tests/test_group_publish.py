@@ -10,6 +10,7 @@ import select
 import socket
 import time
 
+import psycopg
 import psycopg2
 import pytest
 
@@ -86,7 +87,7 @@ def test_concurrent_commits_keep_every_queue_gapless_and_events_verbatim(db_url,
                 assert {e.queue_id for e in events} == {queue_id}
                 done.append(events)
         finally:
-            c.close()
+            await c.close()
         return done
 
     async def four() -> list[list[list[Prepared]]]:  # a publisher's failure is raised here
@@ -144,7 +145,7 @@ def test_a_free_queue_is_taken_without_waiting_and_a_held_one_waited_for(db_url,
                 done = await waiting
             assert sum(n for _, _, n in done.values()) == 3
         finally:
-            publisher.close()
+            await publisher.close()
 
     try:
         asyncio.run(scenario())
@@ -178,7 +179,7 @@ def test_committed_is_called_once_durable_and_the_wake_up_follows(db_url, conn):
             ((setting,),) = await execute_on_loop(publisher, "SHOW synchronous_commit")
             return setting
         finally:
-            publisher.close()
+            await publisher.close()
 
     try:
         assert asyncio.run(scenario()) == "on"
@@ -203,7 +204,7 @@ def test_a_failed_append_stores_nothing_and_never_says_committed(db_url, conn):
     async def scenario() -> None:
         publisher = await _on_loop(db_url)
         try:
-            with pytest.raises(psycopg2.DataError):
+            with pytest.raises(psycopg.DataError):
                 await publish_anywhere(publisher, bus, events, lambda: calls.append(1))
             assert calls == []
             events[2].body = '{"a":\n1}'  # valid JSON, but the bodies travel a line each
@@ -213,7 +214,7 @@ def test_a_failed_append_stores_nothing_and_never_says_committed(db_url, conn):
             await publish_anywhere(publisher, bus, events, lambda: calls.append(1))
             assert calls == [1]
         finally:
-            publisher.close()
+            await publisher.close()
 
     asyncio.run(scenario())
     assert _check_gapless(conn, bus.id) == {0: 3}
@@ -333,7 +334,7 @@ def test_a_commit_whose_connection_died_fails_its_callers_and_the_next_one_recon
                 )
                 assert [ok for (ok,) in cur.fetchall()] == [True]
             conn.rollback()
-            with pytest.raises(psycopg2.OperationalError):
+            with pytest.raises(psycopg.OperationalError):
                 await publisher.publish(bus, _events(4, 2, queues=2))
             async with asyncio.timeout(30):
                 await publisher.publish(bus, _events(5, 3, queues=2))

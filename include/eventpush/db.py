@@ -1,5 +1,8 @@
 """Connections and transactions on the eventpush PostgreSQL database (psycopg2), and
-asynchronous connections driven by the running event loop (for the API's group commit)."""
+asynchronous connections driven by the running event loop (psycopg 3, for the API's group
+commit: its statements travel with their parameters apart from the text, the extended
+protocol, so a commit's ~150 KB of event bodies is neither quoted on our side nor parsed out
+of the statement's text on the server's)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 
+import psycopg
 import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
@@ -15,6 +19,7 @@ from eventpush.config import database_url, redact_url
 from eventpush.errors import first_line
 
 Connection = psycopg2.extensions.connection
+LoopConnection = psycopg.AsyncConnection
 CONNECT_TIMEOUT_S = 10
 
 
@@ -41,64 +46,31 @@ def _unreachable(url: str, why: str) -> StoreError:
     return StoreError(f"cannot connect to {redact_url(url)}: {why}")
 
 
-async def connect_on_loop(url: str, *, application_name: str = "eventpush") -> Connection:
-    """A new asynchronous connection (psycopg2's ``async_``: always autocommit), opened
-    without blocking the running event loop; use it with :func:`execute_on_loop`."""
+async def connect_on_loop(url: str, *, application_name: str = "eventpush") -> LoopConnection:
+    """A new asynchronous connection (autocommit), opened without blocking the running event
+    loop; use it with :func:`execute_on_loop` and close it with ``await conn.close()``."""
     try:
-        conn = psycopg2.connect(url, application_name=application_name, async_=True)
-    except psycopg2.OperationalError as exc:
-        raise _unreachable(url, first_line(exc)) from None
-    try:
-        async with asyncio.timeout(CONNECT_TIMEOUT_S):  # libpq's connect_timeout is for blocking
-            await _ready(conn)
-    except psycopg2.OperationalError as exc:
-        conn.close()
+        # asyncio's timeout, not only libpq's connect_timeout, which counts whole seconds
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            return await psycopg.AsyncConnection.connect(
+                url,
+                autocommit=True,
+                application_name=application_name,
+                connect_timeout=CONNECT_TIMEOUT_S,
+            )
+    except psycopg.OperationalError as exc:
         raise _unreachable(url, first_line(exc)) from None
     except TimeoutError:
-        conn.close()
         raise _unreachable(url, f"no answer in {CONNECT_TIMEOUT_S} s") from None
-    except BaseException:  # cancelled: the half-open connection goes too
-        conn.close()
-        raise
-    return conn
 
 
-async def execute_on_loop(conn: Connection, sql: str, params: object = None) -> list[tuple]:
-    """Run one statement (or several, in one implicit transaction) on an asynchronous
-    connection while the loop serves others; the last statement's rows ([] for none). An
-    error is the database's, as a blocking ``execute`` raises it; after a cancellation the
-    connection's state is unknown: close it."""
-    cur = conn.cursor()
-    cur.execute(sql, params)
-    await _ready(conn)
-    return cur.fetchall() if cur.description is not None else []
-
-
-async def _ready(conn: Connection) -> None:
-    """Wait on the loop, with no thread, until psycopg2 says the connection is ready."""
-    loop = asyncio.get_running_loop()
-    while True:
-        state = conn.poll()
-        if state == psycopg2.extensions.POLL_OK:
-            return
-        if state == psycopg2.extensions.POLL_READ:
-            watch, unwatch = loop.add_reader, loop.remove_reader
-        elif state == psycopg2.extensions.POLL_WRITE:
-            watch, unwatch = loop.add_writer, loop.remove_writer
-        else:
-            raise psycopg2.OperationalError(f"unexpected connection poll state {state}")
-        fd = conn.fileno()  # may change while a connection is made
-        ready = loop.create_future()
-        watch(fd, _wake, ready)
-        try:
-            await ready
-        finally:
-            unwatch(fd)
-
-
-def _wake(ready: asyncio.Future) -> None:
-    if not ready.done():
-        ready.set_result(None)
+async def execute_on_loop(conn: LoopConnection, sql: str, params: object = None) -> list[tuple]:
+    """Run one statement, its own transaction, while the loop serves others; its rows ([] for
+    none). psycopg prepares a statement on a connection once it has run a few times, so the
+    group commit's append is planned once. An error is the database's (``psycopg.Error``);
+    after a cancellation the connection's state is unknown: close it."""
+    cur = await conn.execute(sql, params)
+    return await cur.fetchall() if cur.description is not None else []
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from eventpush.db import Connection, connect, connect_on_loop
+from eventpush.db import Connection, LoopConnection, connect, connect_on_loop
 from eventpush.publish import Prepared
 from eventpush.sources import Bus, kind_for
 
@@ -55,15 +55,17 @@ class _Slot:
     """The connections of one commit in flight, each opened on first use and dropped after a
     failure: an asynchronous one for ``publish_anywhere``, a blocking one for ``publish``."""
 
-    on_loop: Connection | None = None
+    on_loop: LoopConnection | None = None
     blocking: Connection | None = None
 
-    def close(self) -> None:
-        for conn in (self.on_loop, self.blocking):
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    conn.close()
-        self.on_loop = self.blocking = None
+    async def close(self) -> None:
+        on_loop, blocking, self.on_loop, self.blocking = self.on_loop, self.blocking, None, None
+        if on_loop is not None:
+            with contextlib.suppress(Exception):
+                await on_loop.close()
+        if blocking is not None:
+            with contextlib.suppress(Exception):
+                blocking.close()
 
 
 @dataclass
@@ -126,7 +128,7 @@ class GroupPublisher:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for slot in self._free:
-            slot.close()
+            await slot.close()
 
     async def publish(self, bus: Bus, events: list[Prepared]) -> None:
         """Return once ``events`` are committed on ``bus``; raise what the commit raised."""
@@ -202,7 +204,7 @@ class GroupPublisher:
             await self._publish(slot, bus, events, answer)
             answer()
         except Exception as exc:
-            slot.close()  # the next group must not inherit a broken session
+            await slot.close()  # the next group must not inherit a broken session
             if answered:  # stored and answered; only the workers' wake-up failed
                 log.warning(
                     "events committed on bus %s, but waking the workers failed: %s", bus.name, exc
@@ -213,7 +215,7 @@ class GroupPublisher:
                     if not item.done.done():
                         item.done.set_exception(exc)
         except BaseException:  # cancelled mid-statement: the session's state is unknown
-            slot.close()
+            await slot.close()
             raise
         finally:
             self.stats.seconds += time.perf_counter() - started

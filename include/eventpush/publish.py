@@ -75,7 +75,7 @@ def _fail(where: int | str, why: str) -> MalformedEventError:
     return MalformedEventError(f"{label}: {why}")
 
 
-def _parse_time(value: object, where: int | str) -> str:
+def parse_time(value: object, where: int | str) -> str:
     """The timestamp for the ``event_time`` column; the event keeps its own spelling."""
     if not isinstance(value, str):
         raise _fail(where, "'time' must be an ISO 8601 string")
@@ -130,20 +130,23 @@ def complete_event(
     elif not isinstance(message_id, str) or not message_id:
         raise _fail(where, "'id' must be a non-empty string")
     if "time" in event:
-        event_time = _parse_time(event["time"], where)
+        event_time = parse_time(event["time"], where)
     else:
         event["time"] = event_time = now_iso
-    resources = event.setdefault("resources", [])
-    if not isinstance(resources, list) or (
-        resources and not all(isinstance(r, str) for r in resources)
-    ):
-        raise _fail(where, "'resources' must be an array of strings")
+    check_resources(event.setdefault("resources", []), where)
     for name in ("account", "region"):
         if name in event and not isinstance(event[name], str):
             raise _fail(where, f"'{name}' must be a string")
     event.setdefault("version", "0")
     key = _key_of(event, key_path) if key_path else None
     return event, event_time, key
+
+
+def check_resources(resources: object, where: int | str) -> None:
+    if not isinstance(resources, list) or (
+        resources and not all(isinstance(r, str) for r in resources)
+    ):
+        raise _fail(where, "'resources' must be an array of strings")
 
 
 def _has_nul(value: object) -> bool:

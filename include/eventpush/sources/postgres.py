@@ -20,6 +20,7 @@ import msgspec
 
 from eventpush.db import (
     Connection,
+    LoopConnection,
     StoreError,
     connect,
     copy_text,
@@ -250,13 +251,14 @@ _WAIT_LOCKED = _APPEND_ANYWHERE.format(skip="")
 # The wake-up, in a transaction of its own that does not wait for its commit to reach the
 # disk: NOTIFY holds one lock for the whole database from its commit's start to its end, so a
 # NOTIFY inside the append would line every publisher's disk flush up behind that lock. A
-# wake-up lost in a crash costs a second at most (idle feeders poll every second).
-_NOTIFY = "SET LOCAL synchronous_commit = off; SELECT pg_notify('eventpush_publish', %s)"
+# wake-up lost in a crash costs a second at most (idle feeders poll every second). One
+# statement (set_config's local form is SET LOCAL), as the extended protocol takes one.
+_NOTIFY = "SELECT set_config('synchronous_commit', 'off', true), pg_notify('eventpush_publish', %s)"
 _encode_json = msgspec.json.Encoder().encode
 
 
 async def publish_anywhere(
-    conn: Connection, bus: Bus, events: list, committed: Callable[[], None] | None = None
+    conn: LoopConnection, bus: Bus, events: list, committed: Callable[[], None] | None = None
 ) -> dict[int, tuple[int, int, int]]:
     """Append ``events``, whose queue is free to choose (no partition key: the API's), in one
     transaction or not at all, on one queue that no other publisher holds now (waiting for
