@@ -435,6 +435,7 @@ def test_health_metrics_and_loopback_only(server, events):
     text = httpx.get(server.url + "/metrics").text
     assert 'eventpush_api_requests_total{code="OK",operation="ListEventBuses"}' in text
     assert "eventpush_api_commits_total" in text
+    assert "eventpush_api_commit_seconds_total" in text
     with pytest.raises(httpx.ConnectError):  # bound to 127.0.0.1 only, by default
         httpx.get(f"http://127.0.0.2:{server.port}/healthz", timeout=2)
 

@@ -94,6 +94,12 @@ class _GroupCommitCollector:
             ("eventpush_api_commits", "Group commits of PutEvents", stats.commits),
             ("eventpush_api_events_stored", "Events committed by PutEvents", stats.events),
             ("eventpush_api_commit_failures", "Group commits that failed", stats.failures),
+            (
+                "eventpush_api_commit_seconds",
+                "Seconds group commits held their connection, the append's start to the "
+                "workers' wake-up (over eventpush_api_commits_total: a commit's mean time)",
+                stats.seconds,
+            ),
         ):
             family = CounterMetricFamily(name, doc)
             family.add_metric([], value)
