@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import psycopg
 import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
@@ -19,7 +19,8 @@ from eventpush.config import database_url, redact_url
 from eventpush.errors import first_line
 
 Connection = psycopg2.extensions.connection
-LoopConnection = psycopg.AsyncConnection
+if TYPE_CHECKING:  # psycopg 3 is imported where the API's group commit runs, not by every job
+    from psycopg import AsyncConnection as LoopConnection
 CONNECT_TIMEOUT_S = 10
 
 
@@ -49,6 +50,8 @@ def _unreachable(url: str, why: str) -> StoreError:
 async def connect_on_loop(url: str, *, application_name: str = "eventpush") -> LoopConnection:
     """A new asynchronous connection (autocommit), opened without blocking the running event
     loop; use it with :func:`execute_on_loop` and close it with ``await conn.close()``."""
+    import psycopg
+
     try:
         # asyncio's timeout, not only libpq's connect_timeout, which counts whole seconds
         async with asyncio.timeout(CONNECT_TIMEOUT_S):

@@ -31,10 +31,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from eventpush.db import Connection, LoopConnection, connect, connect_on_loop
+from eventpush.db import Connection, connect, connect_on_loop
 from eventpush.publish import Prepared
 from eventpush.sources import Bus, kind_for
+
+if TYPE_CHECKING:
+    from eventpush.db import LoopConnection
 
 log = logging.getLogger("eventpush.group_publish")
 

@@ -15,12 +15,12 @@ import contextlib
 import random
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from eventpush.db import (
     Connection,
-    LoopConnection,
     StoreError,
     connect,
     copy_text,
@@ -30,6 +30,9 @@ from eventpush.db import (
 )
 from eventpush.dbslot import DbSlot
 from eventpush.sources.contract import Bus, Chunk, Reader, SourceError, SourceKind, Stored
+
+if TYPE_CHECKING:
+    from eventpush.db import LoopConnection
 
 READER_CONNECTIONS = 2
 LISTEN_RETRY_S = 2.0
