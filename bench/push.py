@@ -676,10 +676,13 @@ def _spy_split(raw: Path) -> dict[str, float]:
     return {k: v / total for k, v in counts.items()}
 
 
-def _standalone_drain(url: str, n_expected: int) -> tuple[float, int, float, dict, dict | None]:
+def _standalone_drain(
+    url: str, n_expected: int
+) -> tuple[float, int, float, dict, dict | None, float]:
     """``eventpush worker run w1 --until-idle`` in a process of its own, sampled by py-spy when
     it is installed (``pip install py-spy``: not a dependency, the split needs it): seconds,
-    deliveries, process CPU s, CPU s by thread group, py-spy shares of the Python part."""
+    deliveries, process CPU s, CPU s by thread group, py-spy shares of the Python part, peak
+    RSS in MiB."""
     import os
 
     env = {**os.environ, "EVENTPUSH_DATABASE_URL": url}
@@ -749,7 +752,30 @@ def _standalone_drain(url: str, n_expected: int) -> tuple[float, int, float, dic
         if keep and (tmp / "raw.txt").exists():
             shutil.copy(tmp / "raw.txt", keep)
     shutil.rmtree(tmp, ignore_errors=True)
-    return elapsed, n_expected, cpu_total, by_group, shares
+    return elapsed, n_expected, cpu_total, by_group, shares, usage.ru_maxrss / 1024
+
+
+def _bus_rows_read(url: str, settled: int | None = None) -> int:
+    """Rows of the bus's events PostgreSQL has handed out (its statistics: every scan of
+    ``bus_event``'s partitions, whatever the reader). After a worker exits, its sessions send
+    their counts as they end: with ``settled`` (the count before), wait until it stops moving."""
+    sql = (
+        "SELECT coalesce(sum(seq_tup_read + coalesce(idx_tup_fetch, 0)), 0) "
+        "FROM pg_stat_user_tables WHERE relname LIKE 'bus_event%'"
+    )
+    last, deadline = settled, time.monotonic() + 10
+    while True:
+        conn = psycopg2.connect(url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+                now = int(cur.fetchone()[0])
+        finally:
+            conn.close()
+        if settled is None or (now == last and now != settled) or time.monotonic() > deadline:
+            return now
+        last = now
+        time.sleep(0.5)
 
 
 def bench_quarters(
@@ -778,8 +804,10 @@ def _quarters(n: int, placement: str) -> None:
         request = engine_request(conn)
         before = wrk_rate(rx.url + "/ok/wrk", request=request)
         got_before = sum(rx.stats()["count"].values())
-        elapsed, _, cpu, groups, shares = _standalone_drain(url, n)
+        rows_before = _bus_rows_read(url)
+        elapsed, _, cpu, groups, shares, peak_mib = _standalone_drain(url, n)
         delivered = sum(rx.stats()["count"].values()) - got_before
+        rows_read = _bus_rows_read(url, settled=rows_before) - rows_before
         after = wrk_rate(rx.url + "/ok/wrk", request=request)
         conn.close()
     ceiling = (before + after) / 2
@@ -790,6 +818,10 @@ def _quarters(n: int, placement: str) -> None:
         f"{elapsed:.1f} s = {rate:,.0f}/s; wrk (engine's request, {len(request[0])} B) "
         f"{before:,.0f} and {after:,.0f} req/s; ratio {rate / ceiling:.2f} (goal 0.80); "
         f"worker CPU {cpu * per:.0f} us per delivery"
+    )
+    print(
+        f"  rows read from the bus {rows_read:,} ({rows_read / max(n, 1):.2f} an event, "
+        f"PostgreSQL's count); worker peak RSS {peak_mib:.0f} MiB"
     )
     print(
         "  CPU us per delivery by thread: "

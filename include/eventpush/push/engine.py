@@ -248,7 +248,11 @@ class Engine:
         self.sinks = sinks.Sinks()
         settings = WorkerSettings()
         self.cache = WindowCache(
-            self._read, self._rules, settings.buffer_bytes // CACHE_SHARE, self._window
+            self._read,
+            self._rules,
+            settings.buffer_bytes // CACHE_SHARE,
+            self._window,
+            self._read_offsets,
         )
         self.signals = BusSignals()
         self.committer = Committer(
@@ -595,6 +599,10 @@ class Engine:
         bus = self.buses[bus_id]
         return await self.sources[bus.scheme].read(bus, queue_id, start, stop)
 
+    async def _read_offsets(self, bus_id: int, queue_id: int, offsets: list[int]) -> list | None:
+        bus = self.buses[bus_id]
+        return await self.sources[bus.scheme].read_offsets(bus, queue_id, offsets)
+
     def _window(self, bus_id: int) -> int:
         bus = self.buses[bus_id]
         return self.sources[bus.scheme].window_for(bus)
@@ -705,6 +713,7 @@ class Engine:
             "latency_p50_ms": quantiles[49] if quantiles else None,
             "latency_p99_ms": quantiles[98] if quantiles else None,
             "window_cache_bytes": self.cache.bytes,
+            "window_verdict_bytes": self.cache.verdict_bytes,
             "loop_lag_ms": self._loop_lag_ms(),
             "report": self.report.as_dict(),
             "lanes": lanes,

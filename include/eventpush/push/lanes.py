@@ -23,6 +23,7 @@ an outcome leaves behind is ``committing``.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import heapq
 import itertools
@@ -318,11 +319,26 @@ class Lanes:
                 await wait_for_event(runner.room, POLL_INTERVAL_S)
                 continue
             signal_ = self.signals.signal(bus_id)
-            events = await self.cache.events_from(bus_id, cursor.queue_id, cursor.pulled)
-            if not events:
-                cursor.at_end = True
-                await wait_for_event(signal_, POLL_INTERVAL_S)
-                continue
+            qid = cursor.queue_id
+            history = runner.history
+            got = await self.cache.events_from(
+                bus_id, qid, cursor.pulled, (runner.id, runner.epoch, history.newest_from(qid))
+            )
+            # The index's verdict holds for events it matched with the runner's newest version
+            # and read from where that version took effect; others are judged by the version
+            # in force at their offset (push/versions.py). Read after the wait: the runner may
+            # have taken a new version meanwhile.
+            epoch, exact_from = runner.epoch, history.newest_from(qid)
+            if got.__class__ is list:
+                events, rows = got, None
+                if not events:
+                    cursor.at_end = True
+                    await wait_for_event(signal_, POLL_INTERVAL_S)
+                    continue
+            else:  # kept verdicts: the rows it must see; the window's others it passes over
+                if got.epoch < epoch or got.exact_from != exact_from:
+                    continue  # chosen by what the runner trusted before it changed: again
+                events, rows = got.events, got.offsets
             cursor.at_end = False
             taken = 0
             pulled_at = time.monotonic()  # a record's age (max_age_s) counts from here
@@ -333,23 +349,26 @@ class Lanes:
             oldest = next(iter(cursor.inflight)) if cursor.inflight else None
             if oldest is not None:
                 stop = min(stop, oldest + s.buffer_span)
-            max_bytes, rid, qid = s.buffer_bytes, runner.id, cursor.queue_id
-            # The index's verdict holds for events it matched with the runner's newest version
-            # and read from where that version took effect; others are judged by the version
-            # in force at their offset (push/versions.py).
-            epoch, exact_from = runner.epoch, runner.history.newest_from(qid)
-            judge = runner.history.judge
+            max_bytes, rid = s.buffer_bytes, runner.id
+            judge = history.judge
             lane = runner.fresh if ordered_line is None else ordered_line
             # The cursor's take and advance, inline on locals written back once (per record
             # pulled, these calls were a good part of a feeder's cost; nothing awaits here).
             inflight, held, pulled = cursor.inflight, cursor.inflight_bytes, cursor.pulled
+            first = pulled
             read = 0
             try:
                 for ev in events:
                     if room <= 0 or pulled >= stop or held >= max_bytes:
                         break
-                    read += 1
                     offset = ev.offset
+                    if rows is not None and offset > pulled:
+                        # the rows before it, none of them its rule's: passed as a full window's
+                        # filtered rows are, up to the span bound
+                        pulled = min(offset, stop)
+                        if pulled >= stop:
+                            break
+                    read += 1
                     if (
                         rid in ev.matches
                         if ev.epoch >= epoch and offset >= exact_from
@@ -365,7 +384,12 @@ class Lanes:
                         taken += 1
                     if offset >= pulled:
                         pulled = offset + 1
+                else:
+                    if rows is not None and room > 0 and held < max_bytes and pulled < stop:
+                        pulled = min(got.stop, stop)  # the rows after its last one
             finally:
+                if rows is not None:  # rows passed over count as read (and filtered)
+                    read = bisect.bisect_left(rows, pulled) - bisect.bisect_left(rows, first)
                 cursor.inflight_bytes, cursor.pulled = held, pulled
                 runner.inflight += taken
                 self.report.read += read

@@ -75,6 +75,15 @@ class Reader:
         not reached ``stop``). Waits out an unavailable source; raises only what is fatal."""
         raise NotImplementedError
 
+    async def read_offsets(
+        self, bus: Bus, queue_id: int, offsets: list[int]
+    ) -> list[tuple[int, str, str]] | None:
+        """The events of ``queue_id`` at ``offsets`` (ascending), as ``Chunk.rows`` (an offset
+        no event holds is left out), for a runner that knows which rows of a window it needs.
+        None: the source reads whole windows only (the default; the engine then reads the
+        window)."""
+        return None
+
     async def watch(self, buses: Callable[[], Iterable[Bus]], wake: Callable[[int], None]) -> None:
         """Until cancelled: call ``wake(bus_id)`` when new events may have arrived on one of
         ``buses()``. Without it feeders at the end of a queue poll every second."""

@@ -63,6 +63,19 @@ def read_window(conn: Connection, bus_id: int, queue_id: int, start: int, stop: 
         return cur.fetchall()
 
 
+def read_offsets(conn: Connection, bus_id: int, queue_id: int, offsets: list[int]) -> list:
+    """Events of one queue at the given offsets (ascending): (offset, message_id, body text).
+    The range bounds let the planner scan only the index's span that holds them."""
+    with transaction(conn) as cur:
+        cur.execute(
+            'SELECT "offset", message_id, body::text FROM bus_event '
+            'WHERE bus_id = %s AND queue_id = %s AND "offset" >= %s AND "offset" <= %s '
+            'AND "offset" = ANY(%s) ORDER BY "offset"',
+            (bus_id, queue_id, offsets[0], offsets[-1], offsets),
+        )
+        return cur.fetchall()
+
+
 def listen(url: str, channel: str = NOTIFY_CHANNEL) -> Connection:
     """A connection listening for notifications: publishes by default, or ``channel`` (a
     fixed name from code, such as the catalog's); the payload is a bus id."""
@@ -109,13 +122,21 @@ class PostgresReader(Reader):
         for slot in self.all:
             self.slots.put_nowait(slot)
 
-    async def read(self, bus: Bus, queue_id: int, start: int, stop: int) -> Chunk:
+    async def _call(self, fn: Callable, *args):
         slot = await self.slots.get()
         try:
-            rows = await slot.call(read_window, bus.id, queue_id, start, stop)
+            return await slot.call(fn, *args)
         finally:
             self.slots.put_nowait(slot)
+
+    async def read(self, bus: Bus, queue_id: int, start: int, stop: int) -> Chunk:
+        rows = await self._call(read_window, bus.id, queue_id, start, stop)
         return Chunk(rows, rows[-1][0] + 1 if rows else start)
+
+    async def read_offsets(self, bus: Bus, queue_id: int, offsets: list[int]) -> list:
+        if not offsets:
+            return []
+        return await self._call(read_offsets, bus.id, queue_id, offsets)
 
     async def watch(self, buses, wake: Callable[[int], None]) -> None:
         """LISTEN until cancelled, reconnecting while the database is away."""
