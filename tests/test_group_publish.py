@@ -327,6 +327,12 @@ def test_a_commit_whose_connection_died_fails_its_callers_and_the_next_one_recon
         publisher.start()
         try:
             await publisher.publish(bus, _events(3, 1, queues=2))
+            # Callers are answered before the workers' wake-up runs on the same connection:
+            # ended during it, the group would be stored and only the wake-up lost. The
+            # commit's time is counted once its connection is free again.
+            async with asyncio.timeout(30):
+                while publisher.stats.seconds == 0:
+                    await asyncio.sleep(0.01)
             with conn.cursor() as cur:  # the timeout: returns once ended, not just signalled
                 cur.execute(
                     "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
