@@ -48,7 +48,6 @@ from eventpush import catalog  # noqa: E402
 from eventpush.publish import publish  # noqa: E402
 
 ENTRIES = 10
-PUBLISH_CPU: list[tuple[float, float]] = []  # (events/s, CPU µs an event) of each ceiling run
 LUA = """
 local f = io.open("%(body)s", "rb")
 wrk.method = "POST"
@@ -100,9 +99,8 @@ def machine_cpu() -> tuple[float, float]:
     return (sum(fields) - idle) / ticks, sum(fields) / ticks
 
 
-def ceiling(url: str, events: int, bus: str) -> float:
-    """Events/s of ``publish``; its CPU µs an event (this process and its backend) go to
-    ``PUBLISH_CPU``."""
+def ceiling(url: str, events: int, bus: str) -> tuple[float, float]:
+    """Events/s of ``publish`` and its CPU µs an event (this process and its backend)."""
     lines = [
         json.dumps({"source": "shop.orders", "detail-type": "OrderPlaced", "detail": detail(i)})
         for i in range(events)
@@ -120,8 +118,7 @@ def ceiling(url: str, events: int, bus: str) -> float:
             publish(conn, bus, lines[i : i + 50_000])
         elapsed = time.perf_counter() - started
         cpu = time.process_time() + sum(backend_cpu(backend).values()) - cpu
-        PUBLISH_CPU.append((events / elapsed, cpu / events * 1e6))
-        return events / elapsed
+        return events / elapsed, cpu / events * 1e6
     finally:
         conn.close()
 
@@ -293,7 +290,8 @@ def main() -> None:
         conn = psycopg2.connect(url)
         catalog.create_bus(conn, "orders", 4)
         conn.close()
-        ceilings = [ceiling(url, args.events, "ceiling_0")]
+        rate, cpu = ceiling(url, args.events, "ceiling_0")
+        ceilings, publish_cpu = [rate], [cpu]
         key = make_key(env, "bench", "admin")
         server = ApiServer(env, "--workers", str(args.workers))
         rounds: list[Round] = []
@@ -315,7 +313,9 @@ def main() -> None:
                 # The ceiling between API runs, with the server idle: each API run is judged
                 # against the mean of the publish runs just before and just after it, so a
                 # load change on a shared machine bends both sides of its ratio alike.
-                ceilings.append(ceiling(url, args.events, f"ceiling_{n + 1}"))
+                rate, cpu = ceiling(url, args.events, f"ceiling_{n + 1}")
+                ceilings.append(rate)
+                publish_cpu.append(cpu)
             metrics = httpx.get(server.url + "/metrics").text
         finally:
             server.stop()
@@ -352,7 +352,7 @@ def main() -> None:
             f"({one.server_cpu / max(one.requests, 1) * 1e6:,.0f} a request), its PostgreSQL "
             f"backends {one.db_cpu / answered * 1e6:.1f} µs, wrk "
             f"{one.wrk_cpu / answered * 1e6:.1f} µs; publish (process and backend) "
-            f"{statistics.mean(c for _, c in PUBLISH_CPU):.1f} µs; the machine's cores "
+            f"{statistics.mean(publish_cpu):.1f} µs; the machine's cores "
             f"{one.busy:.0%} busy"
         )
     if commits:
