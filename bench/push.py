@@ -141,7 +141,9 @@ def _task_stats(pid: int) -> dict[int, tuple[str, float, float, int]]:
 
 
 def _thread_group(tid: int, name: str, loop_tid: int) -> str:
-    """The part of the worker a thread is: the event loop, the HTTP client's, the rest."""
+    """The part of the worker a thread is: the event loop (and libcurl's I/O on it), or the
+    rest (the database calls' threads). The client of before (pyreqwest) had threads of its
+    own, counted apart as "http client" when the old tree is measured."""
     if tid == loop_tid:
         return "loop"
     return "http client" if name.startswith(("pyreqwest", "tokio")) else "other"
@@ -319,7 +321,7 @@ async def _client_loop(kind: str, url: str, n: int, in_flight: int) -> tuple[flo
         async def post() -> None:
             async with session.post(url, data=body, headers=headers) as resp:
                 await resp.read()
-    else:  # the engine's own attempt: pyreqwest, pinned, streamed with the body cap
+    else:  # the engine's own attempt: libcurl on the loop, pinned, with the body cap
         session = http.new_session()
 
         async def post() -> None:
@@ -338,7 +340,7 @@ async def _client_loop(kind: str, url: str, n: int, in_flight: int) -> tuple[flo
 
 
 def bench_clients(n: int = 20_000, in_flight: int = 64, rounds: int = 2) -> None:
-    """The delivery client chosen by measurement: aiohttp against http.attempt (pyreqwest)
+    """The delivery client chosen by measurement: aiohttp against http.attempt (libcurl)
     as bare loops on uvloop, beside wrk, alternated."""
     import uvloop
 

@@ -28,7 +28,7 @@ def _pins(path: Path) -> dict[str, str]:
 
 def test_executor_lock_pins_what_the_driver_runs():
     executor, driver = _pins(REPO / "requirements-executor.lock"), _pins(REPO / "requirements.lock")
-    assert {"pyarrow", "pandas", "numpy", "pyreqwest", "psycopg2-binary"} <= set(executor)
+    assert {"pyarrow", "pandas", "numpy", "pycurl", "psycopg2-binary"} <= set(executor)
     assert {name: driver.get(name) for name in executor} == executor
     assert "--hash=sha256:" in (REPO / "requirements-executor.lock").read_text()
 

@@ -88,7 +88,7 @@ def push_slice(
     does not count what the previous slice still pushed. Raises the engine's
     ``WorkerBusyError`` when the lease stays held elsewhere.
     """
-    # Deferred: the push runtime (pyreqwest, uvloop, the engine) loads only when a worker runs.
+    # Deferred: the push runtime (pycurl, uvloop, the engine) loads only when a worker runs.
     from eventpush.push import HandOver, run_worker
     from eventpush.push.store import SLICE_APP
 
@@ -235,7 +235,7 @@ class PushSliceSensor(BaseSensorOperator):
         )
 
     def _push(self, context: Any) -> dict:
-        # Deferred: the push runtime (pyreqwest, uvloop, the engine) loads only when a worker runs.
+        # Deferred: the push runtime (pycurl, uvloop, the engine) loads only when a worker runs.
         from eventpush.push import WorkerBusyError
 
         budget = max(MIN_SLICE_S, self.window_left(context))

@@ -101,7 +101,7 @@ def worker_run(
 ) -> None:
     """Run worker NAME's push loop (SIGTERM or Ctrl-C stops it gracefully)."""
 
-    # Deferred: the push runtime (pyreqwest, uvloop, the engine) loads only when a worker runs.
+    # Deferred: the push runtime (pycurl, uvloop, the engine) loads only when a worker runs.
     from eventpush.push import (
         LeaseLostError,
         UnknownWorkerError,

@@ -55,7 +55,7 @@ class Auth:
 @dataclass(frozen=True)
 class Tls:
     """Client certificate and key (PEM files, both or neither) and a CA bundle to trust
-    besides the system's, by path on the worker's host."""
+    besides the public roots (certifi's), by path on the worker's host."""
 
     client_cert_file: str | None = None
     client_key_file: str | None = None

@@ -1,6 +1,9 @@
 """HTTP and HTTPS targets as a sink: the request, the Standard Webhooks headers, the guarded
 connections and the classification of the answer (:mod:`eventpush.sinks.retry`).
 
+Requests go through libcurl (pycurl), driven by the event loop itself
+(:mod:`eventpush.sinks.transfers`).
+
 Used by the push engine, which schedules retries itself in a low-priority lane, and by replay,
 which retries inline (``eventpush.sinks.Sinks.deliver``). Classification follows
 docs/ARCHITECTURE.md: 2xx delivered; 5xx, 408, 429, timeouts and connection errors retried;
@@ -17,18 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import ipaddress
+import os
 import socket
 import time
-from collections.abc import Awaitable
-from dataclasses import dataclass
-from datetime import timedelta
-from urllib.parse import urlsplit
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlencode, urlsplit
 
-from pyreqwest.client import Client, ClientBuilder
-from pyreqwest.exceptions import PyreqwestError, RequestTimeoutError
-from pyreqwest.http import Url
+import certifi
+import pycurl
 
 from eventpush.addresses import (
     AddressPolicy,
@@ -40,7 +41,6 @@ from eventpush.addresses import (
 )
 from eventpush.config import redact, redact_url
 from eventpush.errors import first_line
-from eventpush.policy import LIMITS
 from eventpush.sinks import transform_failed
 from eventpush.sinks.contract import (
     API_KEY,
@@ -58,12 +58,15 @@ from eventpush.sinks.contract import (
 from eventpush.sinks.oauth import TokenError, Tokens, parse_token, token_request
 from eventpush.sinks.request import build_request
 from eventpush.sinks.retry import classify, parse_retry_after
+from eventpush.sinks.transfers import Transfers
 
 BODY_CAP = 64 * 1024  # what we read of an answer; a target may send more, we never hold it
-URL_CACHE = 10_000  # parsed target URLs kept (a replay may meet many)
+URL_CACHE = 10_000  # target URLs with their query parameters, built once (a replay may meet many)
 PIN_TTL_S = 60.0  # how long a checked address stays pinned before the name is resolved again
-# A re-pinned client is closed once no send can still be using it: past the longest timeout.
-RETIRED_CLOSE_S = LIMITS["timeout_ms"][1] / 1000 + 30
+IDLE_HANDLES = 256  # reusable request handles kept per route (more are closed when done)
+# libcurl's codes this module tells apart (every other one is a connection that failed).
+TIMED_OUT = pycurl.E_OPERATION_TIMEDOUT
+UNSENDABLE = (pycurl.E_URL_MALFORMAT, pycurl.E_UNSUPPORTED_PROTOCOL)  # final: never sendable
 
 
 def validate_url(url: str, policy: AddressPolicy | None = None) -> str:
@@ -82,24 +85,25 @@ def validate_url(url: str, policy: AddressPolicy | None = None) -> str:
 
 
 class Session:
-    """The pooled HTTP client of a worker or a replay partition (``async with`` closes it).
+    """The pooled HTTP connections of a worker or a replay partition (``async with`` closes
+    them).
 
-    Requests go through ``pyreqwest`` (reqwest, hyper and tokio underneath): the HTTP work
-    runs on tokio's thread, off the event loop. reqwest would resolve names itself, after our
-    checks, so this class does the resolving: per scheme, host and port it resolves the name,
-    refuses it when any address is denied (a name mixing a public and a private address is a
-    rebinding trick, not a target), and builds a client whose only route to that name is the
-    checked address (``resolve(domain, ip, port)``), for ``PIN_TTL_S``. Every connection thus
-    goes to an address the policy passed, and a name cannot be rebound between the check and
-    the connect. IP-literal URLs are checked the same way."""
+    Requests go through libcurl on the event loop (:class:`~eventpush.sinks.transfers.Transfers`,
+    one per loop, made on first use). libcurl would resolve names itself, after our checks, so
+    this class does the resolving: per scheme, host and port (and TLS files) it resolves the
+    name, refuses it when any address is denied (a name mixing a public and a private address
+    is a rebinding trick, not a target), and pins the route to the checked address
+    (``CONNECT_TO``) for ``PIN_TTL_S``. Every socket libcurl opens is checked once more, on
+    the address it is about to connect to (``OPENSOCKETFUNCTION``): a name cannot be rebound
+    between the check and the connect, and nothing reaches a denied address whatever
+    libcurl resolved. IP-literal URLs are checked the same way."""
 
     def __init__(self, limit: int = 0, policy: AddressPolicy | None = None) -> None:
         self._policy = policy if policy is not None else address_policy()
         self._limit = limit
-        self._routes: dict[str, _Route] = {}  # target URL -> its pinned client
-        self._timeouts: dict[int, timedelta] = {}
-        self._urls: dict[str, Url] = {}  # target URL -> parsed once (a str is parsed per request)
-        self._retired: list[tuple[Client, float]] = []  # re-pinned clients, when retired
+        self._routes: dict[str | tuple[str, Tls], _Route] = {}  # target URL -> its pinned route
+        self._urls: dict[tuple[str, tuple], str] = {}  # (URL, query) -> the URL sent
+        self._transfers: Transfers | None = None
 
     async def __aenter__(self) -> Session:
         return self
@@ -108,44 +112,64 @@ class Session:
         await self.close()
 
     async def close(self) -> None:
-        clients = {id(r.client): r.client for r in self._routes.values()}
-        clients.update((id(c), c) for c, _ in self._retired)
+        if self._transfers is not None:
+            self._transfers.close()
+            self._transfers = None
+        for route in self._routes.values():
+            route.close()
         self._routes.clear()
-        self._retired.clear()
-        for client in clients.values():
-            with contextlib.suppress(Exception):  # a client that will not close stops nothing
-                await client.close()
 
-    def url(self, url: str) -> Url:
-        parsed = self._urls.get(url)
-        if parsed is None:
+    def transfers(self) -> Transfers:
+        """The running loop's transfers (a session used from a new loop starts afresh)."""
+        loop = asyncio.get_running_loop()
+        transfers = self._transfers
+        if transfers is None or transfers.loop is not loop:
+            if transfers is not None:
+                transfers.close()
+            transfers = self._transfers = Transfers(loop, self._limit)
+        return transfers
+
+    async def run(self, handle: pycurl.Curl) -> tuple[int, str | None]:
+        """Run one prepared request to its end: libcurl's ``(code, message)``, 0 when it
+        completed (the hot path, :func:`post`, does the same inline)."""
+        transfers = self.transfers()
+        future = transfers.start(handle)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            transfers.abandon(handle)
+            handle.close()
+            raise
+
+    def url(self, url: str, query: tuple = ()) -> str:
+        """``url`` with the target's query parameters (``((name, value), ...)``) added."""
+        key = (url, query)
+        sent = self._urls.get(key)
+        if sent is None:
             if len(self._urls) >= URL_CACHE:
                 self._urls.clear()
-            parsed = self._urls[url] = Url(url)
-        return parsed
+            sent = url
+            if query:
+                sent += ("&" if urlsplit(url).query else "?") + urlencode(query)
+            self._urls[key] = sent
+        return sent
 
-    def timeout(self, ms: int) -> timedelta:
-        td = self._timeouts.get(ms)
-        if td is None:
-            td = self._timeouts[ms] = timedelta(milliseconds=ms)
-        return td
-
-    def pinned(self, url: str, tls: Tls | None = None) -> Client | None:
-        """The client pinned to ``url`` (with the TLS files ``tls``) while its pin is fresh
+    def pinned(self, url: str, tls: Tls | None = None) -> _Route | None:
+        """The route pinned for ``url`` (with the TLS files ``tls``) while its pin is fresh
         (no await on the hot path)."""
         route = self._routes.get(url if tls is None else (url, tls))
         if route is not None and route.expires > time.monotonic():
-            return route.client
+            return route
         return None
 
-    async def client_for(self, url: str, tls: Tls | None = None) -> Client:
-        """The client pinned to ``url``'s checked address, presenting and trusting the
+    async def route_for(self, url: str, tls: Tls | None = None) -> _Route:
+        """The route pinned to ``url``'s checked address, presenting and trusting the
         certificates of ``tls``; raises RefusedAddressError for a denied address,
         InvalidTargetUrlError for a URL that cannot be sent to, OSError when the name does
         not resolve or a TLS file cannot be read."""
-        client = self.pinned(url, tls)
-        if client is not None:
-            return client
+        route = self.pinned(url, tls)
+        if route is not None:
+            return route
         key = url if tls is None else (url, tls)
         route = self._routes.get(key)
         now = time.monotonic()
@@ -153,7 +177,7 @@ class Session:
         addresses = await self._checked_addresses(origin[1], origin[2])
         if route is not None and route.address in addresses:  # the pin still holds
             route.expires = now + PIN_TTL_S
-            return route.client
+            return route
         for other in self._routes.values():  # another target's fresh route to that origin
             if (
                 other.origin == origin
@@ -162,45 +186,25 @@ class Session:
                 and other.expires > now
             ):
                 self._routes[key] = other
-                return other.client
-        if route is not None:
-            self._retire(route.client, now)
-        client = self._build(origin, addresses[0], tls)
-        route = self._routes[key] = _Route(client, origin, addresses[0], tls)
-        route.expires = now + PIN_TTL_S
-        return route.client
-
-    def _build(self, origin: tuple[str, str, int], address: str, tls: Tls | None = None) -> Client:
-        _, host, port = origin
-        builder = (
-            ClientBuilder()
-            .follow_redirects(False)  # a 3xx is the target's answer
-            .no_proxy()  # no proxy from the environment between us and the policy
-            .gzip(False)  # we never look inside a body: no decompression bombs
-            .brotli(False)
-            .zstd(False)
-            .deflate(False)
-            .referer(False)
+                return other
+        if route is not None:  # re-pinned: its idle handles go; busy ones are closed when done
+            route.close()
+        route = self._routes[key] = _route(
+            origin, addresses[0], tls, self._policy, self._close_socket
         )
-        if self._limit:
-            builder = builder.max_connections(self._limit)
-        if address != host:  # a name: its one route is the address we checked
-            builder = builder.resolve(host, address, port)
-        if tls is not None:
-            if tls.client_cert_file is not None:  # reqwest wants the key and chain in one PEM
-                identity = _read(tls.client_key_file) + b"\n" + _read(tls.client_cert_file)
-                builder = builder.identity_pem(identity)
-            if tls.ca_file is not None:
-                builder = builder.add_root_certificate_pem(_read(tls.ca_file))
-        return builder.build()
+        route.expires = now + PIN_TTL_S
+        return route
 
-    def _retire(self, client: Client, now: float) -> None:
-        """A client whose pin moved: closed once no send can still be using it."""
-        due = [c for c, at in self._retired if now - at > RETIRED_CLOSE_S]
-        self._retired = [(c, at) for c, at in self._retired if now - at <= RETIRED_CLOSE_S]
-        self._retired.append((client, now))
-        for old in due:
-            asyncio.get_running_loop().create_task(old.close())
+    def _close_socket(self, fd: int) -> int:
+        """``CLOSESOCKETFUNCTION``: libcurl closing a connection's socket; its watch on the
+        loop goes first (:meth:`Transfers.socket_closed`)."""
+        if self._transfers is not None:
+            self._transfers.socket_closed(fd)
+        try:
+            os.close(fd)
+        except OSError:
+            return 1
+        return 0
 
     async def _checked_addresses(self, host: str, port: int) -> list[str]:
         """Every address of ``host`` (itself for an IP literal), each passed by the policy."""
@@ -220,13 +224,133 @@ class Session:
         return addresses
 
 
+class _Answer:
+    """What one request's answer told: the final status once its headers are complete, the
+    two headers a refusal's handling reads, and the size of the body (read up to
+    ``BODY_CAP``, kept only when asked). Bound to one libcurl handle's callbacks."""
+
+    __slots__ = ("status", "seen", "retry_after", "location", "size", "body", "refused", "policy")
+
+    def __init__(self, policy: AddressPolicy) -> None:
+        self.policy = policy
+        self.reset(False)
+
+    def reset(self, keep_body: bool) -> None:
+        self.status = self.seen = None
+        self.retry_after = self.location = self.refused = None
+        self.size = 0
+        self.body = [] if keep_body else None
+
+    def header(self, line: bytes) -> None:
+        """``HEADERFUNCTION``: one header line (the status line, a header, the blank line)."""
+        if line == b"\r\n" or line == b"\n":
+            if self.seen is not None and self.seen >= 200:  # a 1xx is not the answer
+                self.status = self.seen
+            return
+        first = line[:1]
+        if first == b"H" and line.startswith(b"HTTP/"):
+            parts = line.split(None, 2)
+            try:
+                self.seen = int(parts[1])
+            except (IndexError, ValueError):
+                self.seen = None
+            self.retry_after = self.location = None
+        elif first in b"rRlL":
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"retry-after":
+                self.retry_after = value.strip().decode("latin-1")
+            elif name == b"location":
+                self.location = value.strip().decode("latin-1")
+
+    def write(self, chunk: bytes) -> int | None:
+        """``WRITEFUNCTION``: past ``BODY_CAP`` the transfer stops (its connection dropped)."""
+        self.size += len(chunk)
+        if self.body is not None:
+            self.body.append(chunk[: len(chunk) - max(0, self.size - BODY_CAP)])
+        if self.size > BODY_CAP:
+            return 0  # less than was handed over: libcurl aborts the transfer
+        return None
+
+    def open_socket(self, purpose: int, address) -> socket.socket | int:
+        """``OPENSOCKETFUNCTION``: the address libcurl is about to connect to, checked."""
+        try:
+            self.policy.check(address.addr[0])
+        except RefusedAddressError as exc:
+            self.refused = str(exc)
+            return pycurl.SOCKET_BAD
+        return socket.socket(address.family, address.socktype, address.protocol)
+
+
 @dataclass(slots=True)
 class _Route:
-    client: Client
     origin: tuple[str, str, int]  # scheme, host, port
     address: str
     tls: Tls | None = None
     expires: float = 0.0
+    policy: AddressPolicy | None = None
+    options: list[tuple[int, object]] = field(default_factory=list)  # set on each new handle
+    idle: list[pycurl.Curl] = field(default_factory=list)
+    closed: bool = False
+
+    def handle(self) -> pycurl.Curl:
+        """An idle request handle of this route, or a new one set up for it."""
+        if self.idle:
+            return self.idle.pop()
+        handle = pycurl.Curl()
+        answer = handle.answer = _Answer(self.policy)
+        handle.method = "POST"
+        handle.timeout_ms = 0
+        for option, value in self.options:
+            handle.setopt(option, value)
+        handle.setopt(pycurl.HEADERFUNCTION, answer.header)
+        handle.setopt(pycurl.WRITEFUNCTION, answer.write)
+        handle.setopt(pycurl.OPENSOCKETFUNCTION, answer.open_socket)
+        return handle
+
+    def give_back(self, handle: pycurl.Curl) -> None:
+        if self.closed or len(self.idle) >= IDLE_HANDLES:
+            handle.close()
+        else:
+            self.idle.append(handle)
+
+    def close(self) -> None:
+        self.closed = True
+        for handle in self.idle:
+            handle.close()
+        self.idle.clear()
+
+
+def _route(
+    origin: tuple[str, str, int],
+    address: str,
+    tls: Tls | None,
+    policy: AddressPolicy,
+    close_socket: Callable[[int], int],
+) -> _Route:
+    """A route to ``address`` for ``origin``'s URLs: the options every handle of it carries."""
+    _, host, port = origin
+    options: list[tuple[int, object]] = [
+        (pycurl.NOSIGNAL, 1),
+        (pycurl.CLOSESOCKETFUNCTION, close_socket),
+        (pycurl.PROXY, ""),  # no proxy from the environment between us and the policy
+        (pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS),
+        (pycurl.FOLLOWLOCATION, 0),  # a 3xx is the target's answer
+        # No Accept-Encoding: we never look inside a body, so nothing is decompressed.
+    ]
+    if address != host:  # a name: its one route is the address we checked
+        pinned = f"[{address}]" if ":" in address else address
+        options.append((pycurl.CONNECT_TO, [f"{host}:{port}:{pinned}:{port}"]))
+    if origin[0] == "https":
+        if tls is not None and tls.client_cert_file is not None:
+            options.append((pycurl.SSLCERT_BLOB, _read(tls.client_cert_file)))
+            options.append((pycurl.SSLKEY_BLOB, _read(tls.client_key_file)))
+        if tls is not None and tls.ca_file is not None:  # trusted besides the usual roots
+            roots = _read(certifi.where()) + b"\n" + _read(tls.ca_file)
+            options.append((pycurl.CAINFO_BLOB, roots))
+        else:
+            options.append((pycurl.CAINFO, certifi.where()))
+    return _Route(origin, address, tls, policy=policy, options=options)
 
 
 def _read(path: str) -> bytes:
@@ -250,7 +374,7 @@ def _origin(url: str) -> tuple[str, str, int]:
 
 
 def new_session(limit: int = 0, policy: AddressPolicy | None = None) -> Session:
-    """A pooled HTTP session; ``limit`` caps the requests in flight per origin (0: no cap).
+    """A pooled HTTP session; ``limit`` caps the connections per host (0: no cap).
     ``policy`` is the address policy (default: the environment's, read now so a bad range
     fails at start)."""
     return Session(limit, policy)
@@ -263,7 +387,7 @@ def attempt(
     headers: dict[str, str],
     traceparent: str | None = None,
 ) -> Awaitable[Outcome]:
-    """One POST with the target's timeout (the client's own: no timer of ours), carrying
+    """One POST with the target's timeout (libcurl's own: no timer of ours), carrying
     ``traceparent`` (the attempt's trace context) when given. Never raises for network
     trouble. Returns the request coroutine itself: no frame of its own on the hot path."""
     if traceparent is not None:  # the span of this attempt, so the receiver can join it
@@ -271,53 +395,98 @@ def attempt(
     return post(session, target, body, headers)
 
 
-async def post(session: Session, target: Target, body: bytes, headers: dict[str, str]) -> Outcome:
-    """One POST of ``body`` with exactly ``headers``: :func:`attempt` without the trace
-    context. Once the status line is in, it is the answer: trouble with the body after it
-    changes nothing.
+def header_lines(headers: dict[str, str]) -> list[str]:
+    """libcurl's header list. An empty value is written ``name;`` (``name:`` would remove
+    the header); ``Expect:`` keeps libcurl from waiting for a 100 before a large body. A
+    line break anywhere is refused (it would split the request): the stored headers are
+    checked when written (:mod:`eventpush.sinks.headers`), this holds for any row."""
+    lines = [f"{k}: {v}" if v else f"{k};" for k, v in headers.items()]
+    lines.append("Expect:")
+    text = "".join(lines)
+    if "\r" in text or "\n" in text or "\0" in text:
+        raise ValueError("a header carries a line break or NUL: not sent")
+    return lines
 
-    The answer's body is never handed to Python: the client reads at most ``BODY_CAP`` of it
-    before the status is returned (its streamed read buffer), and leaving the context drops
-    whatever is left, with the connection when the body was longer. A short answer has been
-    read to its end by then, so its connection goes back to the pool."""
+
+def prepare(
+    route: _Route,
+    url: str,
+    method: str,
+    body: bytes,
+    lines: list[str],
+    timeout_ms: int,
+    keep_body: bool = False,
+) -> pycurl.Curl:
+    """A handle of ``route`` set for one request (options the last request left as they
+    should be are not set again); its ``answer`` keeps the body with ``keep_body``."""
+    handle = route.handle()
+    handle.answer.reset(keep_body)
+    handle.setopt(pycurl.URL, url)
+    handle.setopt(pycurl.POSTFIELDS, body)
+    handle.setopt(pycurl.HTTPHEADER, lines)
+    if handle.timeout_ms != timeout_ms:
+        handle.setopt(pycurl.TIMEOUT_MS, timeout_ms)
+        handle.timeout_ms = timeout_ms
+    if handle.method != method:
+        if method == "POST":
+            handle.unsetopt(pycurl.CUSTOMREQUEST)
+        else:
+            handle.setopt(pycurl.CUSTOMREQUEST, method)
+        handle.method = method
+    return handle
+
+
+async def post(session: Session, target: Target, body: bytes, headers: dict[str, str]) -> Outcome:
+    """One request of ``body`` with exactly ``headers`` (and the method, query and TLS files
+    of ``target``): :func:`attempt` without the trace context. Once the answer's headers are
+    in, it is the answer: trouble with the body after them changes nothing.
+
+    At most ``BODY_CAP`` of the body is read, and only counted; past it the transfer stops
+    and its connection is dropped. A short answer has been read to its end, so its connection
+    goes back to the pool."""
     started = time.perf_counter()
-    status: int | None = None
-    retry_after = location = None
     try:
         url, tls = target.url, target.tls
-        client = session.pinned(url, tls) or await session.client_for(url, tls)
-        if target.method == "POST":
-            builder = client.post(session.url(url))
-        else:
-            builder = client.request(target.method, session.url(url))
-        if target.query:
-            builder = builder.query(target.query)
-        request = (
-            builder.headers(headers)
-            .body_bytes(body)
-            .timeout(session.timeout(target.timeout_ms))
-            .streamed_read_buffer_limit(BODY_CAP)
-            .build_streamed()
+        route = session.pinned(url, tls) or await session.route_for(url, tls)
+        handle = prepare(
+            route,
+            session.url(url, target.query) if target.query else url,
+            target.method,
+            body,
+            header_lines(headers),
+            target.timeout_ms,
         )
-        async with request as resp:
-            status = resp.status
-            if status >= 300:  # what only a refusal's handling reads (two calls saved on a 2xx)
-                retry_after = resp.get_header("retry-after")
-                location = resp.get_header("location")
+        answer = handle.answer
+        transfers = session.transfers()
+        future = transfers.start(handle)
+        try:
+            code, message = await future
+        except asyncio.CancelledError:
+            transfers.abandon(handle)
+            handle.close()
+            raise
     except (RefusedAddressError, InvalidTargetUrlError) as exc:
-        refused = _outcome(target, FINAL, None, f"refused address: {exc}", started)
-        refused.reached = False
-        return refused
-    except RequestTimeoutError:
-        if status is None:
+        return _refused(target, str(exc), started)
+    except (OSError, ValueError, pycurl.error) as exc:
+        # ValueError: a request that cannot be sent as it stands (a final condition).
+        kind = FINAL if isinstance(exc, ValueError) else RETRY
+        error = f"connection failed: {first_line(exc)[:300]}"
+        return _outcome(target, kind, None, error, started)
+    status, retry_after, location, refused = (
+        answer.status,
+        answer.retry_after,
+        answer.location,
+        answer.refused,
+    )
+    route.give_back(handle)
+    if status is None:  # no answer: why the transfer ended is the outcome
+        if refused is not None:
+            return _refused(target, refused, started)
+        if code == TIMED_OUT:
             return _outcome(target, RETRY, None, f"timed out after {target.timeout_ms} ms", started)
-    except (PyreqwestError, OSError, ValueError) as exc:
-        # ValueError: a URL the client cannot send to (a final condition).
-        if status is None:
-            kind = FINAL if isinstance(exc, ValueError) else RETRY
-            return _outcome(
-                target, kind, None, f"connection failed: {first_line(exc)[:300]}", started
-            )
+        kind = FINAL if code in UNSENDABLE else RETRY
+        error = f"connection failed: {first_line(message or f'libcurl error {code}')[:300]}"
+        return _outcome(target, kind, None, error, started)
     kind = classify(status)
     if kind == DELIVERED:
         error = None
@@ -330,6 +499,12 @@ async def post(session: Session, target: Target, body: bytes, headers: dict[str,
     if status in (429, 503):
         outcome.retry_after_s = parse_retry_after(retry_after)
     return outcome
+
+
+def _refused(target: Target, why: str, started: float) -> Outcome:
+    refused = _outcome(target, FINAL, None, f"refused address: {why}", started)
+    refused.reached = False
+    return refused
 
 
 def _outcome(
@@ -399,27 +574,31 @@ class HttpSink:
         policy at connect time) with the target's timeout; TokenError says why it gave none."""
         where = redact_url(auth.token_url)
         body, headers = token_request(auth)
+        session = self.session
         try:
-            client = await self.session.client_for(auth.token_url)
-            request = (
-                client.post(self.session.url(auth.token_url))
-                .headers(headers)
-                .body_bytes(body)
-                .timeout(self.session.timeout(target.timeout_ms))
-                .streamed_read_buffer_limit(BODY_CAP)
-                .build_streamed()
+            route = await session.route_for(auth.token_url)
+            lines = header_lines(headers)
+            handle = prepare(
+                route, auth.token_url, "POST", body, lines, target.timeout_ms, keep_body=True
             )
-            async with request as resp:
-                status, answer = resp.status, await _read_capped(resp)
+            code, message = await session.run(handle)
         except (RefusedAddressError, InvalidTargetUrlError) as exc:
             raise TokenError(f"token URL {where}: refused address: {exc}") from None
-        except RequestTimeoutError:
-            raise TokenError(f"token URL {where}: timed out after {target.timeout_ms} ms") from None
-        except (PyreqwestError, OSError, ValueError) as exc:
+        except (OSError, ValueError, pycurl.error) as exc:
             why = redact(first_line(exc)[:300], auth.token_url)
             raise TokenError(f"token URL {where}: connection failed: {why}") from None
+        answer = handle.answer
+        status, refused, kept = answer.status, answer.refused, b"".join(answer.body)
+        route.give_back(handle)
+        if status is None:
+            if refused is not None:
+                raise TokenError(f"token URL {where}: refused address: {refused}")
+            if code == TIMED_OUT:
+                raise TokenError(f"token URL {where}: timed out after {target.timeout_ms} ms")
+            why = redact(first_line(message or f"libcurl error {code}")[:300], auth.token_url)
+            raise TokenError(f"token URL {where}: connection failed: {why}")
         try:
-            return parse_token(status, answer)
+            return parse_token(status, kept)
         except TokenError as exc:
             raise TokenError(f"token URL {where} answered {exc}") from None
 
@@ -443,15 +622,3 @@ def credential_header(auth: Auth) -> tuple[str, str]:
         basic = base64.b64encode(f"{auth.name}:{auth.secret}".encode()).decode()
         return "authorization", f"Basic {basic}"
     raise ValueError(f"connection {auth.connection}: no header for auth kind {auth.kind!r}")
-
-
-async def _read_capped(resp) -> bytes:
-    """At most ``BODY_CAP`` bytes of an answer's body."""
-    chunks, size = [], 0
-    while size < BODY_CAP:
-        chunk = await resp.body_reader.read_chunk()
-        if chunk is None:
-            break
-        chunks.append(bytes(chunk))
-        size += len(chunk)
-    return b"".join(chunks)[:BODY_CAP]
