@@ -303,9 +303,19 @@ def bench_batch(n: int = 200_000) -> None:
     )
 
 
-async def _client_loop(kind: str, url: str, n: int, in_flight: int) -> tuple[float, float, float]:
-    """n POSTs, in_flight at a time, by a bare client loop: requests/s, and CPU us per request
-    of the loop thread and of the whole process (the HTTP client's own threads included)."""
+def _burn(us: float) -> None:
+    """Hold the loop (and the GIL) for ``us`` microseconds, as the engine's own work does."""
+    end = time.perf_counter() + us / 1e6
+    while time.perf_counter() < end:
+        pass
+
+
+async def _client_loop(
+    kind: str, url: str, n: int, in_flight: int, work_us: float = 0.0
+) -> tuple[float, float, float]:
+    """n POSTs, in_flight at a time, by a bare client loop that does ``work_us`` of Python on
+    the loop before each (the engine's share of a delivery, ~20 us): requests/s, and CPU us
+    per request of the loop thread and of the whole process (any client threads included)."""
     import asyncio
 
     import aiohttp
@@ -321,7 +331,7 @@ async def _client_loop(kind: str, url: str, n: int, in_flight: int) -> tuple[flo
         async def post() -> None:
             async with session.post(url, data=body, headers=headers) as resp:
                 await resp.read()
-    else:  # the engine's own attempt: libcurl on the loop, pinned, with the body cap
+    else:  # the engine's own attempt, pinned, with the body cap
         session = http.new_session()
 
         async def post() -> None:
@@ -329,6 +339,8 @@ async def _client_loop(kind: str, url: str, n: int, in_flight: int) -> tuple[flo
 
     async def one(k: int) -> None:
         for _ in range(k):
+            if work_us:
+                _burn(work_us)
             await post()
 
     started, cpu, all_cpu = time.perf_counter(), time.thread_time(), time.process_time()
@@ -339,24 +351,28 @@ async def _client_loop(kind: str, url: str, n: int, in_flight: int) -> tuple[flo
     return n / elapsed, cpu / n * 1e6, all_cpu / n * 1e6
 
 
-def bench_clients(n: int = 20_000, in_flight: int = 64, rounds: int = 2) -> None:
-    """The delivery client chosen by measurement: aiohttp against http.attempt (libcurl)
-    as bare loops on uvloop, beside wrk, alternated."""
+def bench_clients(n: int = 40_000, in_flight: int = 64, rounds: int = 2) -> None:
+    """The delivery client chosen by measurement: aiohttp against http.attempt as bare
+    loops on uvloop, beside wrk, alternated; each alone and with 20 us of Python work on the
+    loop per request, standing in for the engine (a client whose I/O runs on a thread of
+    its own pays for a busy loop at every answer). Compare trees with PYTHONPATH."""
     import uvloop
 
     with ReceiverProcess() as rx:
         for r in range(rounds):
             ceiling = wrk_rate(rx.url + "/ok/wrk")
-            for kind in ("aiohttp", "http.attempt"):
-                rate, cpu_us, all_us = uvloop.run(
-                    _client_loop(kind, rx.url + "/ok/c", n, in_flight)
-                )
-                print(
-                    f"clients round {r + 1}, {kind}: {rate:,.0f} req/s = {rate / ceiling:.2f} "
-                    f"of wrk {ceiling:,.0f}; CPU/request: loop thread {cpu_us:.1f} us, "
-                    f"process {all_us:.1f} us"
-                )
-                sys.stdout.flush()
+            for work_us in (0.0, 20.0):
+                for kind in ("aiohttp", "http.attempt"):
+                    rate, cpu_us, all_us = uvloop.run(
+                        _client_loop(kind, rx.url + "/ok/c", n, in_flight, work_us)
+                    )
+                    print(
+                        f"clients round {r + 1}, {kind}, {work_us:.0f} us of loop work a "
+                        f"request: {rate:,.0f} req/s = {rate / ceiling:.2f} of wrk "
+                        f"{ceiling:,.0f}; CPU/request: loop thread {cpu_us:.1f} us, "
+                        f"process {all_us:.1f} us"
+                    )
+                    sys.stdout.flush()
 
 
 def bench_latency(rate: int = 1000, seconds: int = 20) -> None:
