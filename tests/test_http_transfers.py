@@ -128,7 +128,6 @@ def test_connections_closed_by_the_target_are_replaced_and_nothing_leaks():
                 await asyncio.sleep(0.1)  # the old connections' ends arrive while idle
                 sends = [http.attempt(session, target(url), b"{}", {}) for _ in range(32)]
                 outs = await asyncio.gather(*sends)
-                print({o.error for o in outs})
                 kinds += [o.kind for o in outs]
                 arrived = second.state.count["/ok"]
         return kinds, arrived
