@@ -21,10 +21,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import ipaddress
-import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from urllib.parse import urlencode, urlsplit
 
@@ -138,6 +137,7 @@ class Session:
             return await future
         except asyncio.CancelledError:
             transfers.abandon(handle)
+            handle.answer.close_opened()
             handle.close()
             raise
 
@@ -189,22 +189,9 @@ class Session:
                 return other
         if route is not None:  # re-pinned: its idle handles go; busy ones are closed when done
             route.close()
-        route = self._routes[key] = _route(
-            origin, addresses[0], tls, self._policy, self._close_socket
-        )
+        route = self._routes[key] = _route(origin, addresses[0], tls, self._policy)
         route.expires = now + PIN_TTL_S
         return route
-
-    def _close_socket(self, fd: int) -> int:
-        """``CLOSESOCKETFUNCTION``: libcurl closing a connection's socket; its watch on the
-        loop goes first (:meth:`Transfers.socket_closed`)."""
-        if self._transfers is not None:
-            self._transfers.socket_closed(fd)
-        try:
-            os.close(fd)
-        except OSError:
-            return 1
-        return 0
 
     async def _checked_addresses(self, host: str, port: int) -> list[str]:
         """Every address of ``host`` (itself for an IP literal), each passed by the policy."""
@@ -229,10 +216,21 @@ class _Answer:
     two headers a refusal's handling reads, and the size of the body (read up to
     ``BODY_CAP``, kept only when asked). Bound to one libcurl handle's callbacks."""
 
-    __slots__ = ("status", "seen", "retry_after", "location", "size", "body", "refused", "policy")
+    __slots__ = (
+        "status",
+        "seen",
+        "retry_after",
+        "location",
+        "size",
+        "body",
+        "refused",
+        "policy",
+        "opened",
+    )
 
     def __init__(self, policy: AddressPolicy) -> None:
         self.policy = policy
+        self.opened: list[socket.socket] = []
         self.reset(False)
 
     def reset(self, keep_body: bool) -> None:
@@ -279,7 +277,15 @@ class _Answer:
         except RefusedAddressError as exc:
             self.refused = str(exc)
             return pycurl.SOCKET_BAD
-        return socket.socket(address.family, address.socktype, address.protocol)
+        # pycurl keeps a duplicate of the socket; this one is closed once the transfer ends
+        opened = socket.socket(address.family, address.socktype, address.protocol)
+        self.opened.append(opened)
+        return opened
+
+    def close_opened(self) -> None:
+        for opened in self.opened:
+            opened.close()
+        self.opened.clear()
 
 
 @dataclass(slots=True)
@@ -322,17 +328,12 @@ class _Route:
 
 
 def _route(
-    origin: tuple[str, str, int],
-    address: str,
-    tls: Tls | None,
-    policy: AddressPolicy,
-    close_socket: Callable[[int], int],
+    origin: tuple[str, str, int], address: str, tls: Tls | None, policy: AddressPolicy
 ) -> _Route:
     """A route to ``address`` for ``origin``'s URLs: the options every handle of it carries."""
     _, host, port = origin
     options: list[tuple[int, object]] = [
         (pycurl.NOSIGNAL, 1),
-        (pycurl.CLOSESOCKETFUNCTION, close_socket),
         (pycurl.PROXY, ""),  # no proxy from the environment between us and the policy
         (pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS),
         (pycurl.FOLLOWLOCATION, 0),  # a 3xx is the target's answer
@@ -463,6 +464,7 @@ async def post(session: Session, target: Target, body: bytes, headers: dict[str,
             code, message = await future
         except asyncio.CancelledError:
             transfers.abandon(handle)
+            handle.answer.close_opened()
             handle.close()
             raise
     except (RefusedAddressError, InvalidTargetUrlError) as exc:
@@ -472,6 +474,8 @@ async def post(session: Session, target: Target, body: bytes, headers: dict[str,
         kind = FINAL if isinstance(exc, ValueError) else RETRY
         error = f"connection failed: {first_line(exc)[:300]}"
         return _outcome(target, kind, None, error, started)
+    if answer.opened:
+        answer.close_opened()
     status, retry_after, location, refused = (
         answer.status,
         answer.retry_after,
@@ -588,6 +592,7 @@ class HttpSink:
             why = redact(first_line(exc)[:300], auth.token_url)
             raise TokenError(f"token URL {where}: connection failed: {why}") from None
         answer = handle.answer
+        answer.close_opened()
         status, refused, kept = answer.status, answer.refused, b"".join(answer.body)
         route.give_back(handle)
         if status is None:

@@ -35,7 +35,6 @@ class Transfers:
         if per_host:
             self.multi.setopt(pycurl.M_MAX_HOST_CONNECTIONS, per_host)
         self._watched: dict[int, int] = {}  # fd -> what the loop watches (pycurl.POLL_*)
-        self._wanted: dict[int, int] = {}  # fd -> what libcurl asked to watch
         self._timer: asyncio.TimerHandle | None = None
         self._running: dict[pycurl.Curl, asyncio.Future] = {}
         self.closed = False
@@ -66,31 +65,23 @@ class Transfers:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self.multi.close()  # closes the cached connections (socket_closed for each)
+        self.multi.close()  # closes the cached connections
         for fd in list(self._watched):
             self._unwatch(fd)
-        self._wanted.clear()
 
     # --- what libcurl asks of the loop -----------------------------------------------------
 
     def _watch(self, what: int, fd: int, multi, socket_data) -> None:
-        """``M_SOCKETFUNCTION``: watch ``fd`` for reading, writing, both, or no more.
-
-        A socket libcurl stops watching (its connection idle in the pool) stays watched for
-        reading: most are used again at once, and each change of watch costs a system call.
-        What arrives on it while idle (the peer closing it) ends that watch (:meth:`_ready`),
-        and a socket is never closed still watched: libcurl closes them through
-        :meth:`socket_closed`."""
-        if self.closed:
-            return
+        """``M_SOCKETFUNCTION``: watch ``fd`` for reading, writing, both, or no more. libcurl
+        says REMOVE before it closes a socket (and gives no other word of the close), so a
+        socket it stops watching stops being watched at once: a number reused by a new
+        socket is never left registered for the old one."""
         loop, watched = self.loop, self._watched.get(fd, 0)
         if what == pycurl.POLL_REMOVE:
-            self._wanted.pop(fd, None)
-            if watched & pycurl.POLL_OUT:  # a writable socket would wake the loop at once
-                loop.remove_writer(fd)
-                self._set(fd, watched & ~pycurl.POLL_OUT)
+            self._unwatch(fd)
             return
-        self._wanted[fd] = what
+        if self.closed:
+            return
         if what & pycurl.POLL_IN:
             if not watched & pycurl.POLL_IN:
                 loop.add_reader(fd, self._ready, fd, pycurl.CSELECT_IN)
@@ -101,18 +92,7 @@ class Transfers:
                 loop.add_writer(fd, self._ready, fd, pycurl.CSELECT_OUT)
         elif watched & pycurl.POLL_OUT:
             loop.remove_writer(fd)
-        self._set(fd, what)
-
-    def _set(self, fd: int, watched: int) -> None:
-        if watched:
-            self._watched[fd] = watched
-        else:
-            self._watched.pop(fd, None)
-
-    def socket_closed(self, fd: int) -> None:
-        """libcurl is about to close ``fd``: no watch may outlive it (the number is reused)."""
-        self._wanted.pop(fd, None)
-        self._unwatch(fd)
+        self._watched[fd] = what
 
     def _unwatch(self, fd: int) -> None:
         was = self._watched.pop(fd, 0)
@@ -134,9 +114,6 @@ class Transfers:
 
     def _ready(self, fd: int, event: int) -> None:
         if self.closed:
-            return
-        if fd not in self._wanted:  # an idle connection's socket: its peer spoke or left
-            self._unwatch(fd)
             return
         self.multi.socket_action(fd, event)
         self._finished()
