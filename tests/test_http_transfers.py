@@ -41,68 +41,55 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_an_interim_answer_is_not_the_answer():
-    async def run() -> contract.Outcome:
-        answer = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n"
-        server, url, _ = await raw_server(answer)
-        async with server, http.new_session() as session:
-            return await http.attempt(session, target(url), b"{}", {})
+def send_to(
+    answer: bytes, headers: dict[str, str] | None = None, hold_s: float = 0.0, **target_kw
+) -> tuple[contract.Outcome, list[bytes]]:
+    """One attempt against a raw server answering ``answer``: the outcome and the request
+    heads the server read."""
 
-    outcome = asyncio.run(run())
+    async def run() -> tuple[contract.Outcome, list[bytes]]:
+        server, url, heads = await raw_server(answer, hold_s)
+        async with server, http.new_session() as session:
+            t = target(url, **target_kw)
+            return await http.attempt(session, t, b"{}", headers or {}), heads
+
+    return asyncio.run(run())
+
+
+def test_an_interim_answer_is_not_the_answer():
+    outcome, _ = send_to(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n")
     assert (outcome.kind, outcome.http_status) == (contract.DELIVERED, 204)
 
 
 def test_a_status_line_without_the_rest_of_its_headers_is_no_answer():
     """A 200 whose headers never end (the target then hangs) is a timeout, retried: an
     answer counts once its headers are complete."""
-
-    async def run() -> contract.Outcome:
-        server, url, _ = await raw_server(b"HTTP/1.1 200 OK\r\nContent-Type: te", hold_s=5)
-        async with server, http.new_session() as session:
-            return await http.attempt(session, target(url, timeout_ms=300), b"{}", {})
-
-    outcome = asyncio.run(run())
+    outcome, _ = send_to(b"HTTP/1.1 200 OK\r\nContent-Type: te", hold_s=5, timeout_ms=300)
     assert (outcome.kind, outcome.http_status) == (contract.RETRY, None)
     assert outcome.error == "timed out after 300 ms"
 
 
 def test_headers_complete_then_a_broken_body_is_still_the_answer():
-    async def run() -> contract.Outcome:
-        answer = b"HTTP/1.1 503 Busy\r\nRetry-After: 7\r\nContent-Length: 100\r\n\r\nshort"
-        server, url, _ = await raw_server(answer)
-        async with server, http.new_session() as session:
-            return await http.attempt(session, target(url), b"{}", {})
-
-    outcome = asyncio.run(run())
+    answer = b"HTTP/1.1 503 Busy\r\nRetry-After: 7\r\nContent-Length: 100\r\n\r\nshort"
+    outcome, _ = send_to(answer)
     assert (outcome.kind, outcome.http_status, outcome.retry_after_s) == (contract.RETRY, 503, 7)
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 
 
 def test_a_header_with_a_line_break_is_never_sent():
     """Stored headers are checked when written; a row written around the checks still cannot
     split a request: the send is refused as final and nothing reaches the server."""
-
-    async def run() -> tuple[contract.Outcome, list[bytes]]:
-        server, url, heads = await raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-        async with server, http.new_session() as session:
-            headers = {"x-note": "a\r\nx-injected: 1"}
-            return await http.attempt(session, target(url), b"{}", headers), heads
-
-    outcome, heads = asyncio.run(run())
+    outcome, heads = send_to(OK, {"x-note": "a\r\nx-injected: 1"})
     assert (outcome.kind, outcome.http_status) == (contract.FINAL, None)
     assert "line break" in outcome.error and "injected" not in outcome.error
     assert heads == []
 
 
 def test_an_empty_header_is_sent_empty_and_the_method_and_query_are_the_targets():
-    async def run() -> list[bytes]:
-        server, url, heads = await raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-        async with server, http.new_session() as session:
-            t = target(url, method="PUT", query=(("a", "1 2"),))
-            outcome = await http.attempt(session, t, b"{}", {"x-empty": ""})
-            assert outcome.kind == contract.DELIVERED
-        return heads
-
-    (head,) = asyncio.run(run())
+    outcome, (head,) = send_to(OK, {"x-empty": ""}, method="PUT", query=(("a", "1 2"),))
+    assert outcome.kind == contract.DELIVERED
     lines = head.decode().split("\r\n")
     assert lines[0] == "PUT /hook?a=1+2 HTTP/1.1"
     assert "x-empty:" in [line.rstrip() for line in lines]

@@ -136,9 +136,7 @@ class Session:
         try:
             return await future
         except asyncio.CancelledError:
-            transfers.abandon(handle)
-            handle.answer.close_opened()
-            handle.close()
+            _abandon(transfers, handle)
             raise
 
     def url(self, url: str, query: tuple = ()) -> str:
@@ -187,8 +185,8 @@ class Session:
             ):
                 self._routes[key] = other
                 return other
-        if route is not None:  # re-pinned: its idle handles go; busy ones are closed when done
-            route.close()
+        # Re-pinned: the old route is not closed, since another target's key may share it (a
+        # closed route pools no handle); its handles go with it once nothing refers to it.
         route = self._routes[key] = _route(origin, addresses[0], tls, self._policy)
         route.expires = now + PIN_TTL_S
         return route
@@ -463,9 +461,7 @@ async def post(session: Session, target: Target, body: bytes, headers: dict[str,
         try:
             code, message = await future
         except asyncio.CancelledError:
-            transfers.abandon(handle)
-            handle.answer.close_opened()
-            handle.close()
+            _abandon(transfers, handle)
             raise
     except (RefusedAddressError, InvalidTargetUrlError) as exc:
         return _refused(target, str(exc), started)
@@ -486,11 +482,8 @@ async def post(session: Session, target: Target, body: bytes, headers: dict[str,
     if status is None:  # no answer: why the transfer ended is the outcome
         if refused is not None:
             return _refused(target, refused, started)
-        if code == TIMED_OUT:
-            return _outcome(target, RETRY, None, f"timed out after {target.timeout_ms} ms", started)
         kind = FINAL if code in UNSENDABLE else RETRY
-        error = f"connection failed: {first_line(message or f'libcurl error {code}')[:300]}"
-        return _outcome(target, kind, None, error, started)
+        return _outcome(target, kind, None, unanswered(code, message, target.timeout_ms), started)
     kind = classify(status)
     if kind == DELIVERED:
         error = None
@@ -503,6 +496,20 @@ async def post(session: Session, target: Target, body: bytes, headers: dict[str,
     if status in (429, 503):
         outcome.retry_after_s = parse_retry_after(retry_after)
     return outcome
+
+
+def unanswered(code: int, message: str | None, timeout_ms: int) -> str:
+    """Why a transfer that got no answer ended, in one line (the caller redacts it)."""
+    if code == TIMED_OUT:
+        return f"timed out after {timeout_ms} ms"
+    return f"connection failed: {first_line(message or f'libcurl error {code}')[:300]}"
+
+
+def _abandon(transfers: Transfers, handle: pycurl.Curl) -> None:
+    """A request whose sender was cancelled: stopped, its handle and sockets let go."""
+    transfers.abandon(handle)
+    handle.answer.close_opened()
+    handle.close()
 
 
 def _refused(target: Target, why: str, started: float) -> Outcome:
@@ -598,10 +605,8 @@ class HttpSink:
         if status is None:
             if refused is not None:
                 raise TokenError(f"token URL {where}: refused address: {refused}")
-            if code == TIMED_OUT:
-                raise TokenError(f"token URL {where}: timed out after {target.timeout_ms} ms")
-            why = redact(first_line(message or f"libcurl error {code}")[:300], auth.token_url)
-            raise TokenError(f"token URL {where}: connection failed: {why}")
+            why = redact(unanswered(code, message, target.timeout_ms), auth.token_url)
+            raise TokenError(f"token URL {where}: {why}")
         try:
             return parse_token(status, kept)
         except TokenError as exc:
