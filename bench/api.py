@@ -22,6 +22,7 @@ Goal (issue 31): API events/s >= 0.5 x the publish rate, p99 <= 50 ms.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -42,7 +43,14 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 import psycopg2  # noqa: E402
 from api_support import ApiServer, make_key, signed_request  # noqa: E402
-from common import machine, scratch_database, tree_cpu  # noqa: E402
+from common import (  # noqa: E402
+    ADMIN_URL,
+    compose_postgres_settings,
+    machine,
+    private_postgres,
+    scratch_database,
+    tree_cpu,
+)
 
 from eventpush import catalog  # noqa: E402
 from eventpush.publish import publish  # noqa: E402
@@ -274,11 +282,28 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2, help="wrk threads")
     parser.add_argument("--rounds", type=int, default=3, help="API runs, a ceiling run between")
+    parser.add_argument(
+        "--postgres",
+        choices=("machine", "compose"),
+        default="machine",
+        help="the machine's PostgreSQL (EVENTPUSH_ADMIN_URL), or a private cluster of its "
+        "release started with docker-compose.yaml's settings for its postgres service",
+    )
     args = parser.parse_args()
     wrk = shutil.which("wrk")
     if wrk is None:
         sys.exit("wrk is not installed: apt-get install -y wrk (scripts/setup.sh does)")
-    with scratch_database() as url, tempfile.TemporaryDirectory() as tmp:
+    settings = compose_postgres_settings() if args.postgres == "compose" else []
+    postgres = (
+        private_postgres(settings)
+        if args.postgres == "compose"
+        else contextlib.nullcontext(ADMIN_URL)
+    )
+    with (
+        postgres as admin_url,
+        scratch_database(admin_url=admin_url) as url,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         from eventpush.sealed import KEY_FILE_ENV, write_key_file
 
         write_key_file(Path(tmp) / "secret.key")  # the access key's secret is sealed with it
@@ -328,6 +353,8 @@ def main() -> None:
     }
     commits = scraped.get("eventpush_api_commits_total", 0.0)
     print(f"machine: {machine()}")
+    where = "the machine's" if args.postgres == "machine" else "a private cluster with"
+    print(f"PostgreSQL: {where} settings {' '.join(settings) or '(as configured)'}")
     print(
         f"API: {args.connections} connections, PutEvents of {ENTRIES} entries, "
         f"{args.workers} server workers, {args.rounds} runs of {args.seconds} s (wrk "

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import platform
+import shutil
+import socket
+import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import psycopg2
@@ -27,19 +33,25 @@ def machine() -> str:
 
 
 @contextlib.contextmanager
-def scratch_database(prefix: str = "eventpush_bench") -> Iterator[str]:
+def scratch_database(prefix: str = "eventpush_bench", admin_url: str = ADMIN_URL) -> Iterator[str]:
     """A fresh migrated database, dropped afterwards; also set as EVENTPUSH_DATABASE_URL."""
     from eventpush.schema import migrate
 
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    admin = psycopg2.connect(ADMIN_URL)
+    admin = psycopg2.connect(admin_url)
     admin.autocommit = True
     with admin.cursor() as cur:
         cur.execute(f'CREATE DATABASE "{name}"')
-    url = f"{ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+    url = f"{admin_url.rsplit('/', 1)[0]}/{name}"
     os.environ["EVENTPUSH_DATABASE_URL"] = url
     try:
         migrate(url)
+        # A new database's files wait for the next checkpoint's sync: hundreds of them, which
+        # stalled every commit of whichever measured run that checkpoint fell in (0.6 s of
+        # sync, the API bench's p99 at 62-148 ms in its second run every time). Setup's debt
+        # is paid before anything is measured.
+        with admin.cursor() as cur:
+            cur.execute("CHECKPOINT")
         yield url
     finally:
         with admin.cursor() as cur:
@@ -59,3 +71,90 @@ def tree_cpu(pid: int | None = None) -> float:
             continue
         total += times.user + times.system
     return total
+
+
+def compose_postgres_settings() -> list[str]:
+    """The ``-c name=value`` settings docker-compose.yaml gives its PostgreSQL service."""
+    import yaml
+
+    compose = yaml.safe_load(
+        (Path(__file__).resolve().parents[1] / "docker-compose.yaml").read_text()
+    )
+    command = compose["services"]["postgres"].get("command", [])
+    return [arg for arg in command if "=" in arg]
+
+
+@contextlib.contextmanager
+def private_postgres(settings: list[str]) -> Iterator[str]:
+    """A throwaway PostgreSQL cluster of this machine's release, started with ``settings``
+    (``name=value``) on a free loopback port, trusting local connections: its admin URL.
+    Stopped and removed afterwards."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found:
+        raise SystemExit("no PostgreSQL server binaries (/usr/lib/postgresql/*/bin)")
+    bin_dir = Path(found[-1]).parent
+    top = Path(tempfile.mkdtemp(prefix="eventpush-bench-pg-"))
+    data = top / "data"
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # initdb refuses root
+        as_user = ["runuser", "-u", "postgres", "--"]
+        shutil.chown(top, "postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    options = [f"-p {port}", f"-k {top}", "-c listen_addresses=127.0.0.1"]
+    options += [f"-c {setting}" for setting in settings]
+    run = {"check": True, "stdout": subprocess.DEVNULL}
+    subprocess.run(
+        [*as_user, bin_dir / "initdb", "-D", data, "-U", "postgres", "-A", "trust"], **run
+    )
+    subprocess.run(
+        [
+            *as_user,
+            bin_dir / "pg_ctl",
+            "-D",
+            data,
+            "-l",
+            top / "log",
+            "-w",
+            "-o",
+            " ".join(options),
+            "start",
+        ],
+        **run,
+    )
+    url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    try:
+        _make_wal_files(url, WARM_WAL_FILES)
+        yield url
+    finally:
+        subprocess.run(
+            [*as_user, bin_dir / "pg_ctl", "-D", data, "-m", "fast", "-w", "stop"], **run
+        )
+        shutil.rmtree(top, ignore_errors=True)
+
+
+# WAL files a new cluster makes before it is measured: a running server reuses its WAL files,
+# a new one has to write and sync each 16 MB file the first time (a stall of every commit),
+# and one API bench writes about 4 GB of WAL.
+WARM_WAL_FILES = 320
+
+
+def _make_wal_files(url: str, count: int) -> None:
+    """Have a new cluster make ``count`` WAL files and keep them for reuse (its min_wal_size
+    permitting), as a running one has."""
+    conn = psycopg2.connect(url)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("CREATE TABLE wal_warm (n int)")
+            for _ in range(count):
+                cur.execute("INSERT INTO wal_warm VALUES (1)")
+                cur.execute("SELECT pg_switch_wal()")
+            cur.execute("DROP TABLE wal_warm")
+            cur.execute("CHECKPOINT")
+    finally:
+        conn.close()
+    # The files were written through the page cache: the kernel would write them back during
+    # the measured runs (30 s on), and every commit's sync would wait behind that.
+    os.sync()

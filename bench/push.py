@@ -731,7 +731,8 @@ def _standalone_drain(
                 "--format",
                 "raw",
                 "--rate",
-                "97",
+                # A higher rate (EVENTPUSH_BENCH_SPY_RATE) resolves lines, at some cost to the run.
+                os.environ.get("EVENTPUSH_BENCH_SPY_RATE", "97"),
                 "--nonblocking",
                 "--gil",
                 "--threads",

@@ -186,3 +186,15 @@ def test_spark_runs_from_the_airflow_image_with_its_own_pyspark(compose):
     assert "spark://spark-master:7077" in " ".join(services["spark-worker"]["command"])
     for name in AIRFLOW_SERVICES:
         assert services[name]["environment"]["EVENTPUSH_SPARK_PYENV"] == "off", name
+
+
+def test_postgres_is_sized_for_the_api_ingest(compose):
+    """The API acknowledges after each commit reaches the disk: its PostgreSQL must not
+    checkpoint every few seconds or make a new WAL file at every turn (docs/OPERATIONS.md,
+    "PostgreSQL for ingest")."""
+    settings = dict(
+        arg.split("=", 1) for arg in compose["services"]["postgres"]["command"] if "=" in arg
+    )
+    assert settings["max_wal_size"] == "16GB" and settings["min_wal_size"] == "4GB"
+    assert settings["checkpoint_timeout"] == "15min"
+    assert compose["services"]["postgres"]["command"][0] == "postgres"

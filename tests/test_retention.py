@@ -131,6 +131,63 @@ def test_retention_drops_whole_days_of_its_bus_and_nothing_else(conn, two_buses)
     assert all(row["ahead"] >= 3 and row["behind"] == 0 for row in layout(conn, NOW))
 
 
+def test_days_still_written_skip_insert_vacuum_until_they_are_over(conn, two_buses):
+    """Today's partition and the ones ahead are made with autovacuum off; maintenance gives
+    each day back to autovacuum once that day is over (the delivery log's too), and turns it
+    off for a day still written that has it (a partition made before this policy)."""
+    short, long = two_buses
+    table = f"bus_event_{long}"
+
+    def hot_by_end(parent: str) -> dict[datetime, bool]:
+        """Each partition's end (the default partition has none) -> autovacuum off for it."""
+        with conn, conn.cursor() as cur:
+            return {p.hi: p.hot for p in partitions(cur, parent) if p.hi is not None}
+
+    made_then = hot_by_end(table)  # made by maintenance four days ago: all hot then
+    assert len(made_then) >= 4 and all(made_then.values())
+    with conn, conn.cursor() as cur:  # as a partition made before the policy would be
+        cur.execute(f'ALTER TABLE "{table}_p{D0 + DAY:%Y%m%d}" RESET (autovacuum_enabled)')
+        cur.execute("SELECT reloptions FROM pg_class WHERE relname = %s", (f"{table}_default",))
+        assert cur.fetchone()[0] is None  # the default partition keeps autovacuum's defaults
+
+    report = maintain(conn, now=NOW)
+
+    for parent in (table, "event_push_delivery"):
+        ends = hot_by_end(parent)
+        assert ends == {end: end > D0 for end in ends}, parent
+    assert f"{table}_p{D0 - DAY:%Y%m%d}" in report.vacuum_settled
+    assert f"{table}_p{D0 + DAY:%Y%m%d}" in report.vacuum_settled
+    assert maintain(conn, now=NOW).vacuum_settled == []  # settled: nothing changes again
+
+
+def test_a_hot_day_never_analyzed_is_read_by_its_index(conn):
+    """Autovacuum leaves today's partition alone, so it has no statistics all day: the
+    planner still reads a window by the position index, not by scanning the day."""
+    catalog.create_bus(conn, "busy", 4)
+    with conn, conn.cursor() as cur:
+        bid = bus_id(cur, "busy")
+        cur.execute(
+            'INSERT INTO bus_event (bus_id, queue_id, "offset", message_id, source, detail_type, '
+            "event_time, size_bytes, body) SELECT %s, g %% 4, g / 4, 'm' || g, 'app', 'order', "
+            "now(), 2, '{}' FROM generate_series(0, 49999) g",
+            (bid,),
+        )
+    with conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT reltuples, reloptions FROM pg_class WHERE relname = %s",
+            (f"bus_event_{bid}_p{D0:%Y%m%d}",),
+        )
+        assert cur.fetchone() == (-1, ["autovacuum_enabled=false"])  # never analyzed
+        cur.execute(
+            'EXPLAIN SELECT "offset", message_id, body::text FROM bus_event WHERE bus_id = %s '
+            'AND queue_id = 1 AND "offset" >= 9000 AND "offset" < 9500 ORDER BY "offset"',
+            (bid,),
+        )
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    assert f"Index Scan using bus_event_{bid}_p{D0:%Y%m%d}" in plan, plan
+    assert "Seq Scan" not in plan, plan
+
+
 def test_rows_landing_past_the_made_days_move_into_their_partition(conn):
     """A day maintenance did not make (it stopped) lands in the default partition, and gets
     its partition, rows moved, at the next run: then retention can drop it."""

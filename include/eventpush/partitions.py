@@ -8,6 +8,16 @@ longer than its lead) and is emptied into the day's partition when maintenance m
 possibly a ``_before`` partition (MINVALUE up to the day migration 0010 ran): the rows that
 existed before partitioning, kept whole until all of them are past retention.
 
+A day's partition is appended to all day long and never changed after: while its day lasts
+(and for the days made ahead) autovacuum leaves it alone (``autovacuum_enabled = false``).
+Under a steady ingest its insert-driven VACUUM read and rewrote every page appended so far,
+and its ANALYZE sampled 30,000 pages again after every tenth more rows (2-6 s of a core each
+on a day of a million events), both beside the ingest, whose commits waited behind them
+(docs/BENCHMARKS.md, issue 31). Once the day is over, maintenance gives it back to autovacuum,
+which then vacuums and analyzes it once, cold. The vacuum that guards against transaction ID
+wraparound runs whatever the setting; the readers' queries go by the position index, which
+the planner takes with or without statistics.
+
 Retention drops whole partitions, never rows: a bus's day goes once its end is older than
 the bus's retention (so events live between their retention and a day more), a delivery day
 once its end is older than the longest retention of any bus. Failure rows (the dead-letter
@@ -35,11 +45,18 @@ LOCK_TIMEOUT = "5s"
 _BOUND = re.compile(r"FROM \((?P<lo>[^)]*)\) TO \((?P<hi>[^)]*)\)")
 
 
+# A day still written (today's, or one made ahead) is created with this off, and gets it back
+# once the day is over (see the module's docstring).
+HOT_DAY = "autovacuum_enabled"
+_HOT_DAY_OPTION = f"{HOT_DAY}=false"
+
+
 @dataclass
 class Partition:
     name: str
     lo: datetime | None  # None: MINVALUE
     hi: datetime | None  # None: the default partition
+    hot: bool = False  # autovacuum leaves it alone (a day still written)
 
 
 @dataclass
@@ -51,6 +68,7 @@ class MaintenanceReport:
     dropped: list[str] = field(default_factory=list)
     failures_deleted: int = 0
     compacted: list[str] = field(default_factory=list)
+    vacuum_settled: list[str] = field(default_factory=list)  # autovacuum turned off or on
     horizons: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -75,17 +93,18 @@ def partitions(cur, parent: str) -> list[Partition]:
     """The partitions of ``parent`` with their bounds, oldest first, the default last."""
     cur.execute("SET LOCAL TimeZone = 'UTC'")
     cur.execute(
-        "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
+        "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), "
+        "coalesce(%s = ANY (c.reloptions), false) FROM pg_inherits i "
         "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass",
-        (parent,),
+        (_HOT_DAY_OPTION, parent),
     )
     found = []
-    for name, bound in cur.fetchall():
+    for name, bound, hot in cur.fetchall():
         match = _BOUND.search(bound)
         if match is None:  # DEFAULT
-            found.append(Partition(name, None, None))
+            found.append(Partition(name, None, None, hot))
         else:
-            found.append(Partition(name, _time(match["lo"]), _time(match["hi"])))
+            found.append(Partition(name, _time(match["lo"]), _time(match["hi"]), hot))
     epoch = datetime.min.replace(tzinfo=UTC)
     return sorted(found, key=lambda p: (p.hi is None, p.lo or epoch))
 
@@ -111,18 +130,18 @@ def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> str
         waiting = False
     if not waiting:
         cur.execute(
-            sql.SQL("CREATE TABLE {} PARTITION OF {} FOR VALUES FROM (%s) TO (%s)").format(
-                sql.Identifier(name), sql.Identifier(parent)
-            ),
+            sql.SQL(
+                "CREATE TABLE {} PARTITION OF {} FOR VALUES FROM (%s) TO (%s) WITH ({} = false)"
+            ).format(sql.Identifier(name), sql.Identifier(parent), sql.Identifier(HOT_DAY)),
             (day, hi),
         )
         return name
     # Rows of this day sit in the default partition: move them, then attach (the attach
     # checks the default partition holds none of the day any more).
     cur.execute(
-        sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)").format(
-            sql.Identifier(name), sql.Identifier(parent)
-        )
+        sql.SQL(
+            "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH ({} = false)"
+        ).format(sql.Identifier(name), sql.Identifier(parent), sql.Identifier(HOT_DAY))
     )
     cur.execute(
         sql.SQL(
@@ -161,6 +180,28 @@ def make_ahead(cur, parent: str, now: datetime, days: int | None = None) -> list
             made.append(name)
             existing = partitions(cur, parent)
     return made
+
+
+def settle_vacuum(cur, parent: str, now: datetime) -> list[str]:
+    """Days of ``parent`` still written (today's and ahead) are left alone by autovacuum, days
+    over are given back to it (each converges, whatever made it); the partitions whose
+    setting changed."""
+    today = day_start(now)
+    changed = []
+    for p in partitions(cur, parent):
+        if p.hi is None:  # the default partition keeps autovacuum's defaults
+            continue
+        hot = p.hi > today
+        if hot == p.hot:
+            continue
+        verb = "SET ({} = false)" if hot else "RESET ({})"
+        cur.execute(
+            sql.SQL("ALTER TABLE {} " + verb).format(
+                sql.Identifier(p.name), sql.Identifier(HOT_DAY)
+            )
+        )
+        changed.append(p.name)
+    return changed
 
 
 def create_bus_partition(cur, bus_id: int, now: datetime | None = None) -> None:
@@ -245,12 +286,14 @@ def maintain(conn: Connection, now: datetime | None = None) -> MaintenanceReport
                 )
             report.dropped += dropped
             report.created += make_ahead(cur, table, now)
+            report.vacuum_settled += settle_vacuum(cur, table, now)
         report.horizons[name] = edge.isoformat()
     with transaction(conn) as cur:
         cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         report.dropped += _drop_behind(cur, DELIVERY, horizon(longest, now))
         rollups.prune(cur, horizon(longest, now))
         report.created += make_ahead(cur, DELIVERY, now)
+        report.vacuum_settled += settle_vacuum(cur, DELIVERY, now)
     report.compacted = compact(conn, day_start(now))
     with transaction(conn) as cur:
         failure_s = max(config.failure_retention_s(), longest)
