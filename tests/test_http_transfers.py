@@ -5,8 +5,11 @@ timed, the demo receiver elsewhere."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
+import re
 
+from eventpush.addresses import AddressPolicy
 from eventpush.demo.receiver import Receiver
 from eventpush.sinks import contract, http
 
@@ -143,3 +146,83 @@ def test_a_cancelled_send_leaves_nothing_behind():
     before = open_fds()
     assert asyncio.run(run()) == 0
     assert open_fds() <= before
+
+
+async def keepalive_server(host: str, port: int = 0):
+    """A server answering 204 to every request on a connection, kept open: (server, port, the
+    peer port of each request it answered, in order)."""
+    peers: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")[1]
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                await reader.readexactly(int(length[1]) if length else 0)
+                peers.append(peer)
+                writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, host, port)
+    return server, server.sockets[0].getsockname()[1], peers
+
+
+def test_a_name_that_moves_is_re_pinned_and_a_target_sharing_the_old_route_keeps_it():
+    """Two targets on one name share one pinned route. The name moves (127.0.0.1 to 127.0.0.3,
+    both allowed): the next request of one target is re-pinned there, while the other, whose
+    next resolution still offers the old address, keeps the old route, open, its request
+    handle and connection reused. A move to a denied address (127.0.0.2) is refused.
+
+    The name's answers come from a scripted resolver (``Session.resolve`` replaced): the
+    machine's own DNS cannot be made to move a name here."""
+    policy = AddressPolicy(
+        allow=(ipaddress.ip_network("127.0.0.1/32"), ipaddress.ip_network("127.0.0.3/32"))
+    )
+    answers = ["127.0.0.1"]
+
+    async def scripted(host: str, port: int) -> list[str]:
+        assert host == "hooks.test"
+        return list(answers)
+
+    async def run() -> None:
+        first, port, first_peers = await keepalive_server("127.0.0.1")
+        moved, _, moved_peers = await keepalive_server("127.0.0.3", port)
+        async with first, moved, http.new_session(policy=policy) as session:
+            session.resolve = scripted
+            a = target(f"http://hooks.test:{port}/a")
+            b = target(f"http://hooks.test:{port}/b")
+
+            async def send(t: contract.Target) -> contract.Outcome:
+                return await http.attempt(session, t, b"{}", {})
+
+            assert [(await send(t)).kind for t in (a, b)] == [contract.DELIVERED] * 2
+            shared = session.pinned(a.url)
+            assert shared is not None and session.pinned(b.url) is shared
+            assert len(first_peers) == 2
+
+            shared.expires = 0.0  # the pin's minute is over
+            answers[:] = ["127.0.0.3"]
+            assert (await send(a)).kind == contract.DELIVERED
+            assert len(moved_peers) == 1 and session.pinned(a.url) is not shared
+
+            answers[:] = ["127.0.0.1", "127.0.0.3"]  # b's resolution still offers the old one
+            handles = set()
+            for _ in range(3):
+                assert (await send(b)).kind == contract.DELIVERED
+                assert session.pinned(b.url) is shared and not shared.closed
+                handles.add(id(shared.idle[-1]))
+            assert len(first_peers) == 5 and len(set(first_peers[2:])) == 1  # one connection
+            assert len(handles) == 1  # one request handle, pooled and reused
+
+            session.pinned(a.url).expires = 0.0
+            answers[:] = ["127.0.0.2"]  # rebound to a denied address
+            refused = await send(a)
+            assert refused.kind == contract.FINAL and not refused.reached
+            assert "127.0.0.2" in refused.error and len(moved_peers) == 1
+
+    asyncio.run(run())

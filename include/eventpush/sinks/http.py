@@ -191,15 +191,17 @@ class Session:
         route.expires = now + PIN_TTL_S
         return route
 
+    async def resolve(self, host: str, port: int) -> list[str]:
+        """The addresses of the name ``host``, as the system's resolver gives them."""
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return list(dict.fromkeys(info[4][0] for info in infos))
+
     async def _checked_addresses(self, host: str, port: int) -> list[str]:
         """Every address of ``host`` (itself for an IP literal), each passed by the policy."""
         try:
             ipaddress.ip_address(host.split("%", 1)[0])
         except ValueError:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                host, port, type=socket.SOCK_STREAM
-            )
-            addresses = list(dict.fromkeys(info[4][0] for info in infos))
+            addresses = await self.resolve(host, port)
         else:
             addresses = [host]
         if not addresses:
