@@ -46,10 +46,9 @@ def scratch_database(prefix: str = "eventpush_bench", admin_url: str = ADMIN_URL
     os.environ["EVENTPUSH_DATABASE_URL"] = url
     try:
         migrate(url)
-        # A new database's files wait for the next checkpoint's sync: hundreds of them, which
-        # stalled every commit of whichever measured run that checkpoint fell in (0.6 s of
-        # sync, the API bench's p99 at 62-148 ms in its second run every time). Setup's debt
-        # is paid before anything is measured.
+        # A new database's files wait for the next checkpoint's sync (533 of them took 0.63 s,
+        # a stall of every commit in whichever measured run that checkpoint fell in): setup's
+        # debt is paid before anything is measured.
         with admin.cursor() as cur:
             cur.execute("CHECKPOINT")
         yield url
@@ -105,32 +104,19 @@ def private_postgres(settings: list[str]) -> Iterator[str]:
     options = [f"-p {port}", f"-k {top}", "-c listen_addresses=127.0.0.1"]
     options += [f"-c {setting}" for setting in settings]
     run = {"check": True, "stdout": subprocess.DEVNULL}
-    subprocess.run(
-        [*as_user, bin_dir / "initdb", "-D", data, "-U", "postgres", "-A", "trust"], **run
-    )
-    subprocess.run(
-        [
-            *as_user,
-            bin_dir / "pg_ctl",
-            "-D",
-            data,
-            "-l",
-            top / "log",
-            "-w",
-            "-o",
-            " ".join(options),
-            "start",
-        ],
-        **run,
-    )
+    pg_ctl = [*as_user, bin_dir / "pg_ctl", "-D", data]
     url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    started = False
     try:
+        initdb = [*as_user, bin_dir / "initdb", "-D", data, "-U", "postgres", "-A", "trust"]
+        subprocess.run(initdb, **run)
+        subprocess.run([*pg_ctl, "-l", top / "log", "-w", "-o", " ".join(options), "start"], **run)
+        started = True
         _make_wal_files(url, WARM_WAL_FILES)
         yield url
     finally:
-        subprocess.run(
-            [*as_user, bin_dir / "pg_ctl", "-D", data, "-m", "fast", "-w", "stop"], **run
-        )
+        if started:
+            subprocess.run([*pg_ctl, "-m", "fast", "-w", "stop"], **run)
         shutil.rmtree(top, ignore_errors=True)
 
 
