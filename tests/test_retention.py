@@ -131,7 +131,7 @@ def test_retention_drops_whole_days_of_its_bus_and_nothing_else(conn, two_buses)
     assert all(row["ahead"] >= 3 and row["behind"] == 0 for row in layout(conn, NOW))
 
 
-def test_days_still_written_skip_insert_vacuum_until_they_are_over(conn, two_buses):
+def test_days_still_written_are_left_alone_by_autovacuum_until_over(conn, two_buses):
     """Today's partition and the ones ahead are made with autovacuum off; maintenance gives
     each day back to autovacuum once that day is over (the delivery log's too), and turns it
     off for a day still written that has it (a partition made before this policy)."""
