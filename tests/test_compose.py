@@ -197,4 +197,5 @@ def test_postgres_is_sized_for_the_api_ingest(compose):
     )
     assert settings["max_wal_size"] == "16GB" and settings["min_wal_size"] == "4GB"
     assert settings["checkpoint_timeout"] == "15min"
+    assert settings["backend_flush_after"] == "256kB"
     assert compose["services"]["postgres"]["command"][0] == "postgres"
