@@ -45,10 +45,10 @@ LOCK_TIMEOUT = "5s"
 _BOUND = re.compile(r"FROM \((?P<lo>[^)]*)\) TO \((?P<hi>[^)]*)\)")
 
 
-# A day still written (today's, or one made ahead) is created with this off, and gets it back
-# once the day is over (see the module's docstring).
-HOT_DAY = "autovacuum_enabled"
-_HOT_DAY_OPTION = f"{HOT_DAY}=false"
+# The storage parameter a day still written (today's, or one made ahead) is created with off,
+# and gets back once the day is over (see the module's docstring); as pg_class lists it.
+_AUTOVACUUM = "autovacuum_enabled"
+_AUTOVACUUM_OFF = f"{_AUTOVACUUM}=false"
 
 
 @dataclass
@@ -96,7 +96,7 @@ def partitions(cur, parent: str) -> list[Partition]:
         "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), "
         "coalesce(%s = ANY (c.reloptions), false) FROM pg_inherits i "
         "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass",
-        (_HOT_DAY_OPTION, parent),
+        (_AUTOVACUUM_OFF, parent),
     )
     found = []
     for name, bound, hot in cur.fetchall():
@@ -132,7 +132,7 @@ def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> str
         cur.execute(
             sql.SQL(
                 "CREATE TABLE {} PARTITION OF {} FOR VALUES FROM (%s) TO (%s) WITH ({} = false)"
-            ).format(sql.Identifier(name), sql.Identifier(parent), sql.Identifier(HOT_DAY)),
+            ).format(sql.Identifier(name), sql.Identifier(parent), sql.Identifier(_AUTOVACUUM)),
             (day, hi),
         )
         return name
@@ -141,7 +141,7 @@ def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> str
     cur.execute(
         sql.SQL(
             "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH ({} = false)"
-        ).format(sql.Identifier(name), sql.Identifier(parent), sql.Identifier(HOT_DAY))
+        ).format(sql.Identifier(name), sql.Identifier(parent), sql.Identifier(_AUTOVACUUM))
     )
     cur.execute(
         sql.SQL(
@@ -197,7 +197,7 @@ def settle_vacuum(cur, parent: str, now: datetime) -> list[str]:
         verb = "SET ({} = false)" if hot else "RESET ({})"
         cur.execute(
             sql.SQL("ALTER TABLE {} " + verb).format(
-                sql.Identifier(p.name), sql.Identifier(HOT_DAY)
+                sql.Identifier(p.name), sql.Identifier(_AUTOVACUUM)
             )
         )
         changed.append(p.name)
