@@ -26,8 +26,20 @@ from tests.airflow_fixtures import REPO, airflow_conn_env, airflow_db
 
 __all__ = ["airflow_conn_env", "airflow_db", "spark"]
 
-NOW = datetime.now(UTC)
-D0 = day_start(NOW)
+NOW = D0 = AGES = TIMES = None  # set by `clock` as each test starts
+
+
+@pytest.fixture(autouse=True)
+def clock():
+    """Sets this module's clock (``NOW``, ``D0``, ``AGES``, ``TIMES``) as each test starts:
+    ``create_bus`` makes its days from the real clock when it is called, so a clock read at
+    import would name yesterday for tests run after a midnight (UTC) the suite crossed."""
+    global NOW, D0, AGES, TIMES
+    NOW = datetime.now(UTC)
+    D0 = day_start(NOW)
+    # Five days of events, one an hour after each midnight, and one now: offsets 0..5.
+    AGES = [D0 - 4 * DAY, D0 - 3 * DAY, D0 - 2 * DAY, D0 - DAY, D0]
+    TIMES = [t + timedelta(hours=1) for t in AGES[:-1]] + [NOW]
 
 
 BODY = json.dumps({"source": "app", "detail-type": "order", "detail": {}})
@@ -67,11 +79,6 @@ def bus_id(cur, name: str) -> int:
 def offsets(cur, bid: int) -> list[int]:
     cur.execute('SELECT "offset" FROM bus_event WHERE bus_id = %s ORDER BY "offset"', (bid,))
     return [row[0] for row in cur.fetchall()]
-
-
-# Five days of events, one an hour after each midnight, and one now: offsets 0..5.
-AGES = [D0 - 4 * DAY, D0 - 3 * DAY, D0 - 2 * DAY, D0 - DAY, D0]
-TIMES = [t + timedelta(hours=1) for t in AGES[:-1]] + [NOW]
 
 
 @pytest.fixture
@@ -163,7 +170,6 @@ def test_days_still_written_are_left_alone_by_autovacuum_until_over(conn, two_bu
 def test_a_hot_day_never_analyzed_is_read_by_its_index(conn):
     """Autovacuum leaves today's partition alone, so it has no statistics all day: the
     planner still reads a window by the position index, not by scanning the day."""
-    today = day_start(datetime.now(UTC))  # the day create_bus makes, not the module's D0
     catalog.create_bus(conn, "busy", 4)
     with conn, conn.cursor() as cur:
         bid = bus_id(cur, "busy")
@@ -176,7 +182,7 @@ def test_a_hot_day_never_analyzed_is_read_by_its_index(conn):
     with conn, conn.cursor() as cur:
         cur.execute(
             "SELECT reltuples, reloptions FROM pg_class WHERE relname = %s",
-            (f"bus_event_{bid}_p{today:%Y%m%d}",),
+            (f"bus_event_{bid}_p{D0:%Y%m%d}",),
         )
         assert cur.fetchone() == (-1, ["autovacuum_enabled=false"])  # never analyzed
         cur.execute(
@@ -185,7 +191,7 @@ def test_a_hot_day_never_analyzed_is_read_by_its_index(conn):
             (bid,),
         )
         plan = "\n".join(row[0] for row in cur.fetchall())
-    assert f"Index Scan using bus_event_{bid}_p{today:%Y%m%d}" in plan, plan
+    assert f"Index Scan using bus_event_{bid}_p{D0:%Y%m%d}" in plan, plan
     assert "Seq Scan" not in plan, plan
 
 
