@@ -20,7 +20,7 @@ from botocore.auth import SIGV4_TIMESTAMP, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.credentials import Credentials
-from nats_support import free_port
+from ports import free_port
 
 EXE = str(Path(sys.executable).with_name("eventpush"))
 REGION = "us-east-1"

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 START_TIMEOUT_S = 15.0
 
@@ -27,12 +28,6 @@ def nats_server_binary() -> str | None:
     return shutil.which("nats-server") or next(
         (p for p in ("/usr/sbin/nats-server", "/usr/bin/nats-server") if Path(p).exists()), None
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class NatsServer:

@@ -7,7 +7,7 @@
 - ``rows(conn, sql, *params)``: every row of a parameterised query.
 - ``wait_until(check, timeout, what)``: poll ``check`` until it answers something true; fail
   with ``what`` past the timeout.
-- ``free_port`` is ``nats_support.free_port``.
+- ``free_port`` is ``ports.free_port`` (below the ephemeral range).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from nats_support import free_port
+from ports import free_port
 
 from eventpush.demo.receiver import Receiver
 

@@ -35,7 +35,7 @@ import psycopg2
 import pytest
 from batch_support import events, make_runner, publish_lines, simulate_push
 from conftest import ADMIN_URL, _admin
-from nats_support import free_port
+from ports import free_port
 from receiver_support import receiver
 
 from eventpush import catalog

@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ import pytest
 from batch_support import events, make_runner, publish_lines, simulate_push
 from cluster_support import PASSWORD, REPO, VENV
 from conftest import ADMIN_URL, RUN_ID, _admin, _drop, _server
+from ports import free_port_base
 from receiver_support import receiver
 
 from eventpush import catalog
@@ -58,34 +58,6 @@ AUDIT_CONF = {"since": SINCE.isoformat(), "until": UNTIL.isoformat()}
 # loaded run of this module, and deliveries older than the window weigh nothing, which changes
 # the result (by count instead of by load). A day holds every delivery made here.
 LOAD_WINDOW_MINUTES = 24 * 60
-
-
-def _free_port_base(span: int = 11) -> int:
-    """A base port with ``span`` free ports after it on 127.0.0.1, below the kernel's range of
-    ephemeral ports: a port in that range, free when checked, can be taken by any outgoing
-    connection (the other lane's tests make thousands) before the cluster's server binds it."""
-    import random
-
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            ephemeral_from = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral_from = 32768
-    for _ in range(200):
-        base = random.randrange(10000, max(10001, ephemeral_from - span))
-        socks = []
-        try:
-            for port in range(base, base + span):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range on 127.0.0.1")
 
 
 def _make_dataset(url: str, receiver_url: str) -> None:
@@ -282,7 +254,7 @@ def cluster(tmp_path_factory, request):
     setup = cluster_support.begin(ADMIN_URL, RUN_ID)
     directory = setup.directory
     kept = tmp_path_factory.mktemp("cluster-logs")
-    base = _free_port_base()
+    base = free_port_base(11)
     env = {**setup.env, "EVENTPUSH_CLUSTER_PORT_BASE": str(base)}
     c = Cluster(env, directory, base)
     up = None

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from nats_support import free_port
+from ports import free_port
 from support import rows
 
 from eventpush import catalog

@@ -14,6 +14,7 @@ import asyncio
 import socket
 
 import pytest
+from ports import free_port
 
 from eventpush.demo.receiver import Receiver
 from eventpush.sinks import contract, http
@@ -23,14 +24,13 @@ NAME = "hooks.rebind.test"
 
 def _free_port_on_both() -> int:
     for _ in range(50):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
+        port = free_port()
+        with socket.socket() as b:
             try:
                 b.bind(("127.0.0.2", port))
             except OSError:
                 continue
-            return port
+        return port
     pytest.skip("no port free on both 127.0.0.1 and 127.0.0.2")
 
 

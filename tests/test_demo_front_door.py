@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from nats_support import free_port
+from ports import free_port
 
 from eventpush import access_keys, catalog
 from eventpush.demo.front_door import ApiProcess, put_events

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import nats
 import pytest
-from nats_support import free_port, nats_server_binary
+from nats_support import nats_server_binary
+from ports import free_port
 
 from eventpush.nats_client import connect_pinned
 

@@ -22,10 +22,10 @@ from batch_support import spark  # noqa: F401
 from click.testing import CliRunner
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats_support import (
-    free_port,
     nats_server,  # noqa: F401
     nats_server_binary,
 )
+from ports import free_port
 
 from eventpush import catalog
 from eventpush.addresses import InvalidTargetUrlError, address_policy

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from ports import free_port
 
 from eventpush import catalog
 from eventpush.demo.receiver import Receiver, ReceiverProcess
@@ -446,7 +447,7 @@ def test_a_dispatcher_sleeps_while_its_half_open_probe_hangs(conn):
     that stretch stays near nothing (0.01 s here; a 1 ms wake loop spent 0.19 s)."""
     # The receiver runs in a process of its own: dozens of hanging handlers torn down in this
     # process's interpreter trip a CPython 3.11.7 bug (AST recursion depth mismatch).
-    with ReceiverProcess() as rx:
+    with ReceiverProcess(free_port()) as rx:
         setup(conn, rx, "/hang", timeout_ms=3000, concurrency=20, max_attempts=100, queues=1)
         publish(conn, "orders", events(60))
         worker = Worker("w1", "--max-seconds", "12")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from nats_support import free_port
+from ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BINS = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
