@@ -4,7 +4,8 @@
     .venv/bin/python bench/push.py [drain|metrics]   # no wrk; metrics: /metrics scraped or not
     .venv/bin/python bench/push.py clients   # bare client loops, aiohttp vs the engine's
     .venv/bin/python bench/push.py stalls    # the throughput drain with a loop-lag probe
-    .venv/bin/python bench/push.py quarters [--placement aligned|mixed|both]  # issue 34
+    .venv/bin/python bench/push.py quarters [--placement aligned|mixed|both] [--workers N]
+                                              # issue 34
 
 The receiver (``python -m eventpush.demo.receiver``) runs in a process of its own on loopback;
 wrk hits the same receiver in the same run with the request the engine sends (the stored
@@ -638,15 +639,17 @@ def quarter_events(n: int, start: int = 0, placement: str = "aligned") -> list[s
     return out
 
 
-def quarters_topology(conn, url: str) -> None:
-    """Four rules, each matching a quarter of the events, one target each (default settings)."""
+def quarters_topology(conn, url: str, workers: int = 1) -> None:
+    """Four rules, each matching a quarter of the events, one target each (default settings),
+    their runners given to ``workers`` workers (w1, w2, ...) evenly."""
     catalog.create_bus(conn, "orders", 4)
     for k in range(4):
         catalog.create_rule(conn, "orders", f"q{k}", {"detail": {"k": [k]}})
         catalog.create_target(
             conn, "orders", f"q{k}", catalog.TargetSpec(name=f"t{k}", url=f"{url}/ok/q{k}")
         )
-    catalog.create_worker(conn, "w1")
+    for w in range(workers):
+        catalog.create_worker(conn, f"w{w + 1}")
     catalog.assign(conn)
 
 
@@ -774,6 +777,36 @@ def _standalone_drain(
     return elapsed, n_expected, cpu_total, by_group, shares, usage.ru_maxrss / 1024
 
 
+def _drain_by_processes(url: str, workers: int) -> tuple[float, float, float]:
+    """``eventpush worker run wK --until-idle`` for K = 1..workers, side by side, each in a
+    process of its own: seconds until the last exits, their CPU seconds together, the highest
+    peak RSS in MiB. No split by thread or part (that is for one worker)."""
+    import os
+
+    env = {**os.environ, "EVENTPUSH_DATABASE_URL": url}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
+    subprocess.run([PYTHON, "-c", WORKER_IMPORTS], env=env, check=True)
+    started = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [EXE, "worker", "run", f"w{w + 1}", "--until-idle", "--max-seconds", "900"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
+        for w in range(workers)
+    ]
+    cpu, peak = 0.0, 0.0
+    for proc in procs:
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode:
+            raise SystemExit(f"bench/push.py quarters: a worker exited {proc.returncode}")
+        cpu += usage.ru_utime + usage.ru_stime
+        peak = max(peak, usage.ru_maxrss / 1024)
+    return time.perf_counter() - started, cpu, peak
+
+
 def _bus_rows_read(url: str, settled: int | None = None) -> int:
     """Rows of the bus's events PostgreSQL has handed out (its statistics: every scan of
     ``bus_event``'s partitions, whatever the reader). After a worker exits, its sessions send
@@ -798,33 +831,42 @@ def _bus_rows_read(url: str, settled: int | None = None) -> int:
 
 
 def bench_quarters(
-    n: int = 300_000, fanout_n: int = 20_000, placements: tuple[str, ...] = ("aligned", "mixed")
+    n: int = 300_000,
+    fanout_n: int = 20_000,
+    placements: tuple[str, ...] = ("aligned", "mixed"),
+    workers: int = 1,
 ) -> None:
     """Issue 34: one event per request, four rules each matching a quarter of the events,
     one target each, default settings; a standalone worker process drains n events, wrk
     sends the engine's request to the same receiver in the same run. The issue's words
     allow two placements of the quarters on the bus's queues (``quarter_events``): each is
-    measured. The fan-out figure (``throughput``: one rule, four targets) follows."""
+    measured. The fan-out figure (``throughput``: one rule, four targets) follows.
+    ``workers`` > 1 drains with that many worker processes instead (the runners shared out),
+    to see whether one process's loop or the machine's cores are the limit."""
     for placement in placements:
-        _quarters(n, placement)
+        _quarters(n, placement, workers)
         sys.stdout.flush()
     bench_throughput(fanout_n)
 
 
-def _quarters(n: int, placement: str) -> None:
+def _quarters(n: int, placement: str, workers: int = 1) -> None:
     import os
 
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     with ReceiverProcess() as rx, scratch_database() as url:
         conn = psycopg2.connect(url)
-        quarters_topology(conn, rx.url)
+        quarters_topology(conn, rx.url, workers)
         for i in range(0, n, 50_000):
             publish(conn, "orders", quarter_events(min(50_000, n - i), i, placement))
         request = engine_request(conn)
         before = wrk_rate(rx.url + "/ok/wrk", request=request)
         got_before = sum(rx.stats()["count"].values())
         rows_before = _bus_rows_read(url)
-        elapsed, _, cpu, groups, shares, peak_mib = _standalone_drain(url, n)
+        if workers == 1:
+            elapsed, _, cpu, groups, shares, peak_mib = _standalone_drain(url, n)
+        else:
+            elapsed, cpu, peak_mib = _drain_by_processes(url, workers)
+            groups, shares = None, None
         delivered = sum(rx.stats()["count"].values()) - got_before
         rows_read = _bus_rows_read(url, settled=rows_before) - rows_before
         after = wrk_rate(rx.url + "/ok/wrk", request=request)
@@ -832,8 +874,10 @@ def _quarters(n: int, placement: str) -> None:
     ceiling = (before + after) / 2
     rate = delivered / elapsed
     per = 1e6 / max(delivered, 1)
+    by = f", {workers} worker processes" if workers > 1 else ""
     print(
-        f"quarters ({placement}), 1 event/request, 4 rules x 1 target: {delivered:,} deliveries in "
+        f"quarters ({placement}{by}), 1 event/request, 4 rules x 1 target: {delivered:,} "
+        f"deliveries in "
         f"{elapsed:.1f} s = {rate:,.0f}/s; wrk (engine's request, {len(request[0])} B) "
         f"{before:,.0f} and {after:,.0f} req/s; ratio {rate / ceiling:.2f} (goal 0.80); "
         f"worker CPU {cpu * per:.0f} us per delivery"
@@ -842,6 +886,8 @@ def _quarters(n: int, placement: str) -> None:
         f"  rows read from the bus {rows_read:,} ({rows_read / max(n, 1):.2f} an event, "
         f"PostgreSQL's count); worker peak RSS {peak_mib:.0f} MiB"
     )
+    if groups is None:
+        return
     print(
         "  CPU us per delivery by thread: "
         + ", ".join(f"{k} {v * per:.1f}" for k, v in sorted(groups.items(), key=lambda kv: -kv[1]))
@@ -883,6 +929,9 @@ def main() -> None:
     )
     parser.add_argument("--events", type=int, help="events for quarters (default 300,000)")
     parser.add_argument(
+        "--workers", type=int, default=1, help="quarters: worker processes draining (default 1)"
+    )
+    parser.add_argument(
         "--placement",
         choices=["aligned", "mixed", "both"],
         default="both",
@@ -892,7 +941,7 @@ def main() -> None:
     print(f"machine: {machine()}")
     if args.which == "quarters":
         placements = ("aligned", "mixed") if args.placement == "both" else (args.placement,)
-        bench_quarters(args.events or 300_000, placements=placements)
+        bench_quarters(args.events or 300_000, placements=placements, workers=args.workers)
         return
     extra = ("drain", "metrics", "clients", "stalls", "quarters")
     for name in ("throughput", "batch", "latency", "isolation", "memory", *extra):
