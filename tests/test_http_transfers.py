@@ -100,11 +100,13 @@ def test_an_empty_header_is_sent_empty_and_the_method_and_query_are_the_targets(
 
 
 def test_connections_closed_by_the_target_are_replaced_and_nothing_leaks():
-    """A receiver that goes away and comes back on the same port: the pooled connections it
-    closed are dropped (their sockets unwatched and closed), new ones made; once the session
-    is closed the process holds no more descriptors than before."""
+    """A receiver that goes away and comes back on the same port. Its kept-alive connections
+    stay in the Transfers' epoll set while idle; closed by the receiver, they leave it (as
+    the kernel lists the set) and the loop rests (a socket nobody reads, ready for good, would
+    wake it without pause); new connections are made; once the session is closed the process
+    holds no more descriptors than before."""
 
-    async def run() -> tuple[list[str], int]:
+    async def run() -> tuple[list[str], int, list[int], float]:
         first = Receiver()
         first.__enter__()
         url = first.url + "/ok"
@@ -114,18 +116,32 @@ def test_connections_closed_by_the_target_are_replaced_and_nothing_leaks():
                 kinds = [o.kind for o in await asyncio.gather(*sends)]
             finally:
                 first.__exit__(None, None, None)
+            await asyncio.sleep(0.2)  # the old connections' ends arrive while idle
+            cpu = sum(os.times()[:2])
+            await asyncio.sleep(1.0)
+            idle_cpu = sum(os.times()[:2]) - cpu
+            held = watched_sockets(session.transfers())
             with Receiver(port=int(url.rsplit(":", 1)[1].split("/")[0])) as second:
-                await asyncio.sleep(0.1)  # the old connections' ends arrive while idle
                 sends = [http.attempt(session, target(url), b"{}", {}) for _ in range(32)]
                 outs = await asyncio.gather(*sends)
                 kinds += [o.kind for o in outs]
                 arrived = second.state.count["/ok"]
-        return kinds, arrived
+        return kinds, arrived, held, idle_cpu
 
     before = open_fds()
-    kinds, arrived = asyncio.run(run())
+    kinds, arrived, held, idle_cpu = asyncio.run(run())
     assert kinds == [contract.DELIVERED] * 64 and arrived == 32
+    assert held == []
+    assert idle_cpu < 0.2, f"the loop spun while idle: {idle_cpu:.2f} s of CPU in 1 s"
     assert open_fds() <= before
+
+
+def watched_sockets(transfers) -> list[int]:
+    """The sockets the kernel holds in the Transfers' epoll set (its fdinfo lists them; an
+    eventfd libcurl keeps for itself is not a connection)."""
+    with open(f"/proc/self/fdinfo/{transfers._sockets.fileno()}") as f:
+        fds = [int(n) for n in re.findall(r"^tfd:\s*(\d+)", f.read(), re.M)]
+    return [fd for fd in fds if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")]
 
 
 def test_a_cancelled_send_leaves_nothing_behind():
@@ -146,6 +162,28 @@ def test_a_cancelled_send_leaves_nothing_behind():
     before = open_fds()
     assert asyncio.run(run()) == 0
     assert open_fds() <= before
+
+
+def test_new_connections_on_reused_socket_numbers_are_watched_anew():
+    """A target that closes every connection after its answer: each request is a new socket,
+    usually on the number the last one had. Each is watched as the socket it is (a number
+    still in the epoll set from its predecessor is registered again, not taken for it):
+    every send is answered, and the set holds no more than the few numbers in use."""
+    answer = b"HTTP/1.1 204 No Content\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+    async def run() -> tuple[list[str], int, int]:
+        server, url, heads = await raw_server(answer)
+        async with server, http.new_session() as session:
+            kinds = []
+            for _ in range(40):
+                async with asyncio.timeout(10):
+                    outcome = await http.attempt(session, target(url), b"{}", {})
+                kinds.append(outcome.kind)
+            return kinds, len(heads), len(session.transfers()._held)
+
+    kinds, requests, held = asyncio.run(run())
+    assert kinds == [contract.DELIVERED] * 40 and requests == 40
+    assert held <= 4, held
 
 
 async def keepalive_server(host: str, port: int = 0):

@@ -225,12 +225,10 @@ class _Answer:
         "body",
         "refused",
         "policy",
-        "opened",
     )
 
     def __init__(self, policy: AddressPolicy) -> None:
         self.policy = policy
-        self.opened: list[socket.socket] = []
         self.reset(False)
 
     def reset(self, keep_body: bool) -> None:
@@ -277,15 +275,12 @@ class _Answer:
         except RefusedAddressError as exc:
             self.refused = str(exc)
             return pycurl.SOCKET_BAD
-        # pycurl keeps a duplicate of the socket; this one is closed once the transfer ends
+        # pycurl hands libcurl a duplicate of this socket. This one is closed on the loop's
+        # next turn, so that libcurl's close ends the socket (and takes it out of the
+        # Transfers' epoll set, which holds the socket, not the number) when libcurl is done.
         opened = socket.socket(address.family, address.socktype, address.protocol)
-        self.opened.append(opened)
+        asyncio.get_running_loop().call_soon(opened.close)
         return opened
-
-    def close_opened(self) -> None:
-        for opened in self.opened:
-            opened.close()
-        self.opened.clear()
 
 
 @dataclass(slots=True)
@@ -472,8 +467,6 @@ async def post(session: Session, target: Target, body: bytes, headers: dict[str,
         kind = FINAL if isinstance(exc, ValueError) else RETRY
         error = f"connection failed: {first_line(exc)[:300]}"
         return _outcome(target, kind, None, error, started)
-    if answer.opened:
-        answer.close_opened()
     status, retry_after, location, refused = (
         answer.status,
         answer.retry_after,
@@ -510,7 +503,6 @@ def unanswered(code: int, message: str | None, timeout_ms: int) -> str:
 def _abandon(transfers: Transfers, handle: pycurl.Curl) -> None:
     """A request whose sender was cancelled: stopped, its handle and sockets let go."""
     transfers.abandon(handle)
-    handle.answer.close_opened()
     handle.close()
 
 
@@ -601,7 +593,6 @@ class HttpSink:
             why = redact(first_line(exc)[:300], auth.token_url)
             raise TokenError(f"token URL {where}: connection failed: {why}") from None
         answer = handle.answer
-        answer.close_opened()
         status, refused, kept = answer.status, answer.refused, b"".join(answer.body)
         route.give_back(handle)
         if status is None:

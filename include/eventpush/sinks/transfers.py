@@ -1,27 +1,49 @@
 """libcurl's multi interface driven by the running asyncio event loop (pycurl underneath).
 
 HTTP targets are sent through libcurl: every request's I/O, HTTP parsing, TLS and timeout
-run in libcurl's C code on the event loop's own thread, woken by the loop's readiness
-callbacks for the sockets libcurl asks to watch. Nothing crosses a thread: a client whose I/O
-ran on a thread of its own (pyreqwest's tokio) had to take the GIL back from a busy event
-loop for every answer, and lost a third of its rate once the loop had the engine's work to
-do (docs/BENCHMARKS.md, issue 34).
+run in libcurl's C code on the event loop's own thread, woken when a socket libcurl waits on
+is ready. Nothing crosses a thread: a client whose I/O ran on a thread of its own
+(pyreqwest's tokio) had to take the GIL back from a busy event loop for every answer, and
+lost a third of its rate once the loop had the engine's work to do (docs/BENCHMARKS.md,
+issue 34).
 
 :class:`Transfers` is the glue: libcurl tells it which sockets to watch and when its next
-timeout is due (``M_SOCKETFUNCTION``, ``M_TIMERFUNCTION``); the loop calls back into
-``socket_action`` when one is ready or the timer fires; finished transfers resolve the
-future :meth:`Transfers.start` returned with ``(curl error code, message)`` (0 when the
-transfer completed). A Transfers belongs to one event loop and is made on first use there.
+timeout is due (``M_SOCKETFUNCTION``, ``M_TIMERFUNCTION``); the sockets are watched by an
+epoll set of the Transfers' own, which the loop watches as one reader, so one wake-up serves
+every socket that is ready; libcurl is called back (``socket_action``) for each ready socket
+it waits on and when the timer fires; finished transfers resolve the future
+:meth:`Transfers.start` returned with ``(curl error code, message)`` (0 when the transfer
+completed). A Transfers belongs to one event loop and is made on first use there.
+
+Why a set of our own: libcurl stops watching a kept-alive connection after every answer and
+asks again with the next request on it. On the loop's own watchers each of those was a
+watcher made and dropped and two ``epoll_ctl`` calls; here an idle connection stays in the
+set, taking it up again is one ``epoll_ctl`` (``MOD``), and an idle socket that stirs (its
+server closed it) leaves the set then (docs/BENCHMARKS.md, issue 34: 9-20 % less of the
+loop's CPU a request). A socket libcurl closes leaves the set with its last descriptor (the
+kernel's rule; the duplicate pycurl is handed is closed on the loop's next turn, see
+``eventpush.sinks.http``), and a new socket that reuses a number is never taken for the old
+one: the ``MOD`` fails with ENOENT for a socket the set does not hold, and it is registered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import select
 
 import pycurl
 
 # libcurl's codes this module names (pycurl.E_* holds them all).
 E_OK = 0
+
+_EVENTS = {  # what libcurl waits for -> what the epoll set watches
+    pycurl.POLL_IN: select.EPOLLIN,
+    pycurl.POLL_OUT: select.EPOLLOUT,
+    pycurl.POLL_INOUT: select.EPOLLIN | select.EPOLLOUT,
+}
+_READABLE = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
+_WRITABLE = select.EPOLLOUT | select.EPOLLERR
 
 
 class Transfers:
@@ -34,10 +56,13 @@ class Transfers:
         self.multi.setopt(pycurl.M_TIMERFUNCTION, self._schedule)
         if per_host:
             self.multi.setopt(pycurl.M_MAX_HOST_CONNECTIONS, per_host)
-        self._watched: dict[int, int] = {}  # fd -> what the loop watches (pycurl.POLL_*)
+        self._sockets = select.epoll()
+        self._wanted: dict[int, int] = {}  # fd -> the epoll events libcurl waits for
+        self._held: set[int] = set()  # fds in the set: those wanted, and idle ones kept
         self._timer: asyncio.TimerHandle | None = None
         self._running: dict[pycurl.Curl, asyncio.Future] = {}
         self.closed = False
+        loop.add_reader(self._sockets.fileno(), self._ready)
 
     def start(self, handle: pycurl.Curl) -> asyncio.Future:
         """Start ``handle``'s transfer; the future gives ``(code, message)`` when it ends.
@@ -66,41 +91,32 @@ class Transfers:
             self._timer.cancel()
             self._timer = None
         self.multi.close()  # closes the cached connections
-        for fd in list(self._watched):
-            self._unwatch(fd)
+        if not self.loop.is_closed():
+            self.loop.remove_reader(self._sockets.fileno())
+        self._sockets.close()
+        self._wanted.clear()
+        self._held.clear()
 
     # --- what libcurl asks of the loop -----------------------------------------------------
 
     def _watch(self, what: int, fd: int, multi, socket_data) -> None:
-        """``M_SOCKETFUNCTION``: watch ``fd`` for reading, writing, both, or no more. libcurl
-        says REMOVE before it closes a socket (and gives no other word of the close), so a
-        socket it stops watching stops being watched at once: a number reused by a new
-        socket is never left registered for the old one."""
-        loop, watched = self.loop, self._watched.get(fd, 0)
+        """``M_SOCKETFUNCTION``: watch ``fd`` for reading, writing, both, or no more. A socket
+        libcurl no longer waits on stays in the set (see the module's docstring)."""
         if what == pycurl.POLL_REMOVE:
-            self._unwatch(fd)
+            self._wanted.pop(fd, None)
             return
         if self.closed:
             return
-        if what & pycurl.POLL_IN:
-            if not watched & pycurl.POLL_IN:
-                loop.add_reader(fd, self._ready, fd, pycurl.CSELECT_IN)
-        elif watched & pycurl.POLL_IN:
-            loop.remove_reader(fd)
-        if what & pycurl.POLL_OUT:
-            if not watched & pycurl.POLL_OUT:
-                loop.add_writer(fd, self._ready, fd, pycurl.CSELECT_OUT)
-        elif watched & pycurl.POLL_OUT:
-            loop.remove_writer(fd)
-        self._watched[fd] = what
-
-    def _unwatch(self, fd: int) -> None:
-        was = self._watched.pop(fd, 0)
-        if was and not self.loop.is_closed():
-            if was & pycurl.POLL_IN:
-                self.loop.remove_reader(fd)
-            if was & pycurl.POLL_OUT:
-                self.loop.remove_writer(fd)
+        events = _EVENTS[what]
+        self._wanted[fd] = events
+        if fd in self._held:
+            try:
+                self._sockets.modify(fd, events)
+                return
+            except FileNotFoundError:  # not the socket the set held: that one was closed
+                pass
+        self._sockets.register(fd, events)
+        self._held.add(fd)
 
     def _schedule(self, ms: int) -> None:
         """``M_TIMERFUNCTION``: call libcurl back in ``ms`` (-1: no timeout due)."""
@@ -112,11 +128,33 @@ class Transfers:
 
     # --- the loop calling libcurl ---------------------------------------------------------
 
-    def _ready(self, fd: int, event: int) -> None:
+    def _ready(self) -> None:
+        """The set is readable: libcurl is called for each ready socket it waits on. An idle
+        socket that stirred leaves the set: libcurl finds its connection closed when it next
+        takes it up, and opens another."""
         if self.closed:
             return
-        self.multi.socket_action(fd, event)
+        multi, wanted = self.multi, self._wanted
+        for fd, events in self._sockets.poll(0):
+            waits = wanted.get(fd)
+            if waits is None:
+                self._release(fd)
+                continue
+            what = 0
+            if events & _READABLE and waits & select.EPOLLIN:
+                what |= pycurl.CSELECT_IN
+            if events & _WRITABLE and waits & select.EPOLLOUT:
+                what |= pycurl.CSELECT_OUT
+            if events & select.EPOLLERR:
+                what |= pycurl.CSELECT_ERR
+            multi.socket_action(fd, what)
         self._finished()
+
+    def _release(self, fd: int) -> None:
+        self._held.discard(fd)
+        # OSError: closed, or the number now names a socket the set does not hold
+        with contextlib.suppress(OSError):
+            self._sockets.unregister(fd)
 
     def _timed_out(self) -> None:
         self._timer = None
