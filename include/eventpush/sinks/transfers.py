@@ -115,7 +115,10 @@ class Transfers:
                 return
             except FileNotFoundError:  # not the socket the set held: that one was closed
                 pass
-        self._sockets.register(fd, events)
+        try:
+            self._sockets.register(fd, events)
+        except FileExistsError:  # held all along (our bookkeeping let it go too early)
+            self._sockets.modify(fd, events)
         self._held.add(fd)
 
     def _schedule(self, ms: int) -> None:
