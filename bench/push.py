@@ -877,8 +877,8 @@ def _quarters(n: int, placement: str, workers: int = 1) -> None:
     by = f", {workers} worker processes" if workers > 1 else ""
     print(
         f"quarters ({placement}{by}), 1 event/request, 4 rules x 1 target: {delivered:,} "
-        f"deliveries in "
-        f"{elapsed:.1f} s = {rate:,.0f}/s; wrk (engine's request, {len(request[0])} B) "
+        f"deliveries in {elapsed:.1f} s = {rate:,.0f}/s; wrk (engine's request, "
+        f"{len(request[0])} B) "
         f"{before:,.0f} and {after:,.0f} req/s; ratio {rate / ceiling:.2f} (goal 0.80); "
         f"worker CPU {cpu * per:.0f} us per delivery"
     )
