@@ -58,7 +58,6 @@ class Transfers:
             self.multi.setopt(pycurl.M_MAX_HOST_CONNECTIONS, per_host)
         self._sockets = select.epoll()
         self._wanted: dict[int, int] = {}  # fd -> the epoll events libcurl waits for
-        self._held: set[int] = set()  # fds in the set: those wanted, and idle ones kept
         self._timer: asyncio.TimerHandle | None = None
         self._running: dict[pycurl.Curl, asyncio.Future] = {}
         self.closed = False
@@ -95,7 +94,6 @@ class Transfers:
             self.loop.remove_reader(self._sockets.fileno())
         self._sockets.close()
         self._wanted.clear()
-        self._held.clear()
 
     # --- what libcurl asks of the loop -----------------------------------------------------
 
@@ -109,17 +107,10 @@ class Transfers:
             return
         events = _EVENTS[what]
         self._wanted[fd] = events
-        if fd in self._held:
-            try:
-                self._sockets.modify(fd, events)
-                return
-            except FileNotFoundError:  # not the socket the set held: that one was closed
-                pass
-        try:
-            self._sockets.register(fd, events)
-        except FileExistsError:  # held all along (our bookkeeping let it go too early)
+        try:  # in the set already, unless new (a new socket on a closed one's number too)
             self._sockets.modify(fd, events)
-        self._held.add(fd)
+        except FileNotFoundError:
+            self._sockets.register(fd, events)
 
     def _schedule(self, ms: int) -> None:
         """``M_TIMERFUNCTION``: call libcurl back in ``ms`` (-1: no timeout due)."""
@@ -154,7 +145,6 @@ class Transfers:
         self._finished()
 
     def _release(self, fd: int) -> None:
-        self._held.discard(fd)
         # OSError: closed, or the number now names a socket the set does not hold
         with contextlib.suppress(OSError):
             self._sockets.unregister(fd)
