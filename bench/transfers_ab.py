@@ -1,9 +1,10 @@
 """The HTTP client's glue to the event loop (``eventpush.sinks.transfers``) of two trees,
 compared inside one process: blocks of requests in turn, old and new, so that a shared
 machine's drift (wrk's own figure moved 9,000-17,000 req/s within minutes here) falls on both
-alike. Each block is ``http.attempt`` driven by 64 callers on uvloop against the demo
-receiver in a process of its own, with ``--work-us`` of Python on the loop before each request
-(the engine's share of a delivery); the figure is the loop thread's CPU per request.
+alike. Each block is ``bench/push.py clients``'s loop of ``http.attempt`` (64 callers on
+uvloop) against the demo receiver in a process of its own, with ``--work-us`` of Python on the
+loop before each request (the engine's share of a delivery); the figure is the loop thread's
+CPU per request.
 
     .venv/bin/python bench/transfers_ab.py OLD_TREE/include/eventpush/sinks/transfers.py \
         [--work-us 0] [--blocks 12] [--requests 6400]
@@ -14,48 +15,19 @@ Only the Transfers class differs between the blocks: everything else is this tre
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402, F401  (loopback receivers allowed)
+import common  # noqa: E402
 import uvloop  # noqa: E402
+from push import _client_loop  # noqa: E402
 
 from eventpush.demo.receiver import ReceiverProcess  # noqa: E402
-from eventpush.sinks import contract, http, transfers  # noqa: E402
-
-
-def _burn(us: float) -> None:
-    end = time.perf_counter() + us / 1e6
-    while time.perf_counter() < end:
-        pass
-
-
-async def _block(url: str, cls: type, n: int, work_us: float, in_flight: int = 64):
-    http.Transfers = cls  # the session makes its Transfers on first use
-    session = http.new_session()
-    body = json.dumps({"source": "shop.orders", "detail": {"order": 1}}).encode()
-    headers = {"content-type": "application/json", "webhook-id": "msg_x"}
-    target = contract.Target(1, "b/r/t", "b", 1, "r", "{}", "t", url)
-
-    async def caller(k: int) -> None:
-        for _ in range(k):
-            if work_us:
-                _burn(work_us)
-            await http.attempt(session, target, body, headers)
-
-    await caller(8)  # the connection made before the clock starts
-    started, cpu = time.perf_counter(), time.thread_time()
-    await asyncio.gather(*(caller(n // in_flight) for _ in range(in_flight)))
-    elapsed, cpu = time.perf_counter() - started, time.thread_time() - cpu
-    await session.close()
-    return n / elapsed, cpu / n * 1e6
+from eventpush.sinks import http, transfers  # noqa: E402
 
 
 async def _compare(url: str, old: type, blocks: int, n: int, work_us: float) -> None:
@@ -64,7 +36,9 @@ async def _compare(url: str, old: type, blocks: int, n: int, work_us: float) -> 
     for b in range(blocks):
         order = (("old", old), ("new", new)) if b % 2 else (("new", new), ("old", old))
         for name, cls in order:
-            got[name].append(await _block(url, cls, n, work_us))
+            http.Transfers = cls  # a session makes its Transfers on first use
+            rate, cpu_us, _ = await _client_loop("http.attempt", url, n, 64, work_us)
+            got[name].append((rate, cpu_us))
     for name, rows in got.items():
         cpus = [c for _, c in rows]
         print(
