@@ -697,6 +697,21 @@ def _spy_split(raw: Path) -> dict[str, float]:
     return {k: v / total for k, v in counts.items()}
 
 
+def _worker_env(url: str) -> dict[str, str]:
+    """The environment of a standalone worker on ``url``, its imports compiled beforehand.
+
+    The worker starts from compiled modules, as an installed one does: with
+    PYTHONDONTWRITEBYTECODE (set in some shells) every start compiled its imports anew, ~0.9 s
+    of every run on a loaded 2-core machine. The cache is filled before the clock starts."""
+    import os
+
+    env = {**os.environ, "EVENTPUSH_DATABASE_URL": url}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
+    subprocess.run([PYTHON, "-c", WORKER_IMPORTS], env=env, check=True)
+    return env
+
+
 def _standalone_drain(
     url: str, n_expected: int
 ) -> tuple[float, int, float, dict, dict | None, float]:
@@ -706,13 +721,7 @@ def _standalone_drain(
     RSS in MiB."""
     import os
 
-    env = {**os.environ, "EVENTPUSH_DATABASE_URL": url}
-    # The worker starts from compiled modules, as an installed one does: with
-    # PYTHONDONTWRITEBYTECODE (set in some shells) every start compiled its imports anew,
-    # ~0.9 s of every run on a loaded 2-core machine. The cache is filled before the clock starts.
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
-    subprocess.run([PYTHON, "-c", WORKER_IMPORTS], env=env, check=True)
+    env = _worker_env(url)
     spy = shutil.which("py-spy") or (
         str(Path(PYTHON).with_name("py-spy")) if Path(PYTHON).with_name("py-spy").exists() else None
     )
@@ -783,10 +792,7 @@ def _drain_by_processes(url: str, workers: int) -> tuple[float, float, float]:
     peak RSS in MiB. No split by thread or part (that is for one worker)."""
     import os
 
-    env = {**os.environ, "EVENTPUSH_DATABASE_URL": url}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
-    subprocess.run([PYTHON, "-c", WORKER_IMPORTS], env=env, check=True)
+    env = _worker_env(url)
     started = time.perf_counter()
     procs = [
         subprocess.Popen(
