@@ -312,16 +312,21 @@ def _burn(us: float) -> None:
 
 
 async def _client_loop(
-    kind: str, url: str, n: int, in_flight: int, work_us: float = 0.0
+    kind: str, url: str, n: int, in_flight: int, work_us: float = 0.0, client=None
 ) -> tuple[float, float, float]:
     """n POSTs, in_flight at a time, by a bare client loop that does ``work_us`` of Python on
     the loop before each (the engine's share of a delivery, ~20 us): requests/s, and CPU us
-    per request of the loop thread and of the whole process (any client threads included)."""
+    per request of the loop thread and of the whole process (any client threads included).
+    ``client``: the module whose ``attempt`` sends (this tree's ``eventpush.sinks.http`` by
+    default; bench/client_ab.py passes another tree's)."""
     import asyncio
 
     import aiohttp
 
-    from eventpush.sinks import contract, http
+    from eventpush.sinks import contract
+    from eventpush.sinks import http as this_tree
+
+    http = client or this_tree
 
     body = json.dumps({"source": "shop.orders", "detail": {"order": 1}}).encode()
     headers = {"content-type": "application/json", "webhook-id": "msg_x"}
