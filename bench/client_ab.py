@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import statistics
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -54,14 +53,7 @@ async def _compare(url: str, old: ModuleType, blocks: int, n: int, work_us: floa
         for name, client in order:
             rate, cpu_us, _ = await _client_loop("http.attempt", url, n, 64, work_us, client)
             got[name].append((rate, cpu_us))
-    for name, rows in got.items():
-        cpus = [c for _, c in rows]
-        print(
-            f"{name}: {statistics.median(r for r, _ in rows):,.0f} req/s (median), loop CPU "
-            f"{statistics.median(cpus):.1f} us a request (median; {min(cpus):.1f}-{max(cpus):.1f})"
-        )
-    wins = sum(n_[1] < o[1] for n_, o in zip(got["new"], got["old"], strict=True))
-    print(f"new took less CPU than old in {wins} of {blocks} blocks side by side")
+    common.ab_summary(got, "new", "old")
 
 
 def main() -> None:

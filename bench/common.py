@@ -8,6 +8,7 @@ import os
 import platform
 import shutil
 import socket
+import statistics
 import subprocess
 import tempfile
 import uuid
@@ -144,3 +145,17 @@ def _make_wal_files(url: str, count: int) -> None:
     # The files were written through the page cache: the kernel would write them back during
     # the measured runs (30 s on), and every commit's sync would wait behind that.
     os.sync()
+
+
+def ab_summary(got: dict[str, list[tuple[float, float]]], new: str, old: str) -> None:
+    """Print an in-process A/B of two HTTP clients: each side's median requests/s and loop CPU
+    a request (``got``: name -> (requests/s, CPU µs) per block), and in how many blocks side by
+    side ``new`` took less CPU than ``old``."""
+    for name, rows in got.items():
+        cpus = [c for _, c in rows]
+        print(
+            f"  {name}: {statistics.median(r for r, _ in rows):,.0f} req/s (median), loop CPU "
+            f"{statistics.median(cpus):.1f} us a request (median; {min(cpus):.1f}-{max(cpus):.1f})"
+        )
+    wins = sum(a[1] < b[1] for a, b in zip(got[new], got[old], strict=True))
+    print(f"  {new} took less CPU than {old} in {wins} of {len(got[new])} blocks side by side")
