@@ -85,6 +85,7 @@ class Native:
 
     def close(self) -> None:
         self.loop.remove_reader(self.multi.fileno())
+        self.multi.close()
 
 
 async def native_loop(

@@ -116,6 +116,17 @@ static PyObject *Multi_submit(Multi *self, PyObject *args) {
     long timeout_ms;
     if (!PyArg_ParseTuple(args, "SSO!lO", &url, &body, &PyList_Type, &headers, &timeout_ms, &token))
         return NULL;
+    if (self->multi == NULL) {
+        PyErr_SetString(PyExc_ValueError, "closed");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(headers);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyBytes_Check(PyList_GET_ITEM(headers, i))) {
+            PyErr_SetString(PyExc_TypeError, "header lines must be bytes");
+            return NULL;
+        }
+    }
     Xfer *x = self->idle;
     if (x) {
         self->idle = x->next;
@@ -140,12 +151,8 @@ static PyObject *Multi_submit(Multi *self, PyObject *args) {
     curl_easy_setopt(x->easy, CURLOPT_POSTFIELDS, PyBytes_AS_STRING(body));
     if (x->headers) curl_slist_free_all(x->headers);
     x->headers = NULL;
-    Py_ssize_t n = PyList_GET_SIZE(headers);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *h = PyList_GET_ITEM(headers, i);
-        if (!PyBytes_Check(h)) { PyErr_SetString(PyExc_TypeError, "headers: bytes"); return NULL; }
-        x->headers = curl_slist_append(x->headers, PyBytes_AS_STRING(h));
-    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        x->headers = curl_slist_append(x->headers, PyBytes_AS_STRING(PyList_GET_ITEM(headers, i)));
     curl_easy_setopt(x->easy, CURLOPT_HTTPHEADER, x->headers);
     curl_easy_setopt(x->easy, CURLOPT_TIMEOUT_MS, timeout_ms);
     curl_multi_add_handle(self->multi, x->easy);
@@ -154,6 +161,7 @@ static PyObject *Multi_submit(Multi *self, PyObject *args) {
 }
 
 static PyObject *Multi_run(Multi *self, PyObject *unused) {
+    if (self->multi == NULL) return PyList_New(0);
     struct epoll_event evs[128];
     int running = 0;
     int n = epoll_wait(self->epfd, evs, 128, 0);
@@ -196,7 +204,26 @@ static PyObject *Multi_run(Multi *self, PyObject *unused) {
     return done;
 }
 
+/* Every transfer dropped (nobody waits for them once the loop is gone), every connection and
+   descriptor closed. Only finished transfers' handles are kept, so the idle list is all. */
+static PyObject *Multi_close(Multi *self, PyObject *unused) {
+    if (self->multi == NULL) Py_RETURN_NONE;
+    while (self->idle) {
+        Xfer *x = self->idle;
+        self->idle = x->next;
+        curl_easy_cleanup(x->easy);
+        curl_slist_free_all(x->headers);
+        free(x);
+    }
+    curl_multi_cleanup(self->multi);
+    self->multi = NULL;
+    close(self->tfd);
+    close(self->epfd);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Multi_methods[] = {
+    {"close", (PyCFunction)Multi_close, METH_NOARGS, NULL},
     {"fileno", (PyCFunction)Multi_fileno, METH_NOARGS, NULL},
     {"submit", (PyCFunction)Multi_submit, METH_VARARGS, NULL},
     {"run", (PyCFunction)Multi_run, METH_NOARGS, NULL},
