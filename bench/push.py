@@ -312,7 +312,7 @@ def _burn(us: float) -> None:
 
 
 async def _client_loop(
-    kind: str, url: str, n: int, in_flight: int, work_us: float = 0.0, client=None
+    kind: str, url: str, n: int, in_flight: int, work_us: float = 0.0, client: object = None
 ) -> tuple[float, float, float]:
     """n POSTs, in_flight at a time, by a bare client loop that does ``work_us`` of Python on
     the loop before each (the engine's share of a delivery, ~20 us): requests/s, and CPU us
