@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
 import uvloop  # noqa: E402
-from push import _burn, _client_loop  # noqa: E402
+from push import CLIENT_BODY, CLIENT_HEADERS, _client_loop, _timed_posts  # noqa: E402
 
 from eventpush.demo.receiver import ReceiverProcess  # noqa: E402
 from eventpush.sinks import contract, http  # noqa: E402
@@ -95,32 +95,24 @@ async def native_loop(
     client = Native(native)
     loop = asyncio.get_running_loop()
     url_bytes = url.encode()
-    body = b'{"source": "shop.orders", "detail": {"order": 1}}'
-    headers = {"content-type": "application/json", "webhook-id": "msg_x"}
     target = contract.Target(1, "b/r/t", "b", 1, "r", "{}", "t", url)
 
-    async def post() -> contract.Outcome:
+    async def post() -> None:
         started = time.perf_counter()
-        lines = [line.encode() for line in http.header_lines(headers)]
+        lines = [line.encode() for line in http.header_lines(CLIENT_HEADERS)]
         future = loop.create_future()
-        client.multi.submit(url_bytes, body, lines, target.timeout_ms, future)
+        client.multi.submit(url_bytes, CLIENT_BODY, lines, target.timeout_ms, future)
         code, status = await future
         kind = classify(status) if status else contract.RETRY
-        return contract.Outcome(kind, status, None, (time.perf_counter() - started) * 1000)
+        outcome = contract.Outcome(kind, status, None, (time.perf_counter() - started) * 1000)
+        if outcome.http_status != 200:
+            raise RuntimeError(f"the receiver answered {outcome}")
 
-    async def one(k: int) -> None:
-        for _ in range(k):
-            if work_us:
-                _burn(work_us)
-            outcome = await post()
-            if outcome.http_status != 200:
-                raise RuntimeError(f"the receiver answered {outcome}")
-
-    started, cpu = time.perf_counter(), time.thread_time()
-    await asyncio.gather(*(one(n // in_flight) for _ in range(in_flight)))
-    elapsed, cpu = time.perf_counter() - started, time.thread_time() - cpu
-    client.close()
-    return n / elapsed, cpu / n * 1e6
+    try:
+        rate, cpu_us, _ = await _timed_posts(post, n, in_flight, work_us)
+    finally:
+        client.close()
+    return rate, cpu_us
 
 
 async def compare(native: ModuleType, url: str, blocks: int, n: int, work_us: float) -> None:

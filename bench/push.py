@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -311,25 +312,45 @@ def _burn(us: float) -> None:
         pass
 
 
+# The bare client loops' request (bench/push.py clients, client_ab.py, native_ab.py).
+CLIENT_BODY = json.dumps({"source": "shop.orders", "detail": {"order": 1}}).encode()
+CLIENT_HEADERS = {"content-type": "application/json", "webhook-id": "msg_x"}
+
+
+async def _timed_posts(
+    post: Callable[[], Awaitable[object]], n: int, in_flight: int, work_us: float = 0.0
+) -> tuple[float, float, float]:
+    """``post()`` n times, in_flight at a time, each after ``work_us`` of Python on the loop
+    (the engine's share of a delivery, ~20 us): requests/s, and CPU us per request of the loop
+    thread and of the whole process (any client threads included)."""
+    import asyncio
+
+    async def one(k: int) -> None:
+        for _ in range(k):
+            if work_us:
+                _burn(work_us)
+            await post()
+
+    started, cpu, all_cpu = time.perf_counter(), time.thread_time(), time.process_time()
+    await asyncio.gather(*(one(n // in_flight) for _ in range(in_flight)))
+    elapsed, cpu = time.perf_counter() - started, time.thread_time() - cpu
+    all_cpu = time.process_time() - all_cpu
+    return n / elapsed, cpu / n * 1e6, all_cpu / n * 1e6
+
+
 async def _client_loop(
     kind: str, url: str, n: int, in_flight: int, work_us: float = 0.0, client: object = None
 ) -> tuple[float, float, float]:
-    """n POSTs, in_flight at a time, by a bare client loop that does ``work_us`` of Python on
-    the loop before each (the engine's share of a delivery, ~20 us): requests/s, and CPU us
-    per request of the loop thread and of the whole process (any client threads included).
+    """n POSTs, in_flight at a time, by a bare client loop (:func:`_timed_posts`).
     ``client``: the module whose ``attempt`` sends (this tree's ``eventpush.sinks.http`` by
     default; bench/client_ab.py passes another tree's)."""
-    import asyncio
-
     import aiohttp
 
     from eventpush.sinks import contract
     from eventpush.sinks import http as this_tree
 
     http = client or this_tree
-
-    body = json.dumps({"source": "shop.orders", "detail": {"order": 1}}).encode()
-    headers = {"content-type": "application/json", "webhook-id": "msg_x"}
+    body, headers = CLIENT_BODY, CLIENT_HEADERS
     target = contract.Target(1, "b/r/t", "b", 1, "r", "{}", "t", url)
     if kind == "aiohttp":
         session = aiohttp.ClientSession()
@@ -343,18 +364,10 @@ async def _client_loop(
         async def post() -> None:
             await http.attempt(session, target, body, headers)
 
-    async def one(k: int) -> None:
-        for _ in range(k):
-            if work_us:
-                _burn(work_us)
-            await post()
-
-    started, cpu, all_cpu = time.perf_counter(), time.thread_time(), time.process_time()
-    await asyncio.gather(*(one(n // in_flight) for _ in range(in_flight)))
-    elapsed, cpu = time.perf_counter() - started, time.thread_time() - cpu
-    all_cpu = time.process_time() - all_cpu
-    await session.close()
-    return n / elapsed, cpu / n * 1e6, all_cpu / n * 1e6
+    try:
+        return await _timed_posts(post, n, in_flight, work_us)
+    finally:
+        await session.close()
 
 
 def bench_clients(n: int = 40_000, in_flight: int = 64, rounds: int = 2) -> None:
@@ -889,8 +902,8 @@ def _quarters(n: int, placement: str, workers: int = 1) -> None:
     print(
         f"quarters ({placement}{by}), 1 event/request, 4 rules x 1 target: {delivered:,} "
         f"deliveries in {elapsed:.1f} s = {rate:,.0f}/s; wrk (engine's request, "
-        f"{len(request[0])} B) "
-        f"{before:,.0f} and {after:,.0f} req/s; ratio {rate / ceiling:.2f} (goal 0.80); "
+        f"{len(request[0])} B) {before:,.0f} and {after:,.0f} req/s; ratio "
+        f"{rate / ceiling:.2f} (goal 0.80); "
         f"worker CPU {cpu * per:.0f} us per delivery"
     )
     print(
