@@ -182,7 +182,6 @@ static PyObject *Multi_run(Multi *self, PyObject *unused) {
             curl_multi_socket_action(self->multi, fd, mask, &running);
         }
     }
-    arm(self);
     PyObject *done = PyList_New(0);
     CURLMsg *msg;
     int left;
@@ -200,7 +199,7 @@ static PyObject *Multi_run(Multi *self, PyObject *unused) {
         x->next = self->idle;
         self->idle = x;
     }
-    arm(self);
+    arm(self); /* once, for whatever libcurl asked while the sockets and answers were handled */
     return done;
 }
 
