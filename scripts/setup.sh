@@ -30,8 +30,8 @@ apt_install() {
 setup_venv() {
   command -v "$PYTHON_BIN" >/dev/null || die "$PYTHON_BIN not found: eventpush needs Python 3.11"
   local stamp="$VENV/.eventpush-lock"
-  local want
-  want="$(cat requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)"
+  local want  # the lock, the project, and how we install them (bytecode compiled)
+  want="$( (cat requirements.lock pyproject.toml; echo compile-bytecode) | sha256sum | cut -d' ' -f1)"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     return
   fi
@@ -40,7 +40,12 @@ setup_venv() {
   [ -x "$VENV/bin/uv" ] || "$VENV/bin/python" -m pip install -q "uv==$UV_VERSION"
   # pyspark and pyspark-client share the pyspark/ folder; sync installs both at one version.
   # Every wheel is checked against the lock's hashes: a tampered or swapped file is refused.
-  "$VENV/bin/uv" pip sync -q --require-hashes --python "$VENV/bin/python" requirements.lock
+  # Bytecode is compiled once, here: where PYTHONDONTWRITEBYTECODE is set (this machine's
+  # shells set it) every new process would otherwise compile each module it imports, at
+  # each start (`import airflow.sdk` 7.8 s against 2.5-3.2 s compiled; every Airflow task,
+  # CLI call and worker starts a process).
+  "$VENV/bin/uv" pip sync -q --require-hashes --compile-bytecode --python "$VENV/bin/python" \
+    requirements.lock
   "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --no-deps -e .
   "$VENV/bin/python" - <<'PY' || die "pyspark's Python version does not match the Spark jars it ships"
 import glob, os, pyspark
@@ -175,6 +180,14 @@ setup_secret_key() {
   export EVENTPUSH_SECRET_KEY_FILE="$keyfile"
 }
 
+compile_own_code() {
+  # Our own modules too (the editable install is not in site-packages), on every run: only
+  # what changed since the last one is compiled. An edited module whose bytecode is stale
+  # is compiled in memory as usual until the next run.
+  "$VENV/bin/python" -m compileall -q -j0 "$ROOT/include" "$ROOT/dags" "$ROOT/plugins" \
+    "$ROOT/spark_jobs" >/dev/null || say "some modules did not compile (the tests will say why)"
+}
+
 setup_spark_pyenv() {
   # The Python environment shipped to Spark executors on a cluster (spark.archives), packed
   # from requirements-executor.lock into var/spark-pyenv/ and kept while the lock is the same.
@@ -191,6 +204,7 @@ setup_spark_pyenv() {
 setup_all() {
   # $1: what it is for (demo, airflow or test: the default, everything).
   setup_venv
+  compile_own_code
   setup_system_packages "${1:-test}"
   setup_postgres
   setup_secret_key
