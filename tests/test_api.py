@@ -633,3 +633,66 @@ def test_the_recomputed_signature_is_botocores():
         with pytest.raises(ApiError) as refused:
             auth.verify(changed, claim, amz_date, secret, "us-east-1")
         assert refused.value.code == "InvalidSignatureException"
+
+
+@pytest.mark.parametrize(
+    ("url", "extra", "body"),
+    [
+        ("http://127.0.0.1:9/", {}, b'{"Entries": []}'),
+        ("https://events.example.test/", {"X-Custom": "  one \t two  "}, b"{}"),
+        ("http://127.0.0.1:9/", {"Content-Type": "application/x-amz-json-1.1"}, b""),
+        ("http://127.0.0.1:9/", {"X-Amz-Content-SHA256": "UNSIGNED-PAYLOAD"}, b"{}"),
+        ("http://127.0.0.1:9/", {"X-Amz-Content-SHA256": "e3b0c44298fc1c14"}, b"{}"),
+        ("http://127.0.0.1:9/", {"X-B": "2", "X-A": "1", "X-C": ""}, b'{"a": "\\u00e9"}'),
+        ("http://127.0.0.1:9/?a=1", {}, b"{}"),
+        ("http://127.0.0.1:9/a/../", {}, b"{}"),
+    ],
+)
+def test_the_short_road_to_a_signature_is_botocores(url, extra, body):
+    """auth.expected_signature computes the signature of a request to ``/`` without botocore's
+    general code: for every shape of signed headers and payload it must give what botocore's
+    signer gives (the client's signature) and what botocore's road on the server gives, and a
+    changed signed header must be refused on it as on that road."""
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    from eventpush.api import auth
+    from eventpush.api.errors import ApiError
+
+    secret = "k" * 40
+    host = url.split("/")[2]
+    headers = {"Host": host, "X-Amz-Target": "AWSEvents.PutEvents", **extra}
+    request = AWSRequest(method="POST", url=url, data=body, headers=headers)
+    SigV4Auth(Credentials("EPAKTESTTESTTESTTEST", secret), "events", "us-east-1").add_auth(request)
+    sent = {k.lower(): v for k, v in request.headers.items()}
+    claim = auth.parse_authorization(sent["authorization"])
+    amz_date = sent["x-amz-date"]
+    received = auth.Received("POST", url, sent, body)
+    ours = auth.expected_signature(received, claim, amz_date, secret, "us-east-1")
+    assert ours == claim.signature
+    assert ours == auth.botocore_signature(received, claim, amz_date, secret, "us-east-1")
+    # A header botocore never signs, listed as signed anyway (another client's doing): both
+    # roads leave it out alike.
+    listed = auth.SignedBy(
+        claim.access_key_id,
+        claim.date,
+        claim.region,
+        claim.service,
+        (*claim.signed_headers, "user-agent"),
+        claim.signature,
+    )
+    with_agent = auth.Received("POST", url, {**sent, "user-agent": "x"}, body)
+    assert auth.expected_signature(
+        with_agent, listed, amz_date, secret, "us-east-1"
+    ) == auth.botocore_signature(with_agent, listed, amz_date, secret, "us-east-1")
+    changed = auth.Received("POST", url, {**sent, "x-amz-target": "AWSEvents.ListRules"}, body)
+    with pytest.raises(ApiError) as refused:
+        auth.verify(changed, claim, amz_date, secret, "us-east-1")
+    assert refused.value.code == "InvalidSignatureException"
+    del sent["x-amz-target"]
+    without = auth.Received("POST", url, sent, body)
+    for road in (auth.expected_signature, auth.botocore_signature):
+        with pytest.raises(ApiError) as missing:
+            road(without, claim, amz_date, secret, "us-east-1")
+        assert missing.value.code == "IncompleteSignatureException"
