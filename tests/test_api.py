@@ -696,3 +696,57 @@ def test_the_short_road_to_a_signature_is_botocores(url, extra, body):
         with pytest.raises(ApiError) as missing:
             road(without, claim, amz_date, secret, "us-east-1")
         assert missing.value.code == "IncompleteSignatureException"
+
+
+def test_an_entrys_detail_is_stored_as_spelled_or_the_long_way():
+    """entry_event splices a one-line Detail into the envelope as the client spelled it; a
+    detail over several lines is stored compact (a stored body is one line), an escaped NUL
+    is refused (jsonb has none), anything but one JSON object is MalformedDetail, and every
+    stored body decodes to the event the long way would have built."""
+    from types import SimpleNamespace
+
+    from eventpush.api.events import _MalformedDetail, entry_event
+    from eventpush.publish import MAX_EVENT_BYTES, MalformedEventError
+
+    bus = SimpleNamespace(account=ACCOUNT, region="us-east-1")
+    now = "2026-11-27T00:00:00Z"
+
+    def stored(detail: str, **more) -> tuple[str, dict]:
+        entry = {"Source": "shop", "DetailType": "t", "Detail": detail, **more}
+        prepared = entry_event(entry, bus, "entry 1", now, 3, "id-1")
+        assert "\n" not in prepared.body
+        assert prepared.size == len(prepared.body.encode())
+        assert (prepared.queue_id, prepared.message_id, prepared.source) == (3, "id-1", "shop")
+        return prepared.body, json.loads(prepared.body)
+
+    spelled = ' { "a": [1, 2], "b": {"c": "é"} } '
+    body, event = stored(spelled, Resources=["r1"], Time="2026-11-26T10:00:00Z")
+    assert body.endswith('"detail":{ "a": [1, 2], "b": {"c": "é"} }}')
+    assert event == {
+        "version": "0",
+        "id": "id-1",
+        "detail-type": "t",
+        "source": "shop",
+        "account": ACCOUNT,
+        "time": "2026-11-26T10:00:00Z",
+        "region": "us-east-1",
+        "resources": ["r1"],
+        "detail": {"a": [1, 2], "b": {"c": "é"}},
+    }
+    body, event = stored(json.dumps({"a": 1, "b": [2]}, indent=2))
+    assert body.endswith('"detail":{"a":1,"b":[2]}}')
+    assert event["detail"] == {"a": 1, "b": [2]} and event["time"] == now
+    body, event = stored(json.dumps({"path": "C:\\u0000"}))  # a backslash, then "u0000"
+    assert event["detail"] == {"path": "C:\\u0000"}
+    for detail in ('{"n": "a\\u0000"}', '{"n": 1}'):
+        source = "a\x00b" if detail == '{"n": 1}' else "shop"
+        with pytest.raises(MalformedEventError, match="NUL"):
+            entry_event(
+                {"Source": source, "DetailType": "t", "Detail": detail}, bus, "e", now, 0, "i"
+            )
+    for detail in ("[1]", '"text"', "1", "{not json", '{"a": 1} {"b": 2}', '{"a": 1,}'):
+        with pytest.raises(_MalformedDetail):
+            entry_event({"Source": "s", "DetailType": "t", "Detail": detail}, bus, "e", now, 0, "i")
+    with pytest.raises(MalformedEventError, match="byte limit") as big:
+        stored(json.dumps({"x": "y" * MAX_EVENT_BYTES}))
+    assert not isinstance(big.value, _MalformedDetail)
