@@ -120,6 +120,20 @@ def detail(i: int) -> dict:
     }
 
 
+def put_events_body(bus: str = "orders") -> bytes:
+    """The benchmark's request: one PutEvents of ``ENTRIES`` entries for ``bus``."""
+    entries = [
+        {
+            "Source": "shop.orders",
+            "DetailType": "OrderPlaced",
+            "Detail": json.dumps(detail(i)),
+            "EventBusName": bus,
+        }
+        for i in range(ENTRIES)
+    ]
+    return json.dumps({"Entries": entries}).encode()
+
+
 def backend_cpu(pids: list[int]) -> dict[int, float]:
     """CPU seconds (user + system) so far of each PostgreSQL backend of ``pids`` still there."""
     spent = {}
@@ -366,16 +380,7 @@ def main() -> None:
         rounds: list[Round] = []
         paced: list[Round] = []
         try:
-            entries = [
-                {
-                    "Source": "shop.orders",
-                    "DetailType": "OrderPlaced",
-                    "Detail": json.dumps(detail(i)),
-                    "EventBusName": "orders",
-                }
-                for i in range(ENTRIES)
-            ]
-            body = json.dumps({"Entries": entries}).encode()
+            body = put_events_body()
             for n in range(args.rounds):
                 # Signed afresh for each run: a signature is good for five minutes.
                 script = put_events_script(Path(tmp), server.url, body, key)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -35,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import psycopg2  # noqa: E402
 import uvloop  # noqa: E402
-from api import ENTRIES, detail  # noqa: E402
+from api import ENTRIES, put_events_body  # noqa: E402
 from api_support import make_key, signed_request  # noqa: E402
 from common import machine, scratch_database  # noqa: E402
 
@@ -97,16 +96,7 @@ async def _run(part: str | None, key: tuple[str, str], callers: int, seconds: fl
     try:
         app = app_from_env()
         inbox, lifespan = await _lifespan(app, "lifespan.startup")
-        entries = [
-            {
-                "Source": "shop.orders",
-                "DetailType": "OrderPlaced",
-                "Detail": json.dumps(detail(i)),
-                "EventBusName": "orders",
-            }
-            for i in range(ENTRIES)
-        ]
-        body = json.dumps({"Entries": entries}).encode()
+        body = put_events_body()
         signed = signed_request("http://127.0.0.1:8080", "PutEvents", body, key)
         headers = [(k.lower().encode(), v.encode()) for k, v in signed.headers.items()]
         headers.append((b"content-length", str(len(body)).encode()))
