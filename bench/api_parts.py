@@ -72,13 +72,14 @@ def _skipping(part: str | None) -> list[tuple[object, str, object]]:
     return []
 
 
-async def _lifespan(app, message: str) -> tuple[asyncio.Queue, asyncio.Task]:
+async def _start(app) -> tuple[asyncio.Queue, asyncio.Task]:
+    """The app's lifespan started: its inbox (for the shutdown) and its task."""
     inbox: asyncio.Queue = asyncio.Queue()
     outbox: asyncio.Queue = asyncio.Queue()
     task = asyncio.create_task(
         app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, inbox.get, outbox.put)
     )
-    await inbox.put({"type": message})
+    await inbox.put({"type": "lifespan.startup"})
     answer = await outbox.get()
     if answer["type"] != "lifespan.startup.complete":
         sys.exit(f"the app did not start: {answer}")
@@ -95,7 +96,7 @@ async def _run(part: str | None, key: tuple[str, str], callers: int, seconds: fl
         setattr(owner, name, replacement)
     try:
         app = app_from_env()
-        inbox, lifespan = await _lifespan(app, "lifespan.startup")
+        inbox, lifespan = await _start(app)
         body = put_events_body()
         signed = signed_request("http://127.0.0.1:8080", "PutEvents", body, key)
         headers = [(k.lower().encode(), v.encode()) for k, v in signed.headers.items()]

@@ -149,6 +149,12 @@ def check_resources(resources: object, where: int | str) -> None:
         raise _fail(where, "'resources' must be an array of strings")
 
 
+def check_size(size: int, where: int | str) -> None:
+    """An encoded event of ``size`` bytes fits EventBridge's limit, or MalformedEventError."""
+    if size > MAX_EVENT_BYTES:
+        raise _fail(where, f"event is over the {MAX_EVENT_BYTES}-byte limit")
+
+
 def _has_nul(value: object) -> bool:
     if isinstance(value, str):
         return "\x00" in value
@@ -204,8 +210,7 @@ def encode_event(event: dict, event_time: str, queue_id: int, where: int | str) 
         raise _fail(where, "the event is nested too deeply") from None
     if nul:
         raise _fail(where, "a NUL character (\\u0000) is not allowed in an event")
-    if len(encoded) > MAX_EVENT_BYTES:
-        raise _fail(where, f"event is over the {MAX_EVENT_BYTES}-byte limit")
+    check_size(len(encoded), where)
     return Prepared(
         queue_id,
         event["id"],

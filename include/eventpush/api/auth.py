@@ -171,6 +171,19 @@ class _ToSign:
         self.context = {"timestamp": amz_date}
 
 
+def _signed_values(request: Received, claim: SignedBy) -> dict[str, str]:
+    """The values of the headers the client signed (lower-case names), each one required."""
+    signed = {}
+    for name in claim.signed_headers:
+        value = request.headers.get(name)
+        if value is None:
+            raise ApiError(
+                "IncompleteSignatureException", f"signed header {name!r} is not in the request"
+            )
+        signed[name] = value
+    return signed
+
+
 _UNSIGNABLE = frozenset(SIGNED_HEADERS_BLACKLIST)  # botocore leaves these out of a signature
 _SIGNING_KEYS = 1024  # secrets x days x regions kept derived; a key lives a day
 
@@ -192,15 +205,10 @@ def _plain_signature(
     the canonical path is ``/``, the query empty, each signed header (but the ones botocore
     never signs) as ``name:value`` with runs of white space folded, sorted by name, and the
     payload the signed ``X-Amz-Content-Sha256`` or the body's SHA-256."""
-    headers = request.headers
-    for name in claim.signed_headers:
-        if name not in headers:
-            raise ApiError(
-                "IncompleteSignatureException", f"signed header {name!r} is not in the request"
-            )
-    names = sorted({name for name in claim.signed_headers if name not in _UNSIGNABLE})
-    lines = [f"{name}:{' '.join(headers[name].split())}" for name in names]
-    payload = headers.get("x-amz-content-sha256") if "x-amz-content-sha256" in names else None
+    signed = _signed_values(request, claim)
+    names = sorted(name for name in signed if name not in _UNSIGNABLE)
+    lines = [f"{name}:{' '.join(signed[name].split())}" for name in names]
+    payload = signed.get("x-amz-content-sha256") if "x-amz-content-sha256" in names else None
     if payload is None:
         payload = hashlib.sha256(request.body).hexdigest()
     canonical = f"{request.method.upper()}\n/\n\n" + "\n".join(lines)
@@ -231,14 +239,7 @@ def botocore_signature(
     request: Received, claim: SignedBy, amz_date: str, secret: str, region: str
 ) -> str:
     """``expected_signature`` by botocore's own signer, for any path and query string."""
-    signed = _SignedHeaders()
-    for name in claim.signed_headers:
-        value = request.headers.get(name)
-        if value is None:
-            raise ApiError(
-                "IncompleteSignatureException", f"signed header {name!r} is not in the request"
-            )
-        signed[name] = value
+    signed = _SignedHeaders(_signed_values(request, claim))
     again = _ToSign(request.method, request.url, signed, request.body, amz_date)
     signer = SigV4Auth(Credentials(claim.access_key_id, secret), SERVICE, region)
     canonical = signer.canonical_request(again)

@@ -21,10 +21,10 @@ from eventpush.api.errors import ApiError, validation
 from eventpush.api.service import BusView, Call
 from eventpush.api.shapes import bus_name, check_owner, checked, required
 from eventpush.publish import (
-    MAX_EVENT_BYTES,
     MalformedEventError,
     Prepared,
     check_resources,
+    check_size,
     encode_event,
     new_ids,
     parse_time,
@@ -108,8 +108,7 @@ def entry_event(
         return encode_event(event, event_time, queue_id, where)
     body = f'{head[:-1]},"detail":{detail_text}}}'
     size = len(body) if body.isascii() else len(body.encode())
-    if size > MAX_EVENT_BYTES:
-        raise MalformedEventError(f"{where}: event is over the {MAX_EVENT_BYTES}-byte limit")
+    check_size(size, where)
     return Prepared(queue_id, event_id, source, detail_type, event_time, body, size)
 
 
