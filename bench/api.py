@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -236,6 +236,7 @@ class Round:
     checkpoints: int
     ceiling: float = 0.0  # the mean of the publish runs just before and just after
     offered: float | None = None  # requests/s offered (paced), None: as fast as answered
+    spread: list[int] = field(default_factory=list)  # wrk's connections held by each worker
 
     @property
     def events_per_s(self) -> float:
@@ -278,6 +279,22 @@ def put_events_script(
     return script
 
 
+def connections_by_process(pid: int, port: int) -> list[int]:
+    """How many established connections to ``port`` each server worker under ``pid`` holds,
+    most first: the kernel hands a new connection to whichever worker accepts first, so the
+    split is rarely even, and the busier worker sets the tail."""
+    held = []
+    for proc in psutil.Process(pid).children(recursive=True):
+        try:
+            found = proc.net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            continue
+        mine = sum(1 for c in found if c.status == "ESTABLISHED" and c.laddr.port == port)
+        if mine:
+            held.append(mine)
+    return sorted(held, reverse=True)
+
+
 def wrk_round(wrk: str, args, script: Path, server: ApiServer, url: str) -> Round:
     before_api = stored(url, "orders")
     db_cpu_before = backend_cpu(api_backends(url))
@@ -285,7 +302,7 @@ def wrk_round(wrk: str, args, script: Path, server: ApiServer, url: str) -> Roun
     wrk_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy_before, all_before = machine_cpu()
     checkpoints_before = checkpoints(url)
-    run = subprocess.run(
+    wrk_proc = subprocess.Popen(
         [
             wrk,
             f"-t{args.threads}",
@@ -297,10 +314,13 @@ def wrk_round(wrk: str, args, script: Path, server: ApiServer, url: str) -> Roun
             str(script),
             server.url + "/",
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=args.seconds + 120,
     )
+    time.sleep(min(2.0, args.seconds / 2))
+    spread = connections_by_process(server.proc.pid, server.port)
+    stdout, stderr = wrk_proc.communicate(timeout=args.seconds + 120)
     cpu = tree_cpu(server.proc.pid) - cpu_before
     busy_after, all_after = machine_cpu()
     busy, everything = busy_after - busy_before, all_after - all_before
@@ -312,9 +332,9 @@ def wrk_round(wrk: str, args, script: Path, server: ApiServer, url: str) -> Roun
         spent - db_cpu_before.get(pid, 0.0) for pid, spent in backend_cpu(api_backends(url)).items()
     )
     checkpointed = checkpoints(url) - checkpoints_before
-    found = re.search(r"^RESULT (\d+) (\d+) (\d+) (\S+) (\S+) (\S+)$", run.stdout, re.M)
+    found = re.search(r"^RESULT (\d+) (\d+) (\d+) (\S+) (\S+) (\S+)$", stdout, re.M)
     if found is None:
-        sys.exit(f"wrk gave no result:\n{run.stdout}\n{run.stderr}")
+        sys.exit(f"wrk gave no result:\n{stdout}\n{stderr}")
     time.sleep(1)  # requests in flight when wrk stopped are answered (and stored) by now
     return Round(
         requests=int(found[1]),
@@ -329,6 +349,7 @@ def wrk_round(wrk: str, args, script: Path, server: ApiServer, url: str) -> Roun
         wrk_cpu=wrk_cpu,
         busy=busy / everything,
         checkpoints=checkpointed,
+        spread=spread,
     )
 
 
@@ -429,7 +450,8 @@ def main() -> None:
         print(
             f"  non-200 answers {one.bad_status}, socket errors {one.socket_errors}; events "
             f"stored {one.stored:,} (answered: {one.requests * ENTRIES:,}); checkpoints "
-            f"{one.checkpoints}"
+            f"{one.checkpoints}; wrk's connections by server worker "
+            f"{'/'.join(map(str, one.spread)) or '?'}"
         )
         print(
             f"  CPU per event: server {one.server_cpu / answered * 1e6:.1f} µs "
@@ -446,7 +468,8 @@ def main() -> None:
             f"publish run before it), {achieved:,.0f} answered ({achieved / one.offered:.0%}), "
             f"ratio {one.ratio:.2f} to the mean ceiling; p50 {one.p50:.1f} ms, p99 "
             f"{one.p99:.1f} ms (goal <= {GOAL_P99_MS:.0f}); the machine's cores "
-            f"{one.busy:.0%} busy; non-200 {one.bad_status}, socket errors {one.socket_errors}"
+            f"{one.busy:.0%} busy; non-200 {one.bad_status}, socket errors {one.socket_errors}; "
+            f"connections by worker {'/'.join(map(str, one.spread)) or '?'}"
         )
     if commits:
         print(

@@ -76,3 +76,29 @@ def test_constraints_refuse_impossible_rows(conn):
             with pytest.raises(psycopg2.errors.CheckViolation):
                 cur.execute(sql)
             conn.rollback()
+
+
+def test_an_event_is_stored_only_for_a_bus_that_exists(conn):
+    """``bus_event`` has no foreign key (migration 0012): its partitions by bus refuse an
+    event of a bus that was never made, and a made bus takes its events."""
+    from eventpush import catalog
+
+    catalog.create_bus(conn, "known", 1)
+    with conn.cursor() as cur:
+        cur.execute("SELECT id FROM event_bus WHERE name = 'known'")
+        (known,) = cur.fetchone()
+        cur.execute(
+            "SELECT count(*) FROM pg_constraint WHERE conrelid = 'bus_event'::regclass "
+            "AND contype = 'f'"
+        )
+        assert cur.fetchone()[0] == 0
+    row = (
+        'INSERT INTO bus_event (bus_id, queue_id, "offset", message_id, source, detail_type, '
+        "event_time, size_bytes, body) VALUES (%s, 0, 0, 'm', 's', 't', now(), 2, '{}')"
+    )
+    with conn.cursor() as cur, pytest.raises(psycopg2.errors.CheckViolation, match="no partition"):
+        cur.execute(row, (known + 1000,))
+    conn.rollback()
+    with conn.cursor() as cur:
+        cur.execute(row, (known,))
+    conn.commit()
