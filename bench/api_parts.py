@@ -8,14 +8,16 @@ cost is sized here by what the app saves without it:
 
 - ``--skip auth``: the signature check made a no-op (the key is still looked up);
 - ``--skip entries``: ``entry_event`` memoised per entry position (each call returns a fresh
-  ``Prepared`` with the request's id and queue, as the real one would).
+  ``Prepared`` with the request's id and queue, as the real one would);
+- ``--skip commit``: ``GroupPublisher.publish`` returns at once, nothing stored (the group
+  commit's Python: the queueing, the wake-ups, the statement's parameters, psycopg).
 
 Each round runs the whole app, then the app without each part named, in turn, ``--rounds``
 times, and prints CPU µs a request (this process, ``time.process_time``; the database's
 backends are not counted) and requests/s. Compare two trees by running it under each one's
 ``PYTHONPATH=<tree>/include``.
 
-    .venv/bin/python bench/api_parts.py [--skip auth --skip entries] [--rounds 3]
+    .venv/bin/python bench/api_parts.py [--skip auth --skip entries --skip commit] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from common import machine, scratch_database  # noqa: E402
 
 from eventpush import catalog  # noqa: E402
 
-PARTS = ("auth", "entries")
+PARTS = ("auth", "entries", "commit")
 
 
 def _skipping(part: str | None) -> list[tuple[object, str, object]]:
@@ -69,6 +71,13 @@ def _skipping(part: str | None) -> list[tuple[object, str, object]]:
             )
 
         return [(events_module, "entry_event", memoised)]
+    if part == "commit":
+        from eventpush.group_publish import GroupPublisher
+
+        async def stored_at_once(self, bus, events) -> None:
+            return None
+
+        return [(GroupPublisher, "publish", stored_at_once)]
     return []
 
 

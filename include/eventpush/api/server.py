@@ -6,11 +6,13 @@ share nothing but the database.
 With several workers on Linux, each worker listens on a socket of its own in one
 ``SO_REUSEPORT`` group, and the kernel spreads new connections across them by a hash of the
 connection's addresses. On uvicorn's one shared socket, whichever worker wakes first accepts
-every connection waiting: 64 connections opened at once split 45/19 as often as 33/31, and
-the busier worker sets the tail of every client's latency (bench/api.py prints the split).
-uvicorn's own supervisor still starts, watches and restarts the workers; what it hands each
-one in place of a socket is a :class:`_WorkerSocket`, which becomes the worker's own bound
-socket when the worker unpickles it.
+every connection waiting: 64 connections opened at once split anywhere from 33/31 to 58/6,
+and the busier worker sets the tail of every client's latency (bench/api.py prints the
+split). uvicorn's own supervisor still starts, watches and restarts the workers; what it
+hands each one in place of a socket is a :class:`_WorkerSocket`, which becomes the worker's
+own bound socket when the worker unpickles it. The price: a worker that stops (SIGHUP's
+rolling restart, a crash) takes with it the connections still waiting in its socket's
+queue, unanswered, where a shared socket would have left them to the others.
 """
 
 from __future__ import annotations
@@ -74,7 +76,6 @@ def serve(
 
     config = uvicorn.Config(APP, **options)  # sets up uvicorn's logging
     reserved = _reserve(host, port)
-    port = reserved.getsockname()[1]  # the port the system chose for --port 0
     log.info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, port)
     try:
         Multiprocess(config, sockets=[_WorkerSocket(host, port)]).run()  # type: ignore[list-item]
