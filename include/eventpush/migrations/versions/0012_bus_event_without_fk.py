@@ -1,5 +1,5 @@
 """``bus_event`` without its foreign key to ``event_bus``. The key's check ran once per stored
-event (a lookup and a row lock on the bus, in a trigger per row): 6-10 µs of the 26-30 µs of
+event (a lookup and a row lock on the bus, in a trigger per row): 7-10 µs of the 23-29 µs of
 CPU a backend spent on an event of the API's group commit (docs/BENCHMARKS.md, issue 31). It
 guarded nothing the partitions do not: ``bus_event`` is partitioned by bus with no default
 partition, and a bus's partition is made in the transaction that makes the bus, so an event
