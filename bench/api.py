@@ -284,7 +284,8 @@ def connections_by_process(pid: int, port: int) -> list[int]:
     most first: the kernel hands a new connection to whichever worker accepts first, so the
     split is rarely even, and the busier worker sets the tail."""
     held = []
-    for proc in psutil.Process(pid).children(recursive=True):
+    top = psutil.Process(pid)
+    for proc in [top, *top.children(recursive=True)]:  # one worker: the top process serves
         try:
             found = proc.net_connections(kind="tcp")
         except psutil.NoSuchProcess:
