@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 import psycopg2  # noqa: E402
-from api_support import ApiServer, make_key, signed_request  # noqa: E402
+from api_support import ApiServer, make_key, signed_request, sockets_by_worker  # noqa: E402
 from common import (  # noqa: E402
     ADMIN_URL,
     compose_postgres_settings,
@@ -280,20 +280,9 @@ def put_events_script(
 
 
 def connections_by_process(pid: int, port: int) -> list[int]:
-    """How many established connections to ``port`` each server worker under ``pid`` holds,
-    most first: the kernel hands a new connection to whichever worker accepts first, so the
-    split is rarely even, and the busier worker sets the tail."""
-    held = []
-    top = psutil.Process(pid)
-    for proc in [top, *top.children(recursive=True)]:  # one worker: the top process serves
-        try:
-            found = proc.net_connections(kind="tcp")
-        except psutil.NoSuchProcess:
-            continue
-        mine = sum(1 for c in found if c.status == "ESTABLISHED" and c.laddr.port == port)
-        if mine:
-            held.append(mine)
-    return sorted(held, reverse=True)
+    """How many of wrk's connections each server worker under ``pid`` holds, most first: the
+    busier worker sets the tail, so the split is printed with each run."""
+    return sorted(sockets_by_worker(pid, port, psutil.CONN_ESTABLISHED).values(), reverse=True)
 
 
 def wrk_round(wrk: str, args, script: Path, server: ApiServer, url: str) -> Round:

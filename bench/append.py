@@ -3,9 +3,9 @@ group commit runs), in isolation: one connection on a scratch database appends g
 ``--group`` events (the bench's ~300-byte order events) ``--commits`` times, and the CPU its
 backend spent is read from ``/proc`` (psutil) before and after.
 
-Each round measures the schema as migrated, then (``--with-fk``) the same with the foreign key
-from ``bus_event`` to ``event_bus`` that migration 0012 dropped put back, then without it
-again, so the two are alternated on the same host minutes apart.
+Each round measures the schema as migrated and then (``--with-fk``) the same with the foreign
+key from ``bus_event`` to ``event_bus`` that migration 0012 dropped put back, so over the
+rounds the two alternate on the same host minutes apart.
 
     flock /tmp/eventpush-bench.lock .venv/bin/python bench/append.py [--group 200]
         [--commits 300] [--rounds 3] [--with-fk]
@@ -22,9 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import psutil  # noqa: E402
 import psycopg2  # noqa: E402
-from api import detail  # noqa: E402
+from api import backend_cpu, detail  # noqa: E402
 from common import machine, scratch_database  # noqa: E402
 
 from eventpush import catalog  # noqa: E402
@@ -55,14 +54,12 @@ async def backend_cpu_per_event(
             events.append(encode_event(event, event_time, 0, i))
         for _ in range(WARM_UP):
             await postgres.publish_anywhere(conn, bus, events)
-        backend = psutil.Process(pid)
-        before, started = backend.cpu_times(), time.perf_counter()
+        before, started = backend_cpu([pid])[pid], time.perf_counter()
         for _ in range(commits):
             await postgres.publish_anywhere(conn, bus, events)
-        after, wall = backend.cpu_times(), time.perf_counter() - started
+        cpu, wall = backend_cpu([pid])[pid] - before, time.perf_counter() - started
     finally:
         await conn.close()
-    cpu = (after.user + after.system) - (before.user + before.system)
     return cpu / (commits * group) * 1e6, wall / (commits * group) * 1e6
 
 

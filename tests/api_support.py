@@ -16,6 +16,7 @@ from pathlib import Path
 
 import boto3
 import httpx
+import psutil
 from botocore.auth import SIGV4_TIMESTAMP, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config
@@ -116,10 +117,33 @@ def signed_request(
     return request
 
 
+def signed_headers(request: AWSRequest) -> dict[str, str]:
+    """A signed request's headers to send as they are (``Host`` is the client's to set)."""
+    return {k: v for k, v in request.headers.items() if k.lower() != "host"}
+
+
 def send(request: AWSRequest, body: bytes | None = None) -> httpx.Response:
     """Send a signed request, with ``body`` in place of the signed one when given."""
-    headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
-    return httpx.post(request.url, content=request.body if body is None else body, headers=headers)
+    return httpx.post(
+        request.url, content=request.body if body is None else body, headers=signed_headers(request)
+    )
+
+
+def sockets_by_worker(pid: int, port: int, status: str) -> dict[int, int]:
+    """How many TCP sockets on ``port`` in ``status`` (psutil's, e.g. ``ESTABLISHED``) each
+    process of the server ``pid`` holds: the top one (which serves alone with one worker)
+    and every process under it; processes holding none are left out."""
+    held = {}
+    top = psutil.Process(pid)
+    for proc in [top, *top.children(recursive=True)]:
+        try:
+            found = proc.net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            continue
+        mine = sum(1 for c in found if c.status == status and c.laddr.port == port)
+        if mine:
+            held[proc.pid] = mine
+    return held
 
 
 def error_code(response: httpx.Response) -> str:

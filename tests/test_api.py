@@ -7,7 +7,6 @@ buses of their own names so they do not see each other's.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -28,7 +27,9 @@ from api_support import (
     error_code,
     make_key,
     send,
+    signed_headers,
     signed_request,
+    sockets_by_worker,
 )
 from auth_receiver_support import AuthReceiver
 from botocore.exceptions import ClientError
@@ -476,36 +477,25 @@ def test_the_aws_cli_publishes_and_lists(server, admin, events):
     assert r.returncode != 0 and "ResourceNotFoundException" in r.stderr
 
 
-def _held_by_worker(server: ApiServer, status: str) -> dict[int, int]:
-    """How many sockets of each server worker are in ``status`` on the server's port."""
-    held = {}
-    for proc in psutil.Process(server.proc.pid).children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            mine = [
-                c
-                for c in proc.net_connections(kind="tcp")
-                if c.status == status and c.laddr.port == server.port
-            ]
-            if mine:
-                held[proc.pid] = len(mine)
-    return held
-
-
 def test_each_worker_listens_on_a_socket_of_its_own(api_env):
     """With ``--workers 2`` each worker listens on its own socket of one SO_REUSEPORT group:
     connections reach both, a SIGKILLed worker is replaced by one listening again while the
     other answers, and a second server on the port stops with one line instead of joining."""
     server = ApiServer(api_env, "--workers", "2")
+
+    def held(status: str) -> dict[int, int]:
+        return sockets_by_worker(server.proc.pid, server.port, status)
+
     clients = [httpx.Client(timeout=10) for _ in range(32)]
     try:
         deadline = time.monotonic() + 60  # the server answered: one worker, maybe not both
-        while len(listening := _held_by_worker(server, psutil.CONN_LISTEN)) < 2:
+        while len(listening := held(psutil.CONN_LISTEN)) < 2:
             assert time.monotonic() < deadline, f"two workers never listened: {listening}"
             time.sleep(0.1)
         assert sorted(listening.values()) == [1, 1], listening
         for client in clients:  # 32 connections, kept open
             assert client.get(server.url + "/healthz").status_code == 200
-        established = _held_by_worker(server, psutil.CONN_ESTABLISHED)
+        established = held(psutil.CONN_ESTABLISHED)
         # Hashed across two sockets, 32 connections all land on one worker once in 2**31.
         assert len(established) == 2 and sum(established.values()) == 32, established
         victim = next(iter(listening))
@@ -514,7 +504,7 @@ def test_each_worker_listens_on_a_socket_of_its_own(api_env):
         while True:
             with httpx.Client(timeout=10) as fresh:  # a new connection: the survivor answers
                 assert fresh.get(server.url + "/healthz").status_code == 200
-            now = _held_by_worker(server, psutil.CONN_LISTEN)
+            now = held(psutil.CONN_LISTEN)
             if len(now) == 2 and victim not in now:
                 break
             assert time.monotonic() < deadline, f"no worker replaced {victim}: {now}"
@@ -528,7 +518,7 @@ def test_each_worker_listens_on_a_socket_of_its_own(api_env):
         )
         assert second.returncode != 0
         assert f"cannot listen on 127.0.0.1:{server.port}" in second.stderr, second.stderr
-        assert sorted(_held_by_worker(server, psutil.CONN_LISTEN).values()) == [1, 1]
+        assert sorted(held(psutil.CONN_LISTEN).values()) == [1, 1]
     finally:
         for client in clients:
             client.close()
@@ -561,7 +551,7 @@ def test_sigkill_under_load_loses_no_acknowledged_event(api_env, admin):
         {"Entries": [{"Source": "load", "DetailType": "t", "Detail": '{"n": 1}'}] * 10}
     ).encode()
     request = signed_request(server.url, "PutEvents", body, admin)
-    headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
+    headers = signed_headers(request)
 
     def client_loop() -> None:
         with httpx.Client(timeout=httpx.Timeout(30, connect=5)) as client:
