@@ -26,6 +26,7 @@ from pathlib import Path
 DEFAULT_HOST = "127.0.0.1"  # nobody else's business unless widened
 DEFAULT_PORT = 8080
 APP = "eventpush.api.app:app_from_env"
+PROTOCOL = "eventpush.api.protocol:OneWriteProtocol"  # a response in one write
 
 log = logging.getLogger("uvicorn.error")
 
@@ -68,6 +69,7 @@ def serve(
         # Enough for 64+ load-balanced connections; past it uvicorn answers 503.
         limit_concurrency=2048,
         timeout_keep_alive=75,
+        http=PROTOCOL,
     )
     if workers == 1 or sys.platform != "linux":
         uvicorn.run(APP, **options)

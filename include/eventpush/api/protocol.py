@@ -1,0 +1,59 @@
+"""The HTTP protocol uvicorn runs for the API: its httptools protocol, with each response
+leaving in one write.
+
+uvicorn writes a response's status line and headers as soon as the app starts it and the body
+in a write of its own: two system calls and two TCP segments on every answer, the client woken
+once for each (``strace -c`` on a server worker under bench/api.py: 2.0 writes a request).
+Here the connection's transport holds what is written during one turn of the event loop and
+sends it in one write at the end of the turn, which is when the body has followed the headers
+(uvicorn's ``send`` does not wait between them unless the client stopped reading, and then the
+socket's own buffer holds it anyway). Nothing waits longer than the turn it was written in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+class _TurnTransport:
+    """A connection's transport whose writes of one loop turn go out as one: everything but
+    ``write``, ``close`` and ``abort`` is the transport's own."""
+
+    __slots__ = ("_transport", "_loop", "_held")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: list[bytes] | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._held is None:
+            self._held = [data]
+            self._loop.call_soon(self._flush)
+        else:
+            self._held.append(data)
+
+    def _flush(self) -> None:
+        held, self._held = self._held, None
+        if held and not self._transport.is_closing():
+            self._transport.write(held[0] if len(held) == 1 else b"".join(held))
+
+    def close(self) -> None:
+        self._flush()  # a response written just before (Connection: close) goes first
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._held = None
+        self._transport.abort()
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+
+class OneWriteProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol on a :class:`_TurnTransport`."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(_TurnTransport(transport, self.loop))  # type: ignore[arg-type]

@@ -1,0 +1,157 @@
+"""The API's HTTP protocol (eventpush.api.protocol): a real uvicorn server on loopback, whose
+connections' socket transports are wrapped to record each write the protocol makes on them."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+from ports import free_port
+
+from eventpush.api.protocol import OneWriteProtocol
+
+BIG = 16 << 20  # past both sockets' buffers: the transport's own buffer and flow control work
+
+writes: list[bytes] = []
+
+
+class _Recorded:
+    """A socket transport that notes what it is asked to write (the rest is its own)."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+
+    def write(self, data: bytes) -> None:
+        writes.append(bytes(data))
+        self._transport.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+
+class _RecordedProtocol(OneWriteProtocol):
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(_Recorded(transport))  # type: ignore[arg-type]
+
+
+async def _app(scope, receive, send) -> None:
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    body = b"x" * (BIG if scope["path"] == "/big" else 64)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+@pytest.fixture(scope="module")
+def port():
+    port = free_port()
+    config = uvicorn.Config(
+        _app, host="127.0.0.1", port=port, http=_RecordedProtocol, log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    yield port
+    server.should_exit = True
+    thread.join(10)
+
+
+def _read_response(sock: socket.socket, pending: bytes = b"") -> tuple[bytes, bytes, bytes]:
+    """One response's head and body read off ``sock`` (by its Content-Length), and what
+    followed it."""
+    data = pending
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed inside a response's head: {data!r}"
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "the connection closed inside a response's body"
+        rest += chunk
+    return head, rest[:length], rest[length:]
+
+
+def test_each_response_leaves_in_one_write(port):
+    writes.clear()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        rest = b""
+        for i in range(20):
+            sock.sendall(f"POST /{i} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi".encode())
+            head, body, rest = _read_response(sock, rest)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            assert body == b"x" * 64
+    assert len(writes) == 20, [w[:40] for w in writes]
+    assert all(w.startswith(b"HTTP/1.1 200") and w.endswith(b"x" * 64) for w in writes)
+
+
+def test_pipelined_requests_are_answered_in_order_and_whole(port):
+    writes.clear()
+    requests = b"".join(
+        f"POST /{i} HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n{i % 10}".encode()
+        for i in range(10)
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(requests)
+        rest = b""
+        for _ in range(10):
+            head, body, rest = _read_response(sock, rest)
+            assert head.startswith(b"HTTP/1.1 200") and body == b"x" * 64
+    assert sum(w.count(b"HTTP/1.1 200") for w in writes) == 10
+
+
+def test_a_response_before_close_arrives_whole(port):
+    """``Connection: close``: uvicorn closes the transport right after the body; what was held
+    goes out first."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(
+            b"POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        )
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"connection: close" in head.lower()
+    assert body == b"x" * 64
+
+
+def test_a_malformed_request_gets_its_400_whole(port):
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 400"), data[:80]
+    assert data.endswith(b"Invalid HTTP request received.")
+
+
+def test_a_large_response_to_a_slow_reader_arrives_whole(port):
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        time.sleep(0.5)  # the sockets' buffers fill; the rest waits in the transport
+        head, body, rest = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200") and body == b"x" * BIG and rest == b""
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        head, body, _ = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200") and body == b"x" * 64
