@@ -819,6 +819,12 @@ def test_an_entrys_detail_is_stored_as_spelled_or_the_long_way():
             entry_event(
                 {"Source": source, "DetailType": "t", "Detail": detail}, bus, "e", now, 0, "i"
             )
+    # Names that JSON must escape (quotes, backslashes, control characters) or keeps as they
+    # are (non-ASCII) come back as sent.
+    for name in ('say "hi"', "back\\slash", "tab\tand\x01", "ünï 💡", "</script>"):
+        entry = {"Source": name, "DetailType": name, "Detail": "{}", "Resources": [name]}
+        event = json.loads(entry_event(entry, bus, "e", now, 0, "i").body)
+        assert event["source"] == event["detail-type"] == event["resources"][0] == name
     for detail in ("[1]", '"text"', "1", "{not json", '{"a": 1} {"b": 2}', '{"a": 1,}'):
         with pytest.raises(_MalformedDetail):
             entry_event({"Source": "s", "DetailType": "t", "Detail": detail}, bus, "e", now, 0, "i")

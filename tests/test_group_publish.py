@@ -287,6 +287,31 @@ def test_group_publisher_runs_a_second_commit_while_one_waits(db_url, conn):
     assert _check_gapless(conn, bus.id) == {0: 5}
 
 
+def test_callers_past_max_waiting_wait_for_room_and_all_are_stored(db_url, conn):
+    """Memory stays bounded: while a commit is held, callers past ``max_waiting`` events
+    wait before they enqueue; once it commits, room frees up and every caller is stored."""
+    catalog.create_bus(conn, "orders", 1)
+    bus = bus_named(conn, "orders")
+    conn.commit()
+
+    async def scenario(publisher: GroupPublisher, release) -> None:
+        callers = [asyncio.create_task(publisher.publish(bus, _events(3, i))) for i in range(8)]
+        await asyncio.sleep(1.0)
+        assert not any(c.done() for c in callers)
+        # three callers (9 events) fit under 10; the other five wait outside the queue
+        assert publisher._waiting_events == 9
+        assert sum(len(w.events) for _, ws in publisher._queues.values() for w in ws) <= 9
+        release()
+        async with asyncio.timeout(30):
+            await asyncio.gather(*callers)
+            while publisher._waiting_events:  # a commit gives its room back after the wake-up
+                await asyncio.sleep(0.01)
+        assert publisher.stats.events == 24
+
+    _held(db_url, scenario, max_waiting=10)
+    assert _check_gapless(conn, bus.id) == {0: 24}
+
+
 def test_a_busy_bus_does_not_starve_another(db_url, conn):
     """One connection, groups of one caller: callers of two buses are served in turn."""
     catalog.create_bus(conn, "busy", 1)

@@ -2,13 +2,14 @@
 
 import json
 import threading
+import uuid
 import zlib
 
 import psycopg2
 import pytest
 
 from eventpush import catalog
-from eventpush.publish import MalformedEventError, parse_events, publish
+from eventpush.publish import MalformedEventError, new_ids, parse_events, publish
 
 
 def _event(i: int, **extra) -> str:
@@ -145,3 +146,15 @@ def test_oversized_event_is_refused():
 def test_unknown_bus(conn):
     with pytest.raises(catalog.CatalogError, match="unknown bus 'nope'"):
         publish(conn, "nope", [_event(1)])
+
+
+def test_new_ids_are_random_version_4_uuids():
+    ids = new_ids(4096)
+    assert len(set(ids)) == 4096
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert str(parsed) == text
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
+    # every variant digit and every other digit appears: the bits are random, not fixed
+    assert {text[19] for text in ids} == set("89ab")
+    assert {text[0] for text in ids} == set("0123456789abcdef")

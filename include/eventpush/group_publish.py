@@ -139,19 +139,19 @@ class GroupPublisher:
         if not events:
             return
         assert self._wake is not None and self._room is not None, "start() first"
-        async with self._room:
-            await self._room.wait_for(
-                lambda: (
-                    self._waiting_events == 0
-                    or self._waiting_events + len(events) <= self.max_waiting
-                )
-            )
-            self._waiting_events += len(events)
+        if not self._room_for(len(events)):  # the lock and its wait only when full
+            async with self._room:
+                await self._room.wait_for(lambda: self._room_for(len(events)))
+        self._waiting_events += len(events)
         done = asyncio.get_running_loop().create_future()
         _, waiting = self._queues.setdefault(bus.id, (bus, []))
         waiting.append(_Waiting(events, done))
         self._wake.set()
         await done
+
+    def _room_for(self, count: int) -> bool:
+        """Whether ``count`` more events may wait (any number, when none waits)."""
+        return self._waiting_events == 0 or self._waiting_events + count <= self.max_waiting
 
     async def _run(self) -> None:
         """Start a commit for each bus with callers waiting, while a connection is free: a

@@ -58,15 +58,21 @@ def new_id() -> str:
     return new_ids(1)[0]
 
 
+# A random hex digit's variant digit (10xx in binary: 8, 9, a or b), by lookup: int(h, 16) on
+# each id cost a fifth of new_ids.
+_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
+
+
 def new_ids(n: int) -> list[str]:
     """``n`` random (version 4) UUIDs from one ``os.urandom`` call (a system call each
     costs more than the formatting)."""
-    random_hex = os.urandom(16 * n).hex()
-    ids = []
-    for at in range(0, 32 * n, 32):
-        h = random_hex[at : at + 32]
-        ids.append(f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}")
-    return ids
+    h = os.urandom(16 * n).hex()
+    variant = _VARIANT
+    return [
+        f"{h[a : a + 8]}-{h[a + 8 : a + 12]}-4{h[a + 13 : a + 16]}-{variant[h[a + 16]]}"
+        f"{h[a + 17 : a + 20]}-{h[a + 20 : a + 32]}"
+        for a in range(0, 32 * n, 32)
+    ]
 
 
 def _fail(where: int | str, why: str) -> MalformedEventError:
