@@ -1,7 +1,8 @@
 """The database's CPU an event of the API's append (``postgres.publish_anywhere``, what each
 group commit runs), in isolation: one connection on a scratch database appends groups of
 ``--group`` events (the bench's ~300-byte order events) ``--commits`` times, and the CPU its
-backend spent is read from ``/proc`` (psutil) before and after.
+backend spent is read from ``/proc`` (psutil) before and after; the calling process's own CPU
+(``time.process_time``) beside it.
 
 Each round measures the schema as migrated and then (``--with-fk``) the same with the foreign
 key from ``bus_event`` to ``event_bus`` that migration 0012 dropped put back, so over the
@@ -38,8 +39,9 @@ FK = "bus_event_bus_id_fkey"
 
 async def backend_cpu_per_event(
     url: str, bus: Bus, group: int, commits: int
-) -> tuple[float, float]:
-    """(backend CPU µs, wall µs) an event over ``commits`` appends of ``group`` events."""
+) -> tuple[float, float, float]:
+    """(backend CPU µs, this process's CPU µs, wall µs) an event over ``commits`` appends of
+    ``group`` events."""
     conn = await connect_on_loop(url)
     try:
         ((pid,),) = await execute_on_loop(conn, "SELECT pg_backend_pid()")
@@ -55,12 +57,15 @@ async def backend_cpu_per_event(
         for _ in range(WARM_UP):
             await postgres.publish_anywhere(conn, bus, events)
         before, started = backend_cpu([pid])[pid], time.perf_counter()
+        own = time.process_time()
         for _ in range(commits):
             await postgres.publish_anywhere(conn, bus, events)
+        own = time.process_time() - own
         cpu, wall = backend_cpu([pid])[pid] - before, time.perf_counter() - started
     finally:
         await conn.close()
-    return cpu / (commits * group) * 1e6, wall / (commits * group) * 1e6
+    n = commits * group
+    return cpu / n * 1e6, own / n * 1e6, wall / n * 1e6
 
 
 def set_fk(url: str, present: bool) -> None:
@@ -99,9 +104,15 @@ def main() -> None:
         for n in range(1, args.rounds + 1):
             for variant in variants:
                 set_fk(url, variant == "with the foreign key")
-                cpu, wall = asyncio.run(backend_cpu_per_event(url, bus, args.group, args.commits))
+                cpu, own, wall = asyncio.run(
+                    backend_cpu_per_event(url, bus, args.group, args.commits)
+                )
                 figures[variant].append(cpu)
-                print(f"round {n}, {variant}: backend {cpu:.1f} µs an event, wall {wall:.1f} µs")
+                print(
+                    f"round {n}, {variant}: backend {cpu:.1f} µs an event, this process "
+                    f"{own:.1f} µs (the statement's parameters, psycopg, the round trip), wall "
+                    f"{wall:.1f} µs"
+                )
     for variant, values in figures.items():
         print(f"median, {variant}: backend {statistics.median(values):.1f} µs an event")
 
