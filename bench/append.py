@@ -37,9 +37,7 @@ WARM_UP = 20  # commits before the measured ones: the statement prepared, caches
 FK = "bus_event_bus_id_fkey"
 
 
-async def backend_cpu_per_event(
-    url: str, bus: Bus, group: int, commits: int
-) -> tuple[float, float, float]:
+async def cpu_per_event(url: str, bus: Bus, group: int, commits: int) -> tuple[float, float, float]:
     """(backend CPU µs, this process's CPU µs, wall µs) an event over ``commits`` appends of
     ``group`` events."""
     conn = await connect_on_loop(url)
@@ -104,9 +102,7 @@ def main() -> None:
         for n in range(1, args.rounds + 1):
             for variant in variants:
                 set_fk(url, variant == "with the foreign key")
-                cpu, own, wall = asyncio.run(
-                    backend_cpu_per_event(url, bus, args.group, args.commits)
-                )
+                cpu, own, wall = asyncio.run(cpu_per_event(url, bus, args.group, args.commits))
                 figures[variant].append(cpu)
                 print(
                     f"round {n}, {variant}: backend {cpu:.1f} µs an event, this process "

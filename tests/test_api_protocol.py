@@ -93,6 +93,14 @@ def _read_response(sock: socket.socket, pending: bytes = b"") -> tuple[bytes, by
     return head, rest[:length], rest[length:]
 
 
+def _read_to_close(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
 def test_each_response_leaves_in_one_write(port):
     writes.clear()
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
@@ -128,9 +136,7 @@ def test_a_response_before_close_arrives_whole(port):
         sock.sendall(
             b"POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
         )
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
+        data = _read_to_close(sock)
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"connection: close" in head.lower()
     assert body == b"x" * 64
@@ -139,9 +145,7 @@ def test_a_response_before_close_arrives_whole(port):
 def test_a_malformed_request_gets_its_400_whole(port):
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
+        data = _read_to_close(sock)
     assert data.startswith(b"HTTP/1.1 400"), data[:80]
     assert data.endswith(b"Invalid HTTP request received.")
 

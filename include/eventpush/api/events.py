@@ -114,17 +114,8 @@ def entry_event(
         f'"resources":{_encode(resources).decode() if resources else "[]"},"detail":'
     )
     if "\n" in detail_text or "\\u0000" in detail_text or "\\u0000" in head:
-        event = {
-            "version": "0",
-            "id": event_id,
-            "detail-type": detail_type,
-            "source": source,
-            "account": bus.account,
-            "time": time_text,
-            "region": bus.region,
-            "resources": resources,
-            "detail": _decode(detail_text),
-        }
+        event = _decode(f"{head}null}}")  # the same envelope, as objects
+        event["detail"] = _decode(detail_text)
         return encode_event(event, event_time, queue_id, where)
     body = f"{head}{detail_text}}}"
     size = len(body) if body.isascii() else len(body.encode())
