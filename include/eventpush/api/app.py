@@ -127,12 +127,9 @@ class _Http:
 
 async def _read_body(receive, headers: dict[str, str], limit: int) -> bytes:
     """The body, refused with 413 as soon as it is known to pass ``limit``."""
-    too_large = ApiError(
-        "RequestEntityTooLargeException", f"request body is over the {limit}-byte limit"
-    )
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
+        raise _too_large(limit)
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -141,11 +138,17 @@ async def _read_body(receive, headers: dict[str, str], limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise too_large
+            raise _too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             break
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(
+        "RequestEntityTooLargeException", f"request body is over the {limit}-byte limit"
+    )
 
 
 class _Gone(Exception):
