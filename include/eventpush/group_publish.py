@@ -30,7 +30,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from eventpush.db import Connection, connect, connect_on_loop
@@ -80,17 +80,13 @@ class _Waiting:
 
 @dataclass
 class GroupStats:
-    """What the committer did, for ``/metrics``."""
+    """What the committer did, for ``/metrics``: totals only, so a server that runs for
+    months holds no more than one that just started."""
 
     commits: int = 0
     events: int = 0
     failures: int = 0
     seconds: float = 0.0
-    sizes: list[int] = field(default_factory=list)  # events per commit, since last read
-
-    def take_sizes(self) -> list[int]:
-        sizes, self.sizes = self.sizes, []
-        return sizes
 
 
 class GroupPublisher:
@@ -199,7 +195,6 @@ class GroupPublisher:
                 answered.append(True)
                 self.stats.commits += 1
                 self.stats.events += len(events)
-                self.stats.sizes.append(len(events))
                 for item in taken:
                     if not item.done.done():
                         item.done.set_result(None)
