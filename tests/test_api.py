@@ -478,6 +478,29 @@ def test_a_body_past_the_limit_without_a_length_is_refused_while_it_is_sent(serv
     assert stored_events() == before
 
 
+def test_put_targets_leaves_nothing_written_by_a_refused_request(server, admin, events):
+    """A PutTargets entry that is not a target (not a structure, no Id) refuses the request
+    whole, so no target before it may be left written; an unknown API destination fails its
+    own entry only, beside the targets that were put."""
+    events.create_event_bus(Name="half")
+    events.put_rule(Name="r", EventBusName="half", EventPattern='{"source": ["x"]}')
+    good = {"Id": "good", "Arn": "http://127.0.0.1:9/x"}
+    for bad in (1, {"Arn": "http://127.0.0.1:9/y"}):
+        body = json.dumps({"Rule": "r", "EventBusName": "half", "Targets": [good, bad]})
+        refused = send(signed_request(server.url, "PutTargets", body.encode(), admin))
+        assert error_code(refused) == "ValidationException", refused.json()
+        assert events.list_targets_by_rule(Rule="r", EventBusName="half")["Targets"] == []
+    nowhere = f"arn:aws:events:us-east-1:{ACCOUNT}:api-destination/nowhere"
+    answer = events.put_targets(
+        Rule="r", EventBusName="half", Targets=[good, {"Id": "api", "Arn": nowhere}]
+    )
+    assert answer["FailedEntryCount"] == 1
+    [failed] = answer["FailedEntries"]
+    assert (failed["TargetId"], failed["ErrorCode"]) == ("api", "ResourceNotFoundException")
+    listed = events.list_targets_by_rule(Rule="r", EventBusName="half")["Targets"]
+    assert [t["Id"] for t in listed] == ["good"]
+
+
 def test_health_metrics_and_loopback_only(server, events):
     assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
     events.list_event_buses()

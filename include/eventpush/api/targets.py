@@ -126,16 +126,16 @@ async def put_targets(call: Call, body: dict) -> dict:
         raise validation(f"member 'Targets' must hold 1 to {MAX_TARGETS} targets")
     bus = await rule_bus(call, body)
     await call.db(catalog.get_rule, bus.name, rule)  # an unknown rule refuses the request whole
+    # What refuses the request whole is found before any target is written: each target is
+    # its own commit, so a refusal after one would leave it written.
+    targets = [checked(target, "Targets", dict) for target in targets]
+    target_ids = [required(target, "Id") for target in targets]
     failed = []
-    for target in targets:
-        target = checked(target, "Targets", dict)
-        target_id = required(target, "Id")
+    for target, target_id in zip(targets, target_ids, strict=True):
         try:
             fields = _spec_fields(target)
             await call.db(_put_one, bus.name, rule, target_id, fields)
         except ApiError as exc:
-            if exc.code == "ResourceNotFoundException":
-                raise
             failed.append(
                 {"TargetId": target_id, "ErrorCode": exc.code, "ErrorMessage": exc.message}
             )
