@@ -501,6 +501,29 @@ def test_put_targets_leaves_nothing_written_by_a_refused_request(server, admin, 
     assert [t["Id"] for t in listed] == ["good"]
 
 
+def test_a_pattern_nested_too_deep_is_an_invalid_pattern(events):
+    """A pattern nested deeper than the parser can follow is InvalidEventPatternException,
+    for PutRule (no rule made) and TestEventPattern, not an InternalException."""
+    event = json.dumps(
+        {
+            "id": "1",
+            "account": ACCOUNT,
+            "source": "s",
+            "time": "2026-01-01T00:00:00Z",
+            "region": "us-east-1",
+            "detail-type": "t",
+            "detail": {},
+        }
+    )
+    for deep in ("[" * 5000, '{"a":' * 5000 + "[1]" + "}" * 5000):
+        with pytest.raises(events.exceptions.InvalidEventPatternException) as refused:
+            events.put_rule(Name="deep", EventPattern=deep)
+        assert "\n" not in refused.value.response["Error"]["Message"]
+        with pytest.raises(events.exceptions.InvalidEventPatternException):
+            events.test_event_pattern(EventPattern=deep, Event=event)
+    assert "deep" not in [r["Name"] for r in events.list_rules()["Rules"]]
+
+
 def test_health_metrics_and_loopback_only(server, events):
     assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
     events.list_event_buses()
