@@ -524,6 +524,19 @@ def test_a_pattern_nested_too_deep_is_an_invalid_pattern(events):
     assert "deep" not in [r["Name"] for r in events.list_rules()["Rules"]]
 
 
+def test_delete_rule_succeeds_again_as_on_aws(events):
+    """AWS: "If you call delete rule multiple times for the same rule, all calls will
+    succeed"; a bus that does not exist is still ResourceNotFoundException."""
+    events.create_event_bus(Name="twice")
+    events.put_rule(Name="r", EventBusName="twice", EventPattern='{"source": ["x"]}')
+    events.delete_rule(Name="r", EventBusName="twice")
+    events.delete_rule(Name="r", EventBusName="twice")
+    events.delete_rule(Name="never", EventBusName="twice")
+    assert events.list_rules(EventBusName="twice")["Rules"] == []
+    with pytest.raises(events.exceptions.ResourceNotFoundException):
+        events.delete_rule(Name="r", EventBusName="no-such-bus")
+
+
 def test_health_metrics_and_loopback_only(server, events):
     assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
     events.list_event_buses()

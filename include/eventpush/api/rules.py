@@ -126,7 +126,11 @@ async def delete_rule(call: Call, body: dict) -> dict:
         if exc.code == "ConcurrentModificationException":
             # AWS's answer for a rule that still has targets.
             raise validation("Rule can't be deleted since it has targets.") from None
-        raise
+        if exc.code != "ResourceNotFoundException":
+            raise
+        # On AWS deleting a rule that is not there succeeds; only a missing bus is refused
+        # (read again: the cached one may have been deleted since).
+        await call.bus(bus.name, fresh=True)
     return {}
 
 
