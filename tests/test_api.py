@@ -537,6 +537,37 @@ def test_delete_rule_succeeds_again_as_on_aws(events):
         events.delete_rule(Name="r", EventBusName="no-such-bus")
 
 
+def test_a_target_arn_of_another_account_or_region_is_refused(events):
+    """This server holds one account's buses in one region: a target ARN naming a bus of
+    another account or region is refused (AccessDeniedException), never taken as the local
+    bus of that name; the targets beside it are put."""
+    events.create_event_bus(Name="home")
+    events.create_event_bus(Name="away")
+    events.put_rule(Name="r", EventBusName="home", EventPattern='{"source": ["x"]}')
+    ours = f"arn:aws:events:us-east-1:{ACCOUNT}:event-bus/away"
+    theirs = [
+        "arn:aws:events:us-east-1:123456789012:event-bus/away",
+        f"arn:aws:events:eu-west-1:{ACCOUNT}:event-bus/away",
+    ]
+    answer = events.put_targets(
+        Rule="r",
+        EventBusName="home",
+        Targets=[{"Id": "ours", "Arn": ours}]
+        + [{"Id": f"theirs{i}", "Arn": arn} for i, arn in enumerate(theirs)],
+    )
+    assert answer["FailedEntryCount"] == 2
+    assert [(f["TargetId"], f["ErrorCode"]) for f in answer["FailedEntries"]] == [
+        ("theirs0", "AccessDeniedException"),
+        ("theirs1", "AccessDeniedException"),
+    ]
+    listed = events.list_targets_by_rule(Rule="r", EventBusName="home")["Targets"]
+    assert [(t["Id"], t["Arn"]) for t in listed] == [("ours", ours)]
+    for arn in theirs:
+        with pytest.raises(ClientError) as denied:
+            events.list_rule_names_by_target(TargetArn=arn, EventBusName="home")
+        assert code_of(denied) == "AccessDeniedException"
+
+
 def test_health_metrics_and_loopback_only(server, events):
     assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
     events.list_event_buses()

@@ -137,7 +137,8 @@ async def delete_rule(call: Call, body: dict) -> dict:
 async def list_rule_names_by_target(call: Call, body: dict) -> dict:
     arn = required(body, "TargetArn")
     bus = await rule_bus(call, body)
-    names = await call.db(catalog.rule_names_by_target_url, bus.name, url_of_arn(arn))
+    url = url_of_arn(arn, bus.account, bus.region)
+    names = await call.db(catalog.rule_names_by_target_url, bus.name, url)
     chunk, token = page(list(names), body)
     answer: dict = {"RuleNames": chunk}
     if token:

@@ -123,10 +123,12 @@ def page(items: list, body: dict, key=lambda item: item) -> tuple[list, str | No
     return chunk, next_token
 
 
-def url_of_arn(arn: str) -> str:
-    """Our target URL for a target ``Arn``: the URL itself, or ``bus://NAME`` for a bus ARN."""
+def url_of_arn(arn: str, account: str, region: str) -> str:
+    """Our target URL for a target ``Arn``: the URL itself, or ``bus://NAME`` for a bus ARN
+    of ``account`` in ``region`` (another's is refused: it is not the local bus NAME)."""
     parsed = parse_bus_arn(arn)
     if parsed is not None:
+        check_owner((parsed[1], parsed[0]), account, region, f"event bus {parsed[2]}")
         return BUS_SCHEME + parsed[2]
     if arn.startswith(("http://", "https://", "nats://")):
         return arn

@@ -26,7 +26,7 @@ from eventpush import catalog
 from eventpush.api.destinations import name_of_arn
 from eventpush.api.errors import ApiError, validation
 from eventpush.api.rules import rule_bus
-from eventpush.api.service import Call
+from eventpush.api.service import BusView, Call
 from eventpush.api.shapes import BUS_SCHEME, bus_arn, checked, optional, page, required, url_of_arn
 
 MAX_TARGETS = 10
@@ -78,7 +78,7 @@ def _transform(target: dict) -> tuple[str, object]:
     return "TEMPLATE", {"InputPathsMap": paths, "InputTemplate": template}
 
 
-def _spec_fields(target: dict) -> dict:
+def _spec_fields(target: dict, bus: BusView) -> dict:
     """The TargetSpec fields a PutTargets entry sets."""
     for member in UNSUPPORTED:
         if target.get(member):
@@ -88,7 +88,7 @@ def _spec_fields(target: dict) -> dict:
     if ":api-destination/" in arn:
         destination, url = name_of_arn(arn, "api-destination"), ""
     else:
-        url = url_of_arn(arn)
+        url = url_of_arn(arn, bus.account, bus.region)
     params = optional(target, "HttpParameters", dict)
     url = _with_http_parameters(url, params)
     kind, spec = _transform(target)
@@ -133,7 +133,7 @@ async def put_targets(call: Call, body: dict) -> dict:
     failed = []
     for target, target_id in zip(targets, target_ids, strict=True):
         try:
-            fields = _spec_fields(target)
+            fields = _spec_fields(target, bus)
             await call.db(_put_one, bus.name, rule, target_id, fields)
         except ApiError as exc:
             failed.append(
