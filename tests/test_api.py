@@ -568,6 +568,49 @@ def test_a_target_arn_of_another_account_or_region_is_refused(events):
         assert code_of(denied) == "AccessDeniedException"
 
 
+def test_wrongly_typed_members_deep_in_a_request_are_validation_errors(server, admin, events):
+    """A member of the wrong type inside a structure (an OAuth body parameter that is not a
+    Key/Value structure, a replay time past any date) is ValidationException naming it,
+    not an InternalException; nothing is made."""
+
+    def raw(operation: str, doc: dict) -> httpx.Response:
+        return send(signed_request(server.url, operation, json.dumps(doc).encode(), admin))
+
+    oauth = {
+        "AuthorizationEndpoint": "https://auth.example/token",
+        "HttpMethod": "POST",
+        "ClientParameters": {"ClientID": "id", "ClientSecret": "s3cr3t-value"},
+        "OAuthHttpParameters": {"BodyParameters": [1]},
+    }
+    refused = raw(
+        "CreateConnection",
+        {
+            "Name": "typed",
+            "AuthorizationType": "OAUTH_CLIENT_CREDENTIALS",
+            "AuthParameters": {"OAuthParameters": oauth},
+        },
+    )
+    assert error_code(refused) == "ValidationException", refused.json()
+    assert "BodyParameters" in refused.json()["message"]
+    assert "s3cr3t-value" not in refused.text
+    assert events.list_connections(NamePrefix="typed")["Connections"] == []
+    events.create_event_bus(Name="replayed")
+    bus = f"arn:aws:events:us-east-1:{ACCOUNT}:event-bus/replayed"
+    for start in (1e20, -1e20):
+        refused = raw(
+            "StartReplay",
+            {
+                "ReplayName": "typed",
+                "EventSourceArn": f"arn:aws:events:us-east-1:{ACCOUNT}:archive/replayed",
+                "EventStartTime": start,
+                "EventEndTime": 2,
+                "Destination": {"Arn": bus},
+            },
+        )
+        assert error_code(refused) == "ValidationException", refused.json()
+        assert "EventStartTime" in refused.json()["message"]
+
+
 def test_health_metrics_and_loopback_only(server, events):
     assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
     events.list_event_buses()

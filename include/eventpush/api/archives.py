@@ -142,7 +142,10 @@ def _airflow(call: Call):
 
 def _epoch_iso(value: object, member: str) -> str:
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return datetime.fromtimestamp(value, UTC).isoformat()
+        try:
+            return datetime.fromtimestamp(value, UTC).isoformat()
+        except (OverflowError, OSError, ValueError):
+            raise validation(f"member '{member}' is out of range: {value!r}") from None
     raise validation(f"member '{member}' must be a timestamp")
 
 

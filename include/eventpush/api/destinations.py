@@ -86,7 +86,10 @@ def _auth(kind: str, auth: dict) -> tuple[str | None, dict]:
         )
     body = [
         (required(p, "Key"), required(p, "Value"))
-        for p in checked(http.get("BodyParameters") or [], "BodyParameters", list)
+        for p in (
+            checked(item, "BodyParameters", dict)
+            for item in checked(http.get("BodyParameters") or [], "BodyParameters", list)
+        )
     ]
     scopes = [v for k, v in body if k == "scope"]
     fields = {
