@@ -611,6 +611,31 @@ def test_wrongly_typed_members_deep_in_a_request_are_validation_errors(server, a
         assert "EventStartTime" in refused.json()["message"]
 
 
+def test_an_oauth_body_parameter_marked_secret_is_never_answered(events):
+    """An OAuth BodyParameters entry with IsValueSecret true would be kept unsealed and
+    answered by DescribeConnection: it is refused, as a secret invocation parameter is."""
+    with pytest.raises(ClientError) as refused:
+        events.create_connection(
+            Name="oauth-secret",
+            AuthorizationType="OAUTH_CLIENT_CREDENTIALS",
+            AuthParameters={
+                "OAuthParameters": {
+                    "AuthorizationEndpoint": "https://auth.example/token",
+                    "HttpMethod": "POST",
+                    "ClientParameters": {"ClientID": "id", "ClientSecret": "client-secret"},
+                    "OAuthHttpParameters": {
+                        "BodyParameters": [
+                            {"Key": "assertion", "Value": "body-s3cr3t", "IsValueSecret": True}
+                        ]
+                    },
+                }
+            },
+        )
+    assert code_of(refused) == "ValidationException"
+    assert "body-s3cr3t" not in str(refused.value)
+    assert events.list_connections(NamePrefix="oauth-secret")["Connections"] == []
+
+
 def test_health_metrics_and_loopback_only(server, events):
     assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
     events.list_event_buses()

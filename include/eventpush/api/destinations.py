@@ -84,13 +84,16 @@ def _auth(kind: str, auth: dict) -> tuple[str | None, dict]:
         raise validation(
             "OAuthHttpParameters: only BodyParameters (token request fields) are supported"
         )
-    body = [
-        (required(p, "Key"), required(p, "Value"))
-        for p in (
-            checked(item, "BodyParameters", dict)
-            for item in checked(http.get("BodyParameters") or [], "BodyParameters", list)
-        )
-    ]
+    body = []
+    for item in checked(http.get("BodyParameters") or [], "BodyParameters", list):
+        item = checked(item, "BodyParameters", dict)
+        if item.get("IsValueSecret"):
+            # Kept unsealed and answered by DescribeConnection: a secret would leak.
+            raise validation(
+                "OAuthHttpParameters.BodyParameters: IsValueSecret is not supported: the "
+                "client secret goes in ClientParameters, where it is sealed"
+            )
+        body.append((required(item, "Key"), required(item, "Value")))
     scopes = [v for k, v in body if k == "scope"]
     fields = {
         "token_url": optional(given, "AuthorizationEndpoint"),
