@@ -636,6 +636,21 @@ def test_an_oauth_body_parameter_marked_secret_is_never_answered(events):
     assert events.list_connections(NamePrefix="oauth-secret")["Connections"] == []
 
 
+def test_a_tampered_next_token_is_refused(events):
+    """A NextToken that is not one this server gave (characters outside its alphabet, or
+    nothing at all once decoded) is ValidationException, not the first page again."""
+    events.create_event_bus(Name="paged")
+    for n in range(3):
+        events.put_rule(Name=f"p{n}", EventBusName="paged", EventPattern='{"source": ["x"]}')
+    token = events.list_rules(EventBusName="paged", Limit=1)["NextToken"]
+    for tampered in ("!!!", token + "!", "====", "*" + token):
+        with pytest.raises(ClientError) as refused:
+            events.list_rules(EventBusName="paged", Limit=1, NextToken=tampered)
+        assert code_of(refused) == "ValidationException", tampered
+    second = events.list_rules(EventBusName="paged", Limit=1, NextToken=token)["Rules"]
+    assert [r["Name"] for r in second] == ["p1"]
+
+
 def test_health_metrics_and_loopback_only(server, events):
     assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
     events.list_event_buses()

@@ -113,9 +113,13 @@ def page(items: list, body: dict, key=lambda item: item) -> tuple[list, str | No
     items = sorted(items, key=key)
     if token:
         try:
-            after = base64.urlsafe_b64decode(token.encode()).decode()
+            # validate: without it characters outside the alphabet are dropped, and a token
+            # of nothing but those restarted the listing from the first page.
+            after = base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
         except (binascii.Error, UnicodeDecodeError, ValueError):
-            raise validation("member 'NextToken' is not a token this server gave") from None
+            after = ""
+        if not after:
+            raise validation("member 'NextToken' is not a token this server gave")
         items = [item for item in items if key(item) > after]
     chunk = items[:limit]
     more = len(items) > limit
