@@ -651,6 +651,57 @@ def test_a_tampered_next_token_is_refused(events):
     assert [r["Name"] for r in second] == ["p1"]
 
 
+def test_a_connection_or_destination_arn_of_another_account_is_refused(events):
+    """A connection or API destination ARN naming another account or region is refused
+    (AccessDeniedException), never taken as ours of the same name: not as an API
+    destination's connection, nor as a target, nor to describe or delete one."""
+    made = events.create_connection(
+        Name="shared",
+        AuthorizationType="API_KEY",
+        AuthParameters={"ApiKeyAuthParameters": {"ApiKeyName": "X-Key", "ApiKeyValue": "v"}},
+    )
+    dest = events.create_api_destination(
+        Name="shared-api",
+        ConnectionArn=made["ConnectionArn"],
+        InvocationEndpoint="https://api.example/in",
+        HttpMethod="POST",
+    )
+    for place in ("us-east-1:123456789012", f"eu-west-1:{ACCOUNT}"):
+        theirs = made["ConnectionArn"].replace(f"us-east-1:{ACCOUNT}", place)
+        with pytest.raises(ClientError) as denied:
+            events.create_api_destination(
+                Name="linked",
+                ConnectionArn=theirs,
+                InvocationEndpoint="https://api.example/in",
+                HttpMethod="POST",
+            )
+        assert code_of(denied) == "AccessDeniedException"
+        for call, member in (
+            (events.describe_connection, "Name"),
+            (events.delete_connection, "Name"),
+            (events.list_api_destinations, "ConnectionArn"),
+        ):
+            with pytest.raises(ClientError) as denied:
+                call(**{member: theirs})
+            assert code_of(denied) == "AccessDeniedException"
+    assert [d["Name"] for d in events.list_api_destinations()["ApiDestinations"]] == ["shared-api"]
+    events.create_event_bus(Name="calls")
+    events.put_rule(Name="r", EventBusName="calls", EventPattern='{"source": ["x"]}')
+    theirs = dest["ApiDestinationArn"].replace(ACCOUNT, "123456789012")
+    answer = events.put_targets(
+        Rule="r", EventBusName="calls", Targets=[{"Id": "api", "Arn": theirs}]
+    )
+    assert [(f["TargetId"], f["ErrorCode"]) for f in answer["FailedEntries"]] == [
+        ("api", "AccessDeniedException")
+    ]
+    assert events.list_targets_by_rule(Rule="r", EventBusName="calls")["Targets"] == []
+    with pytest.raises(ClientError) as denied:
+        events.delete_api_destination(Name=theirs)
+    assert code_of(denied) == "AccessDeniedException"
+    events.delete_api_destination(Name="shared-api")  # still there: delete it as ours
+    events.delete_connection(Name="shared")
+
+
 def test_health_metrics_and_loopback_only(server, events):
     assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
     events.list_event_buses()

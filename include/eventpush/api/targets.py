@@ -86,7 +86,7 @@ def _spec_fields(target: dict, bus: BusView) -> dict:
     arn = required(target, "Arn")
     destination = None
     if ":api-destination/" in arn:
-        destination, url = name_of_arn(arn, "api-destination"), ""
+        destination, url = name_of_arn(arn, "api-destination", bus.account, bus.region), ""
     else:
         url = url_of_arn(arn, bus.account, bus.region)
     params = optional(target, "HttpParameters", dict)
