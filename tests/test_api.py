@@ -702,6 +702,32 @@ def test_a_connection_or_destination_arn_of_another_account_is_refused(events):
     events.delete_connection(Name="shared")
 
 
+def test_a_replay_of_another_accounts_archive_is_refused(events):
+    """StartReplay naming an archive, destination bus or rule of another account or region
+    is refused (AccessDeniedException) before anything is asked of Airflow, never taken as
+    ours of the same name."""
+    events.create_event_bus(Name="kept2")
+    ours = f"us-east-1:{ACCOUNT}"
+    archive = f"arn:aws:events:{ours}:archive/kept2"
+    bus = f"arn:aws:events:{ours}:event-bus/kept2"
+    rule = f"arn:aws:events:{ours}:rule/kept2/r"
+    for place in ("us-east-1:123456789012", f"eu-west-1:{ACCOUNT}"):
+        for source, destination in (
+            (archive.replace(ours, place), {"Arn": bus}),
+            (archive, {"Arn": bus.replace(ours, place)}),
+            (archive, {"Arn": bus, "FilterArns": [rule.replace(ours, place)]}),
+        ):
+            with pytest.raises(ClientError) as denied:
+                events.start_replay(
+                    ReplayName="theirs",
+                    EventSourceArn=source,
+                    EventStartTime=0,
+                    EventEndTime=time.time(),
+                    Destination=destination,
+                )
+            assert code_of(denied) == "AccessDeniedException", (source, destination)
+
+
 def test_health_metrics_and_loopback_only(server, events):
     assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
     events.list_event_buses()

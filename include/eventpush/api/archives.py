@@ -20,6 +20,7 @@ from eventpush.api.service import Call
 from eventpush.api.shapes import (
     archive_arn,
     bus_arn,
+    check_owner,
     optional,
     page,
     parse_bus_arn,
@@ -31,9 +32,12 @@ from eventpush.api.shapes import (
 DAG = "eventpush_replay"
 RUN_PREFIX = "replay-"
 CANCELLED_NOTE = "cancelled by CancelReplay"
-ARCHIVE_ARN_RE = re.compile(r"arn:aws:events:[a-z0-9-]+:[0-9]{12}:archive/(?P<name>.+)")
+ARCHIVE_ARN_RE = re.compile(
+    r"arn:aws:events:(?P<region>[a-z0-9-]+):(?P<account>[0-9]{12}):archive/(?P<name>.+)"
+)
 RULE_ARN_RE = re.compile(
-    r"arn:aws:events:[a-z0-9-]+:[0-9]{12}:rule/(?:(?P<bus>[^/]+)/)?(?P<rule>.+)"
+    r"arn:aws:events:(?P<region>[a-z0-9-]+):(?P<account>[0-9]{12}):"
+    r"rule/(?:(?P<bus>[^/]+)/)?(?P<rule>.+)"
 )
 # Airflow's DAG run states onto EventBridge's replay states.
 STATES = {
@@ -191,10 +195,13 @@ async def start_replay(call: Call, body: dict) -> dict:
     if found is None:
         raise validation(f"member 'EventSourceArn' is not an archive ARN: {source[:200]!r}")
     bus = await call.bus(found["name"], fresh=True)
+    # ARNs of another account or region are refused, never read as ours of that name.
+    check_owner((found["account"], found["region"]), bus.account, bus.region, "the archive")
     destination = required(body, "Destination", dict)
     target_bus = parse_bus_arn(required(destination, "Arn"))
     if target_bus is None or target_bus[2] != bus.name:
         raise validation("Destination.Arn must be the archive's own event bus")
+    check_owner((target_bus[1], target_bus[0]), bus.account, bus.region, "Destination.Arn")
     conf = {
         "what": "all",
         "bus": bus.name,
@@ -208,6 +215,7 @@ async def start_replay(call: Call, body: dict) -> dict:
         rule = RULE_ARN_RE.fullmatch(str(filters[0]))
         if rule is None or (rule["bus"] or "default") != bus.name:
             raise validation("Destination.FilterArns must name a rule of the archive's bus")
+        check_owner((rule["account"], rule["region"]), bus.account, bus.region, "the rule")
         conf["rule"] = rule["rule"]
     async with _airflow(call) as client:
         answer = await client.post(
