@@ -728,6 +728,77 @@ def test_a_replay_of_another_accounts_archive_is_refused(events):
             assert code_of(denied) == "AccessDeniedException", (source, destination)
 
 
+def test_a_replay_name_never_reaches_elsewhere_in_airflow(api_env, admin, tmp_path):
+    """A ReplayName is part of the Airflow URL (``dagRuns/replay-NAME``): one outside AWS's
+    pattern (``[.-_A-Za-z0-9]{1,64}``) such as ``x/../../other/dagRuns/run`` would have the
+    server fetch or fail another DAG's run with its token. It is ValidationException and
+    Airflow hears nothing; a good name still reaches the replay's own run."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    heard = []
+
+    class FakeAirflow(BaseHTTPRequestHandler):
+        def answer(self):
+            heard.append((self.command, self.path))
+            run = {
+                "dag_run_id": "replay-good",
+                "state": "running",
+                "conf": {
+                    "bus": "default",
+                    "since": "2026-01-01T00:00:00+00:00",
+                    "until": "2026-01-02T00:00:00+00:00",
+                },
+            }
+            body = json.dumps(run).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PATCH = answer
+
+        def log_message(self, *args):
+            pass
+
+    airflow = ThreadingHTTPServer(("127.0.0.1", 0), FakeAirflow)
+    threading.Thread(target=airflow.serve_forever, daemon=True).start()
+    token = tmp_path / "airflow-token"
+    token.write_text("t0ken")
+    server = ApiServer(
+        api_env,
+        "--airflow-url",
+        f"http://127.0.0.1:{airflow.server_address[1]}",
+        "--airflow-token-file",
+        str(token),
+    )
+    try:
+        events = server.client(admin)
+        archive = f"arn:aws:events:us-east-1:{ACCOUNT}:archive/default"
+        bus = f"arn:aws:events:us-east-1:{ACCOUNT}:event-bus/default"
+        for bad in ("x/../../../other/dagRuns/run", "x?state=failed", "a b", "x" * 65):
+            for call in (
+                lambda name: events.describe_replay(ReplayName=name),
+                lambda name: events.cancel_replay(ReplayName=name),
+                lambda name: events.start_replay(
+                    ReplayName=name,
+                    EventSourceArn=archive,
+                    EventStartTime=0,
+                    EventEndTime=1,
+                    Destination={"Arn": bus},
+                ),
+            ):
+                with pytest.raises(ClientError) as refused:
+                    call(bad)
+                assert code_of(refused) == "ValidationException", bad
+        assert heard == []
+        assert events.describe_replay(ReplayName="good")["State"] == "RUNNING"
+        assert heard == [("GET", "/api/v2/dags/eventpush_replay/dagRuns/replay-good")]
+    finally:
+        server.stop()
+        airflow.shutdown()
+
+
 def test_health_metrics_and_loopback_only(server, events):
     assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
     events.list_event_buses()

@@ -39,6 +39,9 @@ RULE_ARN_RE = re.compile(
     r"arn:aws:events:(?P<region>[a-z0-9-]+):(?P<account>[0-9]{12}):"
     r"rule/(?:(?P<bus>[^/]+)/)?(?P<rule>.+)"
 )
+# AWS's ReplayName pattern; the name is also a segment of Airflow URLs (dagRuns/replay-NAME),
+# where a '/', '?' or '..' would reach another DAG's runs with the server's token.
+REPLAY_NAME_RE = re.compile(r"[.\-_A-Za-z0-9]{1,64}")
 # Airflow's DAG run states onto EventBridge's replay states.
 STATES = {
     "queued": "STARTING",
@@ -144,6 +147,13 @@ def _airflow(call: Call):
     )
 
 
+def _replay_name(body: dict) -> str:
+    name = required(body, "ReplayName")
+    if not REPLAY_NAME_RE.fullmatch(name):
+        raise validation("member 'ReplayName' must be 1-64 letters, digits, '.', '-' or '_'")
+    return name
+
+
 def _epoch_iso(value: object, member: str) -> str:
     if isinstance(value, int | float) and not isinstance(value, bool):
         try:
@@ -189,7 +199,7 @@ def _check(answer) -> None:
 
 
 async def start_replay(call: Call, body: dict) -> dict:
-    name = required(body, "ReplayName")
+    name = _replay_name(body)
     source = required(body, "EventSourceArn")
     found = ARCHIVE_ARN_RE.fullmatch(source)
     if found is None:
@@ -235,7 +245,7 @@ async def start_replay(call: Call, body: dict) -> dict:
 
 
 async def describe_replay(call: Call, body: dict) -> dict:
-    name = required(body, "ReplayName")
+    name = _replay_name(body)
     async with _airflow(call) as client:
         run = await _get_run(client, name)
     shape = _run_shape(call, run)
@@ -263,7 +273,7 @@ async def list_replays(call: Call, body: dict) -> dict:
 
 
 async def cancel_replay(call: Call, body: dict) -> dict:
-    name = required(body, "ReplayName")
+    name = _replay_name(body)
     async with _airflow(call) as client:
         run = await _get_run(client, name)
         if run.get("state") not in ("queued", "running"):
