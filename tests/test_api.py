@@ -799,6 +799,37 @@ def test_a_replay_name_never_reaches_elsewhere_in_airflow(api_env, admin, tmp_pa
         airflow.shutdown()
 
 
+def test_rule_names_by_an_api_destination_target(events):
+    """ListRuleNamesByTarget takes every ARN PutTargets takes: an API destination's ARN
+    answers the rules with a target sending through it (not ValidationException), and a
+    plain URL target to the same endpoint is not one of them."""
+    conn = events.create_connection(
+        Name="by-target",
+        AuthorizationType="API_KEY",
+        AuthParameters={"ApiKeyAuthParameters": {"ApiKeyName": "X-Key", "ApiKeyValue": "v"}},
+    )["ConnectionArn"]
+    dest = events.create_api_destination(
+        Name="by-target-api",
+        ConnectionArn=conn,
+        InvocationEndpoint="https://api.example/by-target",
+        HttpMethod="POST",
+    )["ApiDestinationArn"]
+    events.create_event_bus(Name="bytarget")
+    for rule, arn in (("via-dest", dest), ("via-url", "https://api.example/by-target")):
+        events.put_rule(Name=rule, EventBusName="bytarget", EventPattern='{"source": ["x"]}')
+        answer = events.put_targets(
+            Rule=rule, EventBusName="bytarget", Targets=[{"Id": "t", "Arn": arn}]
+        )
+        assert answer["FailedEntryCount"] == 0, answer
+    for arn, rule in ((dest, "via-dest"), ("https://api.example/by-target", "via-url")):
+        names = events.list_rule_names_by_target(TargetArn=arn, EventBusName="bytarget")
+        assert names["RuleNames"] == [rule]
+    for rule in ("via-dest", "via-url"):
+        events.remove_targets(Rule=rule, EventBusName="bytarget", Ids=["t"])
+    events.delete_api_destination(Name="by-target-api")
+    events.delete_connection(Name="by-target")
+
+
 def test_health_metrics_and_loopback_only(server, events):
     assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
     events.list_event_buses()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from eventpush import catalog
+from eventpush.api.destinations import name_of_arn
 from eventpush.api.errors import ApiError, validation
 from eventpush.api.service import BusView, Call
 from eventpush.api.shapes import bus_name, check_owner, optional, page, required, url_of_arn
@@ -137,8 +138,14 @@ async def delete_rule(call: Call, body: dict) -> dict:
 async def list_rule_names_by_target(call: Call, body: dict) -> dict:
     arn = required(body, "TargetArn")
     bus = await rule_bus(call, body)
-    url = url_of_arn(arn, bus.account, bus.region)
-    names = await call.db(catalog.rule_names_by_target_url, bus.name, url)
+    if ":api-destination/" in arn:  # as PutTargets reads a target's Arn
+        destination = name_of_arn(arn, "api-destination", bus.account, bus.region)
+        names = await call.db(
+            catalog.rule_names_by_target_url, bus.name, None, destination=destination
+        )
+    else:
+        url = url_of_arn(arn, bus.account, bus.region)
+        names = await call.db(catalog.rule_names_by_target_url, bus.name, url)
     chunk, token = page(list(names), body)
     answer: dict = {"RuleNames": chunk}
     if token:
