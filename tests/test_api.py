@@ -830,6 +830,18 @@ def test_rule_names_by_an_api_destination_target(events):
     events.delete_connection(Name="by-target")
 
 
+def test_list_archives_by_a_source_of_another_account_lists_none(events):
+    """ListArchives' EventSourceArn filter matches the whole ARN: our bus's archive is not
+    an archive of another account's or region's bus of the same name."""
+    events.create_event_bus(Name="sourced")
+    ours = f"arn:aws:events:us-east-1:{ACCOUNT}:event-bus/sourced"
+    listed = events.list_archives(EventSourceArn=ours)["Archives"]
+    assert [a["ArchiveName"] for a in listed] == ["sourced"]
+    for place in ("us-east-1:123456789012", f"eu-west-1:{ACCOUNT}"):
+        theirs = ours.replace(f"us-east-1:{ACCOUNT}", place)
+        assert events.list_archives(EventSourceArn=theirs)["Archives"] == []
+
+
 def test_health_metrics_and_loopback_only(server, events):
     assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
     events.list_event_buses()

@@ -112,7 +112,9 @@ async def list_archives(call: Call, body: dict) -> dict:
     infos = await call.db(catalog.list_buses, name_prefix=prefix or None)
     if source:
         parsed = parse_bus_arn(source)
-        infos = [info for info in infos if parsed and info.name == parsed[2]]
+        infos = [
+            info for info in infos if parsed and parsed == (info.region, info.account, info.name)
+        ]
     chunk, token = page(infos, body, key=lambda info: info.name)
     answer: dict = {"Archives": [await _archive_shape(call, info) for info in chunk]}
     if token:
