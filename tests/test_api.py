@@ -842,6 +842,31 @@ def test_list_archives_by_a_source_of_another_account_lists_none(events):
         assert events.list_archives(EventSourceArn=theirs)["Archives"] == []
 
 
+def test_a_next_token_of_another_operation_is_refused(events):
+    """A NextToken is good for the operation that gave it: ListEventBuses' token handed to
+    ListRules (or ListRules' to ListTargetsByRule) is ValidationException, not a page that
+    silently starts after whatever name the token held."""
+    events.create_event_bus(Name="tokens")
+    for n in range(2):
+        events.put_rule(Name=f"t{n}", EventBusName="tokens", EventPattern='{"source": ["x"]}')
+        events.put_targets(
+            Rule="t0", EventBusName="tokens", Targets=[{"Id": f"x{n}", "Arn": f"http://h/{n}"}]
+        )
+    bus_token = events.list_event_buses(Limit=1)["NextToken"]
+    rule_token = events.list_rules(EventBusName="tokens", Limit=1)["NextToken"]
+    for call in (
+        lambda: events.list_rules(EventBusName="tokens", NextToken=bus_token),
+        lambda: events.list_targets_by_rule(Rule="t0", EventBusName="tokens", NextToken=rule_token),
+        lambda: events.list_connections(NextToken=rule_token),
+    ):
+        with pytest.raises(ClientError) as refused:
+            call()
+        assert code_of(refused) == "ValidationException"
+    second = events.list_rules(EventBusName="tokens", Limit=1, NextToken=rule_token)["Rules"]
+    assert [r["Name"] for r in second] == ["t1"]
+    events.remove_targets(Rule="t0", EventBusName="tokens", Ids=["x0", "x1"])
+
+
 def test_health_metrics_and_loopback_only(server, events):
     assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
     events.list_event_buses()

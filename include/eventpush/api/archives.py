@@ -115,7 +115,7 @@ async def list_archives(call: Call, body: dict) -> dict:
         infos = [
             info for info in infos if parsed and parsed == (info.region, info.account, info.name)
         ]
-    chunk, token = page(infos, body, key=lambda info: info.name)
+    chunk, token = page(infos, body, key=lambda info: info.name, scope="Archives")
     answer: dict = {"Archives": [await _archive_shape(call, info) for info in chunk]}
     if token:
         answer["NextToken"] = token
@@ -267,7 +267,7 @@ async def list_replays(call: Call, body: dict) -> dict:
     state = optional(body, "State")
     if state:
         shapes = [s for s in shapes if s["State"] == state]
-    chunk, token = page(shapes, body, key=lambda s: s["ReplayName"])
+    chunk, token = page(shapes, body, key=lambda s: s["ReplayName"], scope="Replays")
     answer_doc: dict = {"Replays": chunk}
     if token:
         answer_doc["NextToken"] = token

@@ -188,7 +188,7 @@ def listed(call: Call, body: dict, infos: list, member: str, shape) -> dict:
     """One page of ``infos`` whose name starts with ``NamePrefix``, as ``member``."""
     prefix = optional(body, "NamePrefix", str, "")
     infos = [info for info in infos if info.name.startswith(prefix)]
-    chunk, token = page(infos, body, key=lambda info: info.name)
+    chunk, token = page(infos, body, key=lambda info: info.name, scope=member)
     answer: dict = {member: [shape(call, info) for info in chunk]}
     if token:
         answer["NextToken"] = token

@@ -96,7 +96,7 @@ async def list_rules(call: Call, body: dict) -> dict:
     prefix = optional(body, "NamePrefix")
     bus = await rule_bus(call, body)
     infos = await call.db(catalog.list_rules, bus.name, name_prefix=prefix or None)
-    chunk, token = page(infos, body, key=lambda info: info.name)
+    chunk, token = page(infos, body, key=lambda info: info.name, scope="Rules")
     answer: dict = {"Rules": [rule_shape(bus, info) for info in chunk]}
     if token:
         answer["NextToken"] = token
@@ -146,7 +146,7 @@ async def list_rule_names_by_target(call: Call, body: dict) -> dict:
     else:
         url = url_of_arn(arn, bus.account, bus.region)
         names = await call.db(catalog.rule_names_by_target_url, bus.name, url)
-    chunk, token = page(list(names), body)
+    chunk, token = page(list(names), body, scope="RuleNames")
     answer: dict = {"RuleNames": chunk}
     if token:
         answer["NextToken"] = token

@@ -183,7 +183,7 @@ async def list_targets_by_rule(call: Call, body: dict) -> dict:
     bus = await rule_bus(call, body)
     await call.db(catalog.get_rule, bus.name, rule)
     infos = await call.db(catalog.list_targets, bus.name, rule)
-    chunk, token = page(infos, body, key=lambda info: info.name)
+    chunk, token = page(infos, body, key=lambda info: info.name, scope="Targets")
     answer: dict = {
         "Targets": [target_shape(call, info, bus.account, bus.region) for info in chunk]
     }
