@@ -867,6 +867,63 @@ def test_a_next_token_of_another_operation_is_refused(events):
     events.remove_targets(Rule="t0", EventBusName="tokens", Ids=["x0", "x1"])
 
 
+def test_list_replays_reads_every_page_of_airflows_runs(api_env, admin, tmp_path):
+    """Airflow answers a DAG's runs a page at a time (50 unless asked for more, at most
+    100): ListReplays lists every replay, not only Airflow's first page."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlsplit
+
+    names = [f"r{n:03}" for n in range(130)]
+
+    class FakeAirflow(BaseHTTPRequestHandler):
+        def do_GET(self):
+            query = parse_qs(urlsplit(self.path).query)
+            limit = min(int(query.get("limit", ["50"])[0]), 100)
+            offset = int(query.get("offset", ["0"])[0])
+            conf = {
+                "bus": "default",
+                "since": "2026-01-01T00:00:00+00:00",
+                "until": "2026-01-02T00:00:00+00:00",
+            }
+            runs = [
+                {"dag_run_id": f"replay-{name}", "state": "success", "conf": conf}
+                for name in names[offset : offset + limit]
+            ]
+            body = json.dumps({"dag_runs": runs, "total_entries": len(names)}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    airflow = ThreadingHTTPServer(("127.0.0.1", 0), FakeAirflow)
+    threading.Thread(target=airflow.serve_forever, daemon=True).start()
+    token = tmp_path / "airflow-token"
+    token.write_text("t0ken")
+    server = ApiServer(
+        api_env,
+        "--airflow-url",
+        f"http://127.0.0.1:{airflow.server_address[1]}",
+        "--airflow-token-file",
+        str(token),
+    )
+    try:
+        events, listed, more = server.client(admin), [], {}
+        while True:
+            page = events.list_replays(**more)
+            listed += [r["ReplayName"] for r in page["Replays"]]
+            if "NextToken" not in page:
+                break
+            more = {"NextToken": page["NextToken"]}
+        assert listed == names
+    finally:
+        server.stop()
+        airflow.shutdown()
+
+
 def test_health_metrics_and_loopback_only(server, events):
     assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
     events.list_event_buses()

@@ -30,6 +30,7 @@ from eventpush.api.shapes import (
 )
 
 DAG = "eventpush_replay"
+AIRFLOW_PAGE = 100  # Airflow's largest page of a list by default (maximum_page_limit)
 RUN_PREFIX = "replay-"
 CANCELLED_NOTE = "cancelled by CancelReplay"
 ARCHIVE_ARN_RE = re.compile(
@@ -257,12 +258,23 @@ async def describe_replay(call: Call, body: dict) -> dict:
 
 async def list_replays(call: Call, body: dict) -> dict:
     prefix = optional(body, "NamePrefix") or ""
+    runs: list = []
     async with _airflow(call) as client:
-        answer = await client.get(
-            f"/dags/{DAG}/dagRuns", params={"run_id_pattern": f"{RUN_PREFIX}{prefix}%"}
-        )
-        _check(answer)
-        runs = answer.json().get("dag_runs", [])
+        while True:  # Airflow answers a page at a time (50 unless asked for more)
+            answer = await client.get(
+                f"/dags/{DAG}/dagRuns",
+                params={
+                    "run_id_pattern": f"{RUN_PREFIX}{prefix}%",
+                    "limit": AIRFLOW_PAGE,
+                    "offset": len(runs),
+                },
+            )
+            _check(answer)
+            doc = answer.json()
+            found = doc.get("dag_runs", [])
+            runs += found
+            if not found or len(runs) >= doc.get("total_entries", 0):
+                break
     shapes = [_run_shape(call, run) for run in runs]
     state = optional(body, "State")
     if state:
