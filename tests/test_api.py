@@ -869,7 +869,8 @@ def test_a_next_token_of_another_operation_is_refused(events):
 
 def test_list_replays_reads_every_page_of_airflows_runs(api_env, admin, tmp_path):
     """Airflow answers a DAG's runs a page at a time (50 unless asked for more, at most
-    100): ListReplays lists every replay, not only Airflow's first page."""
+    100): ListReplays lists every replay, not only Airflow's first page; and its
+    NamePrefix is a prefix, though Airflow's run_id_pattern is a LIKE pattern."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import parse_qs, urlsplit
 
@@ -885,11 +886,16 @@ def test_list_replays_reads_every_page_of_airflows_runs(api_env, admin, tmp_path
                 "since": "2026-01-01T00:00:00+00:00",
                 "until": "2026-01-02T00:00:00+00:00",
             }
+            # run_id_pattern is SQL LIKE: '_' is any one character, '%' any run of them.
+            like = query.get("run_id_pattern", ["%"])[0]
+            matching = re.compile("".join({"%": ".*", "_": "."}.get(c, re.escape(c)) for c in like))
+            ids = [f"replay-{name}" for name in names]
+            ids = [i for i in ids if matching.fullmatch(i)]
             runs = [
-                {"dag_run_id": f"replay-{name}", "state": "success", "conf": conf}
-                for name in names[offset : offset + limit]
+                {"dag_run_id": i, "state": "success", "conf": conf}
+                for i in ids[offset : offset + limit]
             ]
-            body = json.dumps({"dag_runs": runs, "total_entries": len(names)}).encode()
+            body = json.dumps({"dag_runs": runs, "total_entries": len(ids)}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -919,6 +925,10 @@ def test_list_replays_reads_every_page_of_airflows_runs(api_env, admin, tmp_path
                 break
             more = {"NextToken": page["NextToken"]}
         assert listed == names
+        # NamePrefix is a prefix, not a LIKE pattern: '_' is no wildcard.
+        for prefix, wanted in (("r01", names[10:20]), ("r0_1", []), ("r_", [])):
+            replays = events.list_replays(NamePrefix=prefix)["Replays"]
+            assert [r["ReplayName"] for r in replays] == wanted, prefix
     finally:
         server.stop()
         airflow.shutdown()

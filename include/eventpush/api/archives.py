@@ -275,7 +275,10 @@ async def list_replays(call: Call, body: dict) -> dict:
             runs += found
             if not found or len(runs) >= doc.get("total_entries", 0):
                 break
+    # run_id_pattern is SQL LIKE, where '_' (in names) matches any character: the prefix
+    # is checked again here.
     shapes = [_run_shape(call, run) for run in runs]
+    shapes = [shape for shape in shapes if shape["ReplayName"].startswith(prefix)]
     state = optional(body, "State")
     if state:
         shapes = [s for s in shapes if s["State"] == state]
