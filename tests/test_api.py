@@ -478,6 +478,462 @@ def test_a_body_past_the_limit_without_a_length_is_refused_while_it_is_sent(serv
     assert stored_events() == before
 
 
+def test_put_targets_leaves_nothing_written_by_a_refused_request(server, admin, events):
+    """A PutTargets entry that is not a target (not a structure, no Id) refuses the request
+    whole, so no target before it may be left written; an unknown API destination fails its
+    own entry only, beside the targets that were put."""
+    events.create_event_bus(Name="half")
+    events.put_rule(Name="r", EventBusName="half", EventPattern='{"source": ["x"]}')
+    good = {"Id": "good", "Arn": "http://127.0.0.1:9/x"}
+    for bad in (1, {"Arn": "http://127.0.0.1:9/y"}):
+        body = json.dumps({"Rule": "r", "EventBusName": "half", "Targets": [good, bad]})
+        refused = send(signed_request(server.url, "PutTargets", body.encode(), admin))
+        assert error_code(refused) == "ValidationException", refused.json()
+        assert events.list_targets_by_rule(Rule="r", EventBusName="half")["Targets"] == []
+    nowhere = f"arn:aws:events:us-east-1:{ACCOUNT}:api-destination/nowhere"
+    answer = events.put_targets(
+        Rule="r", EventBusName="half", Targets=[good, {"Id": "api", "Arn": nowhere}]
+    )
+    assert answer["FailedEntryCount"] == 1
+    [failed] = answer["FailedEntries"]
+    assert (failed["TargetId"], failed["ErrorCode"]) == ("api", "ResourceNotFoundException")
+    listed = events.list_targets_by_rule(Rule="r", EventBusName="half")["Targets"]
+    assert [t["Id"] for t in listed] == ["good"]
+
+
+def test_a_pattern_nested_too_deep_is_an_invalid_pattern(events):
+    """A pattern nested deeper than the parser can follow is InvalidEventPatternException,
+    for PutRule (no rule made) and TestEventPattern, not an InternalException."""
+    event = json.dumps(
+        {
+            "id": "1",
+            "account": ACCOUNT,
+            "source": "s",
+            "time": "2026-01-01T00:00:00Z",
+            "region": "us-east-1",
+            "detail-type": "t",
+            "detail": {},
+        }
+    )
+    for deep in ("[" * 5000, '{"a":' * 5000 + "[1]" + "}" * 5000):
+        with pytest.raises(events.exceptions.InvalidEventPatternException) as refused:
+            events.put_rule(Name="deep", EventPattern=deep)
+        assert "\n" not in refused.value.response["Error"]["Message"]
+        with pytest.raises(events.exceptions.InvalidEventPatternException):
+            events.test_event_pattern(EventPattern=deep, Event=event)
+    assert "deep" not in [r["Name"] for r in events.list_rules()["Rules"]]
+
+
+def test_delete_rule_succeeds_again_as_on_aws(events):
+    """AWS: "If you call delete rule multiple times for the same rule, all calls will
+    succeed"; a bus that does not exist is still ResourceNotFoundException."""
+    events.create_event_bus(Name="twice")
+    events.put_rule(Name="r", EventBusName="twice", EventPattern='{"source": ["x"]}')
+    events.delete_rule(Name="r", EventBusName="twice")
+    events.delete_rule(Name="r", EventBusName="twice")
+    events.delete_rule(Name="never", EventBusName="twice")
+    assert events.list_rules(EventBusName="twice")["Rules"] == []
+    with pytest.raises(events.exceptions.ResourceNotFoundException):
+        events.delete_rule(Name="r", EventBusName="no-such-bus")
+
+
+def test_a_target_arn_of_another_account_or_region_is_refused(events):
+    """This server holds one account's buses in one region: a target ARN naming a bus of
+    another account or region is refused (AccessDeniedException), never taken as the local
+    bus of that name; the targets beside it are put."""
+    events.create_event_bus(Name="home")
+    events.create_event_bus(Name="away")
+    events.put_rule(Name="r", EventBusName="home", EventPattern='{"source": ["x"]}')
+    ours = f"arn:aws:events:us-east-1:{ACCOUNT}:event-bus/away"
+    theirs = [
+        "arn:aws:events:us-east-1:123456789012:event-bus/away",
+        f"arn:aws:events:eu-west-1:{ACCOUNT}:event-bus/away",
+    ]
+    answer = events.put_targets(
+        Rule="r",
+        EventBusName="home",
+        Targets=[{"Id": "ours", "Arn": ours}]
+        + [{"Id": f"theirs{i}", "Arn": arn} for i, arn in enumerate(theirs)],
+    )
+    assert answer["FailedEntryCount"] == 2
+    assert [(f["TargetId"], f["ErrorCode"]) for f in answer["FailedEntries"]] == [
+        ("theirs0", "AccessDeniedException"),
+        ("theirs1", "AccessDeniedException"),
+    ]
+    listed = events.list_targets_by_rule(Rule="r", EventBusName="home")["Targets"]
+    assert [(t["Id"], t["Arn"]) for t in listed] == [("ours", ours)]
+    for arn in theirs:
+        with pytest.raises(ClientError) as denied:
+            events.list_rule_names_by_target(TargetArn=arn, EventBusName="home")
+        assert code_of(denied) == "AccessDeniedException"
+
+
+def test_wrongly_typed_members_deep_in_a_request_are_validation_errors(server, admin, events):
+    """A member of the wrong type inside a structure (an OAuth body parameter that is not a
+    Key/Value structure, a replay time past any date) is ValidationException naming it,
+    not an InternalException; nothing is made."""
+
+    def raw(operation: str, doc: dict) -> httpx.Response:
+        return send(signed_request(server.url, operation, json.dumps(doc).encode(), admin))
+
+    oauth = {
+        "AuthorizationEndpoint": "https://auth.example/token",
+        "HttpMethod": "POST",
+        "ClientParameters": {"ClientID": "id", "ClientSecret": "s3cr3t-value"},
+        "OAuthHttpParameters": {"BodyParameters": [1]},
+    }
+    refused = raw(
+        "CreateConnection",
+        {
+            "Name": "typed",
+            "AuthorizationType": "OAUTH_CLIENT_CREDENTIALS",
+            "AuthParameters": {"OAuthParameters": oauth},
+        },
+    )
+    assert error_code(refused) == "ValidationException", refused.json()
+    assert "BodyParameters" in refused.json()["message"]
+    assert "s3cr3t-value" not in refused.text
+    assert events.list_connections(NamePrefix="typed")["Connections"] == []
+    events.create_event_bus(Name="replayed")
+    bus = f"arn:aws:events:us-east-1:{ACCOUNT}:event-bus/replayed"
+    for start in (1e20, -1e20):
+        refused = raw(
+            "StartReplay",
+            {
+                "ReplayName": "typed",
+                "EventSourceArn": f"arn:aws:events:us-east-1:{ACCOUNT}:archive/replayed",
+                "EventStartTime": start,
+                "EventEndTime": 2,
+                "Destination": {"Arn": bus},
+            },
+        )
+        assert error_code(refused) == "ValidationException", refused.json()
+        assert "EventStartTime" in refused.json()["message"]
+
+
+def test_an_oauth_body_parameter_marked_secret_is_never_answered(events):
+    """An OAuth BodyParameters entry with IsValueSecret true would be kept unsealed and
+    answered by DescribeConnection: it is refused, as a secret invocation parameter is."""
+    with pytest.raises(ClientError) as refused:
+        events.create_connection(
+            Name="oauth-secret",
+            AuthorizationType="OAUTH_CLIENT_CREDENTIALS",
+            AuthParameters={
+                "OAuthParameters": {
+                    "AuthorizationEndpoint": "https://auth.example/token",
+                    "HttpMethod": "POST",
+                    "ClientParameters": {"ClientID": "id", "ClientSecret": "client-secret"},
+                    "OAuthHttpParameters": {
+                        "BodyParameters": [
+                            {"Key": "assertion", "Value": "body-s3cr3t", "IsValueSecret": True}
+                        ]
+                    },
+                }
+            },
+        )
+    assert code_of(refused) == "ValidationException"
+    assert "body-s3cr3t" not in str(refused.value)
+    assert events.list_connections(NamePrefix="oauth-secret")["Connections"] == []
+
+
+def test_a_tampered_next_token_is_refused(events):
+    """A NextToken that is not one this server gave (characters outside its alphabet, or
+    nothing at all once decoded) is ValidationException, not the first page again."""
+    events.create_event_bus(Name="paged")
+    for n in range(3):
+        events.put_rule(Name=f"p{n}", EventBusName="paged", EventPattern='{"source": ["x"]}')
+    token = events.list_rules(EventBusName="paged", Limit=1)["NextToken"]
+    for tampered in ("!!!", token + "!", "====", "*" + token):
+        with pytest.raises(ClientError) as refused:
+            events.list_rules(EventBusName="paged", Limit=1, NextToken=tampered)
+        assert code_of(refused) == "ValidationException", tampered
+    second = events.list_rules(EventBusName="paged", Limit=1, NextToken=token)["Rules"]
+    assert [r["Name"] for r in second] == ["p1"]
+
+
+def test_a_connection_or_destination_arn_of_another_account_is_refused(events):
+    """A connection or API destination ARN naming another account or region is refused
+    (AccessDeniedException), never taken as ours of the same name: not as an API
+    destination's connection, nor as a target, nor to describe or delete one."""
+    made = events.create_connection(
+        Name="shared",
+        AuthorizationType="API_KEY",
+        AuthParameters={"ApiKeyAuthParameters": {"ApiKeyName": "X-Key", "ApiKeyValue": "v"}},
+    )
+    dest = events.create_api_destination(
+        Name="shared-api",
+        ConnectionArn=made["ConnectionArn"],
+        InvocationEndpoint="https://api.example/in",
+        HttpMethod="POST",
+    )
+    for place in ("us-east-1:123456789012", f"eu-west-1:{ACCOUNT}"):
+        theirs = made["ConnectionArn"].replace(f"us-east-1:{ACCOUNT}", place)
+        with pytest.raises(ClientError) as denied:
+            events.create_api_destination(
+                Name="linked",
+                ConnectionArn=theirs,
+                InvocationEndpoint="https://api.example/in",
+                HttpMethod="POST",
+            )
+        assert code_of(denied) == "AccessDeniedException"
+        for call, member in (
+            (events.describe_connection, "Name"),
+            (events.delete_connection, "Name"),
+            (events.list_api_destinations, "ConnectionArn"),
+        ):
+            with pytest.raises(ClientError) as denied:
+                call(**{member: theirs})
+            assert code_of(denied) == "AccessDeniedException"
+    assert [d["Name"] for d in events.list_api_destinations()["ApiDestinations"]] == ["shared-api"]
+    events.create_event_bus(Name="calls")
+    events.put_rule(Name="r", EventBusName="calls", EventPattern='{"source": ["x"]}')
+    theirs = dest["ApiDestinationArn"].replace(ACCOUNT, "123456789012")
+    answer = events.put_targets(
+        Rule="r", EventBusName="calls", Targets=[{"Id": "api", "Arn": theirs}]
+    )
+    assert [(f["TargetId"], f["ErrorCode"]) for f in answer["FailedEntries"]] == [
+        ("api", "AccessDeniedException")
+    ]
+    assert events.list_targets_by_rule(Rule="r", EventBusName="calls")["Targets"] == []
+    with pytest.raises(ClientError) as denied:
+        events.delete_api_destination(Name=theirs)
+    assert code_of(denied) == "AccessDeniedException"
+    events.delete_api_destination(Name="shared-api")  # still there: delete it as ours
+    events.delete_connection(Name="shared")
+
+
+def test_a_replay_of_another_accounts_archive_is_refused(events):
+    """StartReplay naming an archive, destination bus or rule of another account or region
+    is refused (AccessDeniedException) before anything is asked of Airflow, never taken as
+    ours of the same name."""
+    events.create_event_bus(Name="kept2")
+    ours = f"us-east-1:{ACCOUNT}"
+    archive = f"arn:aws:events:{ours}:archive/kept2"
+    bus = f"arn:aws:events:{ours}:event-bus/kept2"
+    rule = f"arn:aws:events:{ours}:rule/kept2/r"
+    for place in ("us-east-1:123456789012", f"eu-west-1:{ACCOUNT}"):
+        for source, destination in (
+            (archive.replace(ours, place), {"Arn": bus}),
+            (archive, {"Arn": bus.replace(ours, place)}),
+            (archive, {"Arn": bus, "FilterArns": [rule.replace(ours, place)]}),
+        ):
+            with pytest.raises(ClientError) as denied:
+                events.start_replay(
+                    ReplayName="theirs",
+                    EventSourceArn=source,
+                    EventStartTime=0,
+                    EventEndTime=time.time(),
+                    Destination=destination,
+                )
+            assert code_of(denied) == "AccessDeniedException", (source, destination)
+
+
+def test_a_replay_name_never_reaches_elsewhere_in_airflow(api_env, admin, tmp_path):
+    """A ReplayName is part of the Airflow URL (``dagRuns/replay-NAME``): one outside AWS's
+    pattern (``[.-_A-Za-z0-9]{1,64}``) such as ``x/../../other/dagRuns/run`` would have the
+    server fetch or fail another DAG's run with its token. It is ValidationException and
+    Airflow hears nothing; a good name still reaches the replay's own run."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    heard = []
+
+    class FakeAirflow(BaseHTTPRequestHandler):
+        def answer(self):
+            heard.append((self.command, self.path))
+            run = {
+                "dag_run_id": "replay-good",
+                "state": "running",
+                "conf": {
+                    "bus": "default",
+                    "since": "2026-01-01T00:00:00+00:00",
+                    "until": "2026-01-02T00:00:00+00:00",
+                },
+            }
+            body = json.dumps(run).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PATCH = answer
+
+        def log_message(self, *args):
+            pass
+
+    airflow = ThreadingHTTPServer(("127.0.0.1", 0), FakeAirflow)
+    threading.Thread(target=airflow.serve_forever, daemon=True).start()
+    token = tmp_path / "airflow-token"
+    token.write_text("t0ken")
+    server = ApiServer(
+        api_env,
+        "--airflow-url",
+        f"http://127.0.0.1:{airflow.server_address[1]}",
+        "--airflow-token-file",
+        str(token),
+    )
+    try:
+        events = server.client(admin)
+        archive = f"arn:aws:events:us-east-1:{ACCOUNT}:archive/default"
+        bus = f"arn:aws:events:us-east-1:{ACCOUNT}:event-bus/default"
+        for bad in ("x/../../../other/dagRuns/run", "x?state=failed", "a b", "x" * 65):
+            for call in (
+                lambda name: events.describe_replay(ReplayName=name),
+                lambda name: events.cancel_replay(ReplayName=name),
+                lambda name: events.start_replay(
+                    ReplayName=name,
+                    EventSourceArn=archive,
+                    EventStartTime=0,
+                    EventEndTime=1,
+                    Destination={"Arn": bus},
+                ),
+            ):
+                with pytest.raises(ClientError) as refused:
+                    call(bad)
+                assert code_of(refused) == "ValidationException", bad
+        assert heard == []
+        assert events.describe_replay(ReplayName="good")["State"] == "RUNNING"
+        assert heard == [("GET", "/api/v2/dags/eventpush_replay/dagRuns/replay-good")]
+    finally:
+        server.stop()
+        airflow.shutdown()
+
+
+def test_rule_names_by_an_api_destination_target(events):
+    """ListRuleNamesByTarget takes every ARN PutTargets takes: an API destination's ARN
+    answers the rules with a target sending through it (not ValidationException), and a
+    plain URL target to the same endpoint is not one of them."""
+    conn = events.create_connection(
+        Name="by-target",
+        AuthorizationType="API_KEY",
+        AuthParameters={"ApiKeyAuthParameters": {"ApiKeyName": "X-Key", "ApiKeyValue": "v"}},
+    )["ConnectionArn"]
+    dest = events.create_api_destination(
+        Name="by-target-api",
+        ConnectionArn=conn,
+        InvocationEndpoint="https://api.example/by-target",
+        HttpMethod="POST",
+    )["ApiDestinationArn"]
+    events.create_event_bus(Name="bytarget")
+    for rule, arn in (("via-dest", dest), ("via-url", "https://api.example/by-target")):
+        events.put_rule(Name=rule, EventBusName="bytarget", EventPattern='{"source": ["x"]}')
+        answer = events.put_targets(
+            Rule=rule, EventBusName="bytarget", Targets=[{"Id": "t", "Arn": arn}]
+        )
+        assert answer["FailedEntryCount"] == 0, answer
+    for arn, rule in ((dest, "via-dest"), ("https://api.example/by-target", "via-url")):
+        names = events.list_rule_names_by_target(TargetArn=arn, EventBusName="bytarget")
+        assert names["RuleNames"] == [rule]
+    for rule in ("via-dest", "via-url"):
+        events.remove_targets(Rule=rule, EventBusName="bytarget", Ids=["t"])
+    events.delete_api_destination(Name="by-target-api")
+    events.delete_connection(Name="by-target")
+
+
+def test_list_archives_by_a_source_of_another_account_lists_none(events):
+    """ListArchives' EventSourceArn filter matches the whole ARN: our bus's archive is not
+    an archive of another account's or region's bus of the same name."""
+    events.create_event_bus(Name="sourced")
+    ours = f"arn:aws:events:us-east-1:{ACCOUNT}:event-bus/sourced"
+    listed = events.list_archives(EventSourceArn=ours)["Archives"]
+    assert [a["ArchiveName"] for a in listed] == ["sourced"]
+    for place in ("us-east-1:123456789012", f"eu-west-1:{ACCOUNT}"):
+        theirs = ours.replace(f"us-east-1:{ACCOUNT}", place)
+        assert events.list_archives(EventSourceArn=theirs)["Archives"] == []
+
+
+def test_a_next_token_of_another_operation_is_refused(events):
+    """A NextToken is good for the operation that gave it: ListEventBuses' token handed to
+    ListRules (or ListRules' to ListTargetsByRule) is ValidationException, not a page that
+    silently starts after whatever name the token held."""
+    events.create_event_bus(Name="tokens")
+    for n in range(2):
+        events.put_rule(Name=f"t{n}", EventBusName="tokens", EventPattern='{"source": ["x"]}')
+        events.put_targets(
+            Rule="t0", EventBusName="tokens", Targets=[{"Id": f"x{n}", "Arn": f"http://h/{n}"}]
+        )
+    bus_token = events.list_event_buses(Limit=1)["NextToken"]
+    rule_token = events.list_rules(EventBusName="tokens", Limit=1)["NextToken"]
+    for call in (
+        lambda: events.list_rules(EventBusName="tokens", NextToken=bus_token),
+        lambda: events.list_targets_by_rule(Rule="t0", EventBusName="tokens", NextToken=rule_token),
+        lambda: events.list_connections(NextToken=rule_token),
+    ):
+        with pytest.raises(ClientError) as refused:
+            call()
+        assert code_of(refused) == "ValidationException"
+    second = events.list_rules(EventBusName="tokens", Limit=1, NextToken=rule_token)["Rules"]
+    assert [r["Name"] for r in second] == ["t1"]
+    events.remove_targets(Rule="t0", EventBusName="tokens", Ids=["x0", "x1"])
+
+
+def test_list_replays_reads_every_page_of_airflows_runs(api_env, admin, tmp_path):
+    """Airflow answers a DAG's runs a page at a time (50 unless asked for more, at most
+    100): ListReplays lists every replay, not only Airflow's first page; and its
+    NamePrefix is a prefix, though Airflow's run_id_pattern is a LIKE pattern."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlsplit
+
+    names = [f"r{n:03}" for n in range(130)]
+
+    class FakeAirflow(BaseHTTPRequestHandler):
+        def do_GET(self):
+            query = parse_qs(urlsplit(self.path).query)
+            limit = min(int(query.get("limit", ["50"])[0]), 100)
+            offset = int(query.get("offset", ["0"])[0])
+            conf = {
+                "bus": "default",
+                "since": "2026-01-01T00:00:00+00:00",
+                "until": "2026-01-02T00:00:00+00:00",
+            }
+            # run_id_pattern is SQL LIKE: '_' is any one character, '%' any run of them.
+            like = query.get("run_id_pattern", ["%"])[0]
+            matching = re.compile("".join({"%": ".*", "_": "."}.get(c, re.escape(c)) for c in like))
+            ids = [f"replay-{name}" for name in names]
+            ids = [i for i in ids if matching.fullmatch(i)]
+            runs = [
+                {"dag_run_id": i, "state": "success", "conf": conf}
+                for i in ids[offset : offset + limit]
+            ]
+            body = json.dumps({"dag_runs": runs, "total_entries": len(ids)}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    airflow = ThreadingHTTPServer(("127.0.0.1", 0), FakeAirflow)
+    threading.Thread(target=airflow.serve_forever, daemon=True).start()
+    token = tmp_path / "airflow-token"
+    token.write_text("t0ken")
+    server = ApiServer(
+        api_env,
+        "--airflow-url",
+        f"http://127.0.0.1:{airflow.server_address[1]}",
+        "--airflow-token-file",
+        str(token),
+    )
+    try:
+        events, listed, more = server.client(admin), [], {}
+        while True:
+            page = events.list_replays(**more)
+            listed += [r["ReplayName"] for r in page["Replays"]]
+            if "NextToken" not in page:
+                break
+            more = {"NextToken": page["NextToken"]}
+        assert listed == names
+        # NamePrefix is a prefix, not a LIKE pattern: '_' is no wildcard.
+        for prefix, wanted in (("r01", names[10:20]), ("r0_1", []), ("r_", [])):
+            replays = events.list_replays(NamePrefix=prefix)["Replays"]
+            assert [r["ReplayName"] for r in replays] == wanted, prefix
+    finally:
+        server.stop()
+        airflow.shutdown()
+
+
 def test_health_metrics_and_loopback_only(server, events):
     assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
     events.list_event_buses()

@@ -20,6 +20,7 @@ from eventpush.api.service import Call
 from eventpush.api.shapes import (
     archive_arn,
     bus_arn,
+    check_owner,
     optional,
     page,
     parse_bus_arn,
@@ -29,12 +30,19 @@ from eventpush.api.shapes import (
 )
 
 DAG = "eventpush_replay"
+AIRFLOW_PAGE = 100  # Airflow's largest page of a list by default (maximum_page_limit)
 RUN_PREFIX = "replay-"
 CANCELLED_NOTE = "cancelled by CancelReplay"
-ARCHIVE_ARN_RE = re.compile(r"arn:aws:events:[a-z0-9-]+:[0-9]{12}:archive/(?P<name>.+)")
-RULE_ARN_RE = re.compile(
-    r"arn:aws:events:[a-z0-9-]+:[0-9]{12}:rule/(?:(?P<bus>[^/]+)/)?(?P<rule>.+)"
+ARCHIVE_ARN_RE = re.compile(
+    r"arn:aws:events:(?P<region>[a-z0-9-]+):(?P<account>[0-9]{12}):archive/(?P<name>.+)"
 )
+RULE_ARN_RE = re.compile(
+    r"arn:aws:events:(?P<region>[a-z0-9-]+):(?P<account>[0-9]{12}):"
+    r"rule/(?:(?P<bus>[^/]+)/)?(?P<rule>.+)"
+)
+# AWS's ReplayName pattern; the name is also a segment of Airflow URLs (dagRuns/replay-NAME),
+# where a '/', '?' or '..' would reach another DAG's runs with the server's token.
+REPLAY_NAME_RE = re.compile(r"[.\-_A-Za-z0-9]{1,64}")
 # Airflow's DAG run states onto EventBridge's replay states.
 STATES = {
     "queued": "STARTING",
@@ -105,8 +113,10 @@ async def list_archives(call: Call, body: dict) -> dict:
     infos = await call.db(catalog.list_buses, name_prefix=prefix or None)
     if source:
         parsed = parse_bus_arn(source)
-        infos = [info for info in infos if parsed and info.name == parsed[2]]
-    chunk, token = page(infos, body, key=lambda info: info.name)
+        infos = [
+            info for info in infos if parsed and parsed == (info.region, info.account, info.name)
+        ]
+    chunk, token = page(infos, body, key=lambda info: info.name, scope="Archives")
     answer: dict = {"Archives": [await _archive_shape(call, info) for info in chunk]}
     if token:
         answer["NextToken"] = token
@@ -140,9 +150,19 @@ def _airflow(call: Call):
     )
 
 
+def _replay_name(body: dict) -> str:
+    name = required(body, "ReplayName")
+    if not REPLAY_NAME_RE.fullmatch(name):
+        raise validation("member 'ReplayName' must be 1-64 letters, digits, '.', '-' or '_'")
+    return name
+
+
 def _epoch_iso(value: object, member: str) -> str:
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return datetime.fromtimestamp(value, UTC).isoformat()
+        try:
+            return datetime.fromtimestamp(value, UTC).isoformat()
+        except (OverflowError, OSError, ValueError):
+            raise validation(f"member '{member}' is out of range: {value!r}") from None
     raise validation(f"member '{member}' must be a timestamp")
 
 
@@ -182,16 +202,19 @@ def _check(answer) -> None:
 
 
 async def start_replay(call: Call, body: dict) -> dict:
-    name = required(body, "ReplayName")
+    name = _replay_name(body)
     source = required(body, "EventSourceArn")
     found = ARCHIVE_ARN_RE.fullmatch(source)
     if found is None:
         raise validation(f"member 'EventSourceArn' is not an archive ARN: {source[:200]!r}")
     bus = await call.bus(found["name"], fresh=True)
+    # ARNs of another account or region are refused, never read as ours of that name.
+    check_owner((found["account"], found["region"]), bus.account, bus.region, "the archive")
     destination = required(body, "Destination", dict)
     target_bus = parse_bus_arn(required(destination, "Arn"))
     if target_bus is None or target_bus[2] != bus.name:
         raise validation("Destination.Arn must be the archive's own event bus")
+    check_owner((target_bus[1], target_bus[0]), bus.account, bus.region, "Destination.Arn")
     conf = {
         "what": "all",
         "bus": bus.name,
@@ -205,6 +228,7 @@ async def start_replay(call: Call, body: dict) -> dict:
         rule = RULE_ARN_RE.fullmatch(str(filters[0]))
         if rule is None or (rule["bus"] or "default") != bus.name:
             raise validation("Destination.FilterArns must name a rule of the archive's bus")
+        check_owner((rule["account"], rule["region"]), bus.account, bus.region, "the rule")
         conf["rule"] = rule["rule"]
     async with _airflow(call) as client:
         answer = await client.post(
@@ -224,7 +248,7 @@ async def start_replay(call: Call, body: dict) -> dict:
 
 
 async def describe_replay(call: Call, body: dict) -> dict:
-    name = required(body, "ReplayName")
+    name = _replay_name(body)
     async with _airflow(call) as client:
         run = await _get_run(client, name)
     shape = _run_shape(call, run)
@@ -234,17 +258,31 @@ async def describe_replay(call: Call, body: dict) -> dict:
 
 async def list_replays(call: Call, body: dict) -> dict:
     prefix = optional(body, "NamePrefix") or ""
+    runs: list = []
     async with _airflow(call) as client:
-        answer = await client.get(
-            f"/dags/{DAG}/dagRuns", params={"run_id_pattern": f"{RUN_PREFIX}{prefix}%"}
-        )
-        _check(answer)
-        runs = answer.json().get("dag_runs", [])
+        while True:  # Airflow answers a page at a time (50 unless asked for more)
+            answer = await client.get(
+                f"/dags/{DAG}/dagRuns",
+                params={
+                    "run_id_pattern": f"{RUN_PREFIX}{prefix}%",
+                    "limit": AIRFLOW_PAGE,
+                    "offset": len(runs),
+                },
+            )
+            _check(answer)
+            doc = answer.json()
+            found = doc.get("dag_runs", [])
+            runs += found
+            if not found or len(runs) >= doc.get("total_entries", 0):
+                break
+    # run_id_pattern is SQL LIKE, where '_' (in names) matches any character: the prefix
+    # is checked again here.
     shapes = [_run_shape(call, run) for run in runs]
+    shapes = [shape for shape in shapes if shape["ReplayName"].startswith(prefix)]
     state = optional(body, "State")
     if state:
         shapes = [s for s in shapes if s["State"] == state]
-    chunk, token = page(shapes, body, key=lambda s: s["ReplayName"])
+    chunk, token = page(shapes, body, key=lambda s: s["ReplayName"], scope="Replays")
     answer_doc: dict = {"Replays": chunk}
     if token:
         answer_doc["NextToken"] = token
@@ -252,7 +290,7 @@ async def list_replays(call: Call, body: dict) -> dict:
 
 
 async def cancel_replay(call: Call, body: dict) -> dict:
-    name = required(body, "ReplayName")
+    name = _replay_name(body)
     async with _airflow(call) as client:
         run = await _get_run(client, name)
         if run.get("state") not in ("queued", "running"):

@@ -64,7 +64,7 @@ async def describe_event_bus(call: Call, body: dict) -> dict:
 async def list_event_buses(call: Call, body: dict) -> dict:
     prefix = optional(body, "NamePrefix", str, None)
     infos = await call.db(catalog.list_buses, name_prefix=prefix or None)
-    chunk, token = page(infos, body, key=lambda info: info.name)
+    chunk, token = page(infos, body, key=lambda info: info.name, scope="EventBuses")
     answer: dict = {"EventBuses": [bus_shape(info) for info in chunk]}
     if token:
         answer["NextToken"] = token

@@ -22,7 +22,7 @@ from __future__ import annotations
 from eventpush import catalog
 from eventpush.api.errors import validation
 from eventpush.api.service import Call
-from eventpush.api.shapes import checked, optional, page, required, timestamp
+from eventpush.api.shapes import check_owner, checked, optional, page, required, timestamp
 
 AUTH_TYPES = {
     "API_KEY": "api-key",
@@ -36,14 +36,22 @@ def arn(call: Call, kind: str, name: str) -> str:
     return f"arn:aws:events:{call.settings.region}:{call.settings.account}:{kind}/{name}"
 
 
-def name_of_arn(value: str, kind: str) -> str:
-    """A connection's or destination's name from its ARN (or the name itself)."""
+def name_of_arn(value: str, kind: str, account: str, region: str) -> str:
+    """A connection's or destination's name from its ARN (or the name itself); an ARN of
+    another account or region is refused, not taken as ours of that name."""
     if value.startswith("arn:"):
         head, sep, rest = value.partition(f":{kind}/")
-        if not sep or not rest:
+        parts = head.split(":")
+        if not sep or not rest or len(parts) != 5:
             raise validation(f"{value[:200]!r} is not a {kind} ARN")
-        return rest.split("/", 1)[0]
+        name = rest.split("/", 1)[0]
+        check_owner((parts[4], parts[3]), account, region, f"{kind} {name}")
+        return name
     return value
+
+
+def _name(call: Call, value: str, kind: str) -> str:
+    return name_of_arn(value, kind, call.settings.account, call.settings.region)
 
 
 def _parameters(params: dict | None, where: str) -> tuple[list, list]:
@@ -84,10 +92,16 @@ def _auth(kind: str, auth: dict) -> tuple[str | None, dict]:
         raise validation(
             "OAuthHttpParameters: only BodyParameters (token request fields) are supported"
         )
-    body = [
-        (required(p, "Key"), required(p, "Value"))
-        for p in checked(http.get("BodyParameters") or [], "BodyParameters", list)
-    ]
+    body = []
+    for item in checked(http.get("BodyParameters") or [], "BodyParameters", list):
+        item = checked(item, "BodyParameters", dict)
+        if item.get("IsValueSecret"):
+            # Kept unsealed and answered by DescribeConnection: a secret would leak.
+            raise validation(
+                "OAuthHttpParameters.BodyParameters: IsValueSecret is not supported: the "
+                "client secret goes in ClientParameters, where it is sealed"
+            )
+        body.append((required(item, "Key"), required(item, "Value")))
     scopes = [v for k, v in body if k == "scope"]
     fields = {
         "token_url": optional(given, "AuthorizationEndpoint"),
@@ -162,7 +176,7 @@ async def create_connection(call: Call, body: dict) -> dict:
 
 
 async def describe_connection(call: Call, body: dict) -> dict:
-    info = await call.db(catalog.get_connection, name_of_arn(required(body, "Name"), "connection"))
+    info = await call.db(catalog.get_connection, _name(call, required(body, "Name"), "connection"))
     return connection_shape(call, info) | {
         "Description": info.description,
         "AuthParameters": _described_auth(info)
@@ -174,7 +188,7 @@ def listed(call: Call, body: dict, infos: list, member: str, shape) -> dict:
     """One page of ``infos`` whose name starts with ``NamePrefix``, as ``member``."""
     prefix = optional(body, "NamePrefix", str, "")
     infos = [info for info in infos if info.name.startswith(prefix)]
-    chunk, token = page(infos, body, key=lambda info: info.name)
+    chunk, token = page(infos, body, key=lambda info: info.name, scope=member)
     answer: dict = {member: [shape(call, info) for info in chunk]}
     if token:
         answer["NextToken"] = token
@@ -218,7 +232,7 @@ async def update_connection(call: Call, body: dict) -> dict:
 
 
 async def delete_connection(call: Call, body: dict) -> dict:
-    name = name_of_arn(required(body, "Name"), "connection")
+    name = _name(call, required(body, "Name"), "connection")
     info = await call.db(catalog.get_connection, name)
     await call.db(catalog.delete_connection, name)
     shape = connection_shape(call, info)
@@ -245,14 +259,14 @@ def destination_shape(call: Call, info) -> dict:
     return shape
 
 
-def _destination_fields(body: dict, create: bool) -> dict:
+def _destination_fields(call: Call, body: dict, create: bool) -> dict:
     fields: dict = {}
     if create or body.get("InvocationEndpoint") is not None:
         fields["url"] = required(body, "InvocationEndpoint")
     if create or body.get("HttpMethod") is not None:
         fields["method"] = required(body, "HttpMethod")
     if body.get("ConnectionArn") is not None:
-        fields["connection"] = name_of_arn(optional(body, "ConnectionArn"), "connection")
+        fields["connection"] = _name(call, optional(body, "ConnectionArn"), "connection")
     if body.get("InvocationRateLimitPerSecond") is not None:
         fields["rate_limit"] = checked(
             body["InvocationRateLimitPerSecond"], "InvocationRateLimitPerSecond", int
@@ -264,7 +278,7 @@ def _destination_fields(body: dict, create: bool) -> dict:
 
 async def create_api_destination(call: Call, body: dict) -> dict:
     name = required(body, "Name")
-    fields = _destination_fields(body, create=True)
+    fields = _destination_fields(call, body, create=True)
     info = await call.db(catalog.create_destination, name, fields.pop("url"), **fields)
     shape = destination_shape(call, info)
     keys = ("ApiDestinationArn", "ApiDestinationState", "CreationTime", "LastModifiedTime")
@@ -272,14 +286,14 @@ async def create_api_destination(call: Call, body: dict) -> dict:
 
 
 async def describe_api_destination(call: Call, body: dict) -> dict:
-    name = name_of_arn(required(body, "Name"), "api-destination")
+    name = _name(call, required(body, "Name"), "api-destination")
     info = await call.db(catalog.get_destination, name)
     return destination_shape(call, info) | {"Description": info.description}
 
 
 async def list_api_destinations(call: Call, body: dict) -> dict:
     connection = optional(body, "ConnectionArn", str, None)
-    wanted = None if connection is None else name_of_arn(connection, "connection")
+    wanted = None if connection is None else _name(call, connection, "connection")
     infos = [
         i
         for i in await call.db(catalog.list_destinations)
@@ -290,13 +304,13 @@ async def list_api_destinations(call: Call, body: dict) -> dict:
 
 async def update_api_destination(call: Call, body: dict) -> dict:
     name = required(body, "Name")
-    info = await call.db(catalog.update_destination, name, **_destination_fields(body, False))
+    info = await call.db(catalog.update_destination, name, **_destination_fields(call, body, False))
     shape = destination_shape(call, info)
     return {k: shape[k] for k in ("ApiDestinationArn", "ApiDestinationState", "LastModifiedTime")}
 
 
 async def delete_api_destination(call: Call, body: dict) -> dict:
-    name = name_of_arn(required(body, "Name"), "api-destination")
+    name = _name(call, required(body, "Name"), "api-destination")
     await call.db(catalog.delete_destination, name)
     return {}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from eventpush import catalog
+from eventpush.api.destinations import name_of_arn
 from eventpush.api.errors import ApiError, validation
 from eventpush.api.service import BusView, Call
 from eventpush.api.shapes import bus_name, check_owner, optional, page, required, url_of_arn
@@ -95,7 +96,7 @@ async def list_rules(call: Call, body: dict) -> dict:
     prefix = optional(body, "NamePrefix")
     bus = await rule_bus(call, body)
     infos = await call.db(catalog.list_rules, bus.name, name_prefix=prefix or None)
-    chunk, token = page(infos, body, key=lambda info: info.name)
+    chunk, token = page(infos, body, key=lambda info: info.name, scope="Rules")
     answer: dict = {"Rules": [rule_shape(bus, info) for info in chunk]}
     if token:
         answer["NextToken"] = token
@@ -126,15 +127,26 @@ async def delete_rule(call: Call, body: dict) -> dict:
         if exc.code == "ConcurrentModificationException":
             # AWS's answer for a rule that still has targets.
             raise validation("Rule can't be deleted since it has targets.") from None
-        raise
+        if exc.code != "ResourceNotFoundException":
+            raise
+        # On AWS deleting a rule that is not there succeeds; only a missing bus is refused
+        # (read again: the cached one may have been deleted since).
+        await call.bus(bus.name, fresh=True)
     return {}
 
 
 async def list_rule_names_by_target(call: Call, body: dict) -> dict:
     arn = required(body, "TargetArn")
     bus = await rule_bus(call, body)
-    names = await call.db(catalog.rule_names_by_target_url, bus.name, url_of_arn(arn))
-    chunk, token = page(list(names), body)
+    if ":api-destination/" in arn:  # as PutTargets reads a target's Arn
+        destination = name_of_arn(arn, "api-destination", bus.account, bus.region)
+        names = await call.db(
+            catalog.rule_names_by_target_url, bus.name, None, destination=destination
+        )
+    else:
+        url = url_of_arn(arn, bus.account, bus.region)
+        names = await call.db(catalog.rule_names_by_target_url, bus.name, url)
+    chunk, token = page(list(names), body, scope="RuleNames")
     answer: dict = {"RuleNames": chunk}
     if token:
         answer["NextToken"] = token

@@ -103,9 +103,10 @@ def timestamp(value: datetime | str | None) -> float | None:
     return None if value is None else value.timestamp()
 
 
-def page(items: list, body: dict, key=lambda item: item) -> tuple[list, str | None]:
+def page(items: list, body: dict, key=lambda item: item, *, scope: str) -> tuple[list, str | None]:
     """One page of ``items`` (sorted by ``key``) after the request's NextToken, at most its
-    Limit (1-100), and the token of the next page (None on the last)."""
+    Limit (1-100), and the token of the next page (None on the last). A token holds its
+    ``scope`` (the list it pages: one per operation) so another operation's is refused."""
     limit = optional(body, "Limit", int, MAX_LIMIT)
     if not 1 <= limit <= MAX_LIMIT:
         raise validation(f"member 'Limit' must be between 1 and {MAX_LIMIT}, got {limit}")
@@ -113,20 +114,29 @@ def page(items: list, body: dict, key=lambda item: item) -> tuple[list, str | No
     items = sorted(items, key=key)
     if token:
         try:
-            after = base64.urlsafe_b64decode(token.encode()).decode()
+            # validate: without it characters outside the alphabet are dropped, and a token
+            # of nothing but those restarted the listing from the first page.
+            text = base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
         except (binascii.Error, UnicodeDecodeError, ValueError):
-            raise validation("member 'NextToken' is not a token this server gave") from None
+            text = ""
+        given, sep, after = text.partition(":")
+        if not sep or given != scope or not after:
+            raise validation("member 'NextToken' is not a token this server gave")
         items = [item for item in items if key(item) > after]
     chunk = items[:limit]
     more = len(items) > limit
-    next_token = base64.urlsafe_b64encode(key(chunk[-1]).encode()).decode() if more else None
+    next_token = None
+    if more:
+        next_token = base64.urlsafe_b64encode(f"{scope}:{key(chunk[-1])}".encode()).decode()
     return chunk, next_token
 
 
-def url_of_arn(arn: str) -> str:
-    """Our target URL for a target ``Arn``: the URL itself, or ``bus://NAME`` for a bus ARN."""
+def url_of_arn(arn: str, account: str, region: str) -> str:
+    """Our target URL for a target ``Arn``: the URL itself, or ``bus://NAME`` for a bus ARN
+    of ``account`` in ``region`` (another's is refused: it is not the local bus NAME)."""
     parsed = parse_bus_arn(arn)
     if parsed is not None:
+        check_owner((parsed[1], parsed[0]), account, region, f"event bus {parsed[2]}")
         return BUS_SCHEME + parsed[2]
     if arn.startswith(("http://", "https://", "nats://")):
         return arn

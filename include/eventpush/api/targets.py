@@ -26,7 +26,7 @@ from eventpush import catalog
 from eventpush.api.destinations import name_of_arn
 from eventpush.api.errors import ApiError, validation
 from eventpush.api.rules import rule_bus
-from eventpush.api.service import Call
+from eventpush.api.service import BusView, Call
 from eventpush.api.shapes import BUS_SCHEME, bus_arn, checked, optional, page, required, url_of_arn
 
 MAX_TARGETS = 10
@@ -78,7 +78,7 @@ def _transform(target: dict) -> tuple[str, object]:
     return "TEMPLATE", {"InputPathsMap": paths, "InputTemplate": template}
 
 
-def _spec_fields(target: dict) -> dict:
+def _spec_fields(target: dict, bus: BusView) -> dict:
     """The TargetSpec fields a PutTargets entry sets."""
     for member in UNSUPPORTED:
         if target.get(member):
@@ -86,9 +86,9 @@ def _spec_fields(target: dict) -> dict:
     arn = required(target, "Arn")
     destination = None
     if ":api-destination/" in arn:
-        destination, url = name_of_arn(arn, "api-destination"), ""
+        destination, url = name_of_arn(arn, "api-destination", bus.account, bus.region), ""
     else:
-        url = url_of_arn(arn)
+        url = url_of_arn(arn, bus.account, bus.region)
     params = optional(target, "HttpParameters", dict)
     url = _with_http_parameters(url, params)
     kind, spec = _transform(target)
@@ -126,16 +126,16 @@ async def put_targets(call: Call, body: dict) -> dict:
         raise validation(f"member 'Targets' must hold 1 to {MAX_TARGETS} targets")
     bus = await rule_bus(call, body)
     await call.db(catalog.get_rule, bus.name, rule)  # an unknown rule refuses the request whole
+    # What refuses the request whole is found before any target is written: each target is
+    # its own commit, so a refusal after one would leave it written.
+    targets = [checked(target, "Targets", dict) for target in targets]
+    target_ids = [required(target, "Id") for target in targets]
     failed = []
-    for target in targets:
-        target = checked(target, "Targets", dict)
-        target_id = required(target, "Id")
+    for target, target_id in zip(targets, target_ids, strict=True):
         try:
-            fields = _spec_fields(target)
+            fields = _spec_fields(target, bus)
             await call.db(_put_one, bus.name, rule, target_id, fields)
         except ApiError as exc:
-            if exc.code == "ResourceNotFoundException":
-                raise
             failed.append(
                 {"TargetId": target_id, "ErrorCode": exc.code, "ErrorMessage": exc.message}
             )
@@ -183,7 +183,7 @@ async def list_targets_by_rule(call: Call, body: dict) -> dict:
     bus = await rule_bus(call, body)
     await call.db(catalog.get_rule, bus.name, rule)
     infos = await call.db(catalog.list_targets, bus.name, rule)
-    chunk, token = page(infos, body, key=lambda info: info.name)
+    chunk, token = page(infos, body, key=lambda info: info.name, scope="Targets")
     answer: dict = {
         "Targets": [target_shape(call, info, bus.account, bus.region) for info in chunk]
     }

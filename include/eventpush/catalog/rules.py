@@ -191,14 +191,26 @@ def delete_rule(conn: Connection, bus: str, name: str) -> None:
         notify(cur, bus_id)
 
 
-def rule_names_by_target_url(conn: Connection, bus: str, url: str) -> list[str]:
-    """The live rules of ``bus`` with a live target pushing to ``url``."""
+def rule_names_by_target_url(
+    conn: Connection, bus: str, url: str | None, *, destination: str | None = None
+) -> list[str]:
+    """The live rules of ``bus`` with a live target pushing to ``url`` (its own URL: a
+    destination's target holds its destination's URL too), or with ``destination`` the
+    rules with a target sending through that API destination."""
+    if destination is None:
+        match, value = "t.url = %s AND t.destination_id IS NULL", url
+    else:
+        match = (
+            "t.destination_id = (SELECT id FROM event_api_destination "
+            "WHERE name = %s AND deleted_at IS NULL)"
+        )
+        value = destination
     with transaction(conn) as cur:
         bus_id, _ = bus_row(cur, bus)
         cur.execute(
             "SELECT DISTINCT ru.name FROM event_rule ru JOIN event_target t ON t.rule_id = ru.id "
             "WHERE ru.bus_id = %s AND ru.deleted_at IS NULL AND t.deleted_at IS NULL "
-            "AND t.url = %s ORDER BY ru.name",
-            (bus_id, url),
+            f"AND {match} ORDER BY ru.name",
+            (bus_id, value),
         )
         return [row[0] for row in cur.fetchall()]

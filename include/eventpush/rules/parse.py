@@ -602,6 +602,9 @@ def _parse_match_array(path: str, values: list, where: str) -> _FieldSpec:
     return spec
 
 
+_TOO_DEEP = "nested too deep"
+
+
 def _reject_constant(name: str) -> Any:
     raise InvalidPatternError("", f"{name} is not a JSON number")
 
@@ -617,9 +620,14 @@ def _parse_pattern(pattern: dict | str | bytes) -> tuple[str, _Conjunction]:
             raise InvalidPatternError(
                 "", f"not valid JSON ({exc.msg} at position {exc.pos})"
             ) from None
+        except RecursionError:  # the text is the client's: it may nest without end
+            raise InvalidPatternError("", _TOO_DEEP) from None
     if not isinstance(pattern, dict):
         raise InvalidPatternError("", f"a pattern must be a JSON object, not {_type_name(pattern)}")
-    conjunction = _parse_object(pattern, "", "")
+    try:
+        conjunction = _parse_object(pattern, "", "")
+    except RecursionError:
+        raise InvalidPatternError("", _TOO_DEEP) from None
     try:
         source_json = json.dumps(
             pattern, separators=(",", ":"), ensure_ascii=False, allow_nan=False
