@@ -101,6 +101,8 @@ class Session:
         self._policy = policy if policy is not None else address_policy()
         self._limit = limit
         self._routes: dict[str | tuple[str, Tls], _Route] = {}  # target URL -> its pinned route
+        # When routes unused for a while were last forgotten (see _forget_unused).
+        self._swept = time.monotonic()
         self._urls: dict[tuple[str, tuple], str] = {}  # (URL, query) -> the URL sent
         self._transfers: Transfers | None = None
 
@@ -169,8 +171,11 @@ class Session:
         if route is not None:
             return route
         key = url if tls is None else (url, tls)
-        route = self._routes.get(key)
         now = time.monotonic()
+        if now - self._swept >= PIN_TTL_S:
+            self._swept = now
+            self._forget_unused(now)
+        route = self._routes.get(key)
         origin = _origin(url)
         addresses = await self._checked_addresses(origin[1], origin[2])
         if route is not None and route.address in addresses:  # the pin still holds
@@ -190,6 +195,20 @@ class Session:
         route = self._routes[key] = _route(origin, addresses[0], tls, self._policy)
         route.expires = now + PIN_TTL_S
         return route
+
+    def _forget_unused(self, now: float) -> None:
+        """Forget the URLs whose pin ran out more than ``PIN_TTL_S`` ago (a URL in use is
+        pinned again at its first send past its pin), and close the routes no URL holds any
+        more. Without this every target URL ever sent to (targets deleted, URLs changed, TLS
+        files rotated) kept its entry and its route's idle handles for the process's life:
+        a worker or an API server runs for weeks. A URL sent to again is resolved and
+        pinned anew, as it would be at its pin's end anyway."""
+        stale = now - PIN_TTL_S
+        gone = [self._routes.pop(k) for k, r in list(self._routes.items()) if r.expires < stale]
+        held = {id(r) for r in self._routes.values()}
+        for route in gone:
+            if id(route) not in held:
+                route.close()
 
     async def resolve(self, host: str, port: int) -> list[str]:
         """The addresses of the name ``host``, as the system's resolver gives them."""
