@@ -491,6 +491,10 @@ class Engine:
         else:
             self.waiting = set()
         await self._retarget(versions)
+        # Every refresh, not only after a retarget: the gates of destinations whose runners
+        # were handed off (deleted, moved) stayed until some runner here took a new version,
+        # and with them their figures in the heartbeat and on /metrics.
+        self.rates.keep({r.gate.name for r in self.runners.values() if r.gate is not None})
         for rid, row in assigned.items():
             if rid in self.runners:
                 runner = self.runners[rid]
@@ -531,7 +535,6 @@ class Engine:
                 target.rule_version,
                 target.target_version,
             )
-        self.rates.keep({r.gate.name for r in self.runners.values() if r.gate is not None})
         if restart:
             await self._hand_off(frozenset(restart))
 
