@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import os
 import re
 
@@ -290,3 +291,29 @@ def test_a_session_forgets_the_routes_of_urls_no_longer_sent_to(monkeypatch):
     assert kinds == [contract.DELIVERED] * 300
     assert urls <= 50, f"{urls} target URLs still routed after 300 came and went"
     assert handles <= 50, f"{handles} request handles pooled for URLs long gone"
+
+
+def test_the_sinks_keep_a_bounded_number_of_target_urls(monkeypatch):
+    """Each target URL's sink and sender are looked up once and kept; 300 targets, each
+    sent to once through the process's sinks and then gone, leave at most the cache's bound
+    of them (made 100 here), not an entry per URL ever sent to."""
+    from eventpush import sinks
+
+    monkeypatch.setattr(sinks, "URL_CACHE", 100, raising=False)
+
+    async def run() -> tuple[list[str], int, int]:
+        with Receiver() as rx:
+            async with sinks.Sinks() as process_sinks:
+                kinds = []
+                for i in range(300):
+                    t = target(f"{rx.url}/ok/{i}")
+                    kinds.append((await process_sinks.send(t, [record(i)], None)).kind)
+                return kinds, len(process_sinks._senders), len(process_sinks._by_url)
+
+    kinds, senders, by_url = asyncio.run(run())
+    assert kinds == [contract.DELIVERED] * 300
+    assert senders <= 100 and by_url <= 100, (senders, by_url)
+
+
+def record(n: int) -> contract.Record:
+    return contract.Record(0, n, f"m{n}", {}, json.dumps({"n": n}))
