@@ -101,7 +101,10 @@ class Session:
         self._policy = policy if policy is not None else address_policy()
         self._limit = limit
         self._routes: dict[str | tuple[str, Tls], _Route] = {}  # target URL -> its pinned route
-        # When routes unused for a while were last forgotten (see _forget_unused).
+        # When each URL last had its route looked up here (a route shared with a URL still in
+        # use stays fresh without it), and when URLs not looked up for long were last
+        # forgotten (see _forget_unused).
+        self._pinned_at: dict[str | tuple[str, Tls], float] = {}
         self._swept = time.monotonic()
         self._urls: dict[tuple[str, tuple], str] = {}  # (URL, query) -> the URL sent
         self._transfers: Transfers | None = None
@@ -119,6 +122,7 @@ class Session:
         for route in self._routes.values():
             route.close()
         self._routes.clear()
+        self._pinned_at.clear()
 
     def transfers(self) -> Transfers:
         """The running loop's transfers (a session used from a new loop starts afresh)."""
@@ -178,6 +182,7 @@ class Session:
         route = self._routes.get(key)
         origin = _origin(url)
         addresses = await self._checked_addresses(origin[1], origin[2])
+        self._pinned_at[key] = now
         if route is not None and route.address in addresses:  # the pin still holds
             route.expires = now + PIN_TTL_S
             return route
@@ -197,17 +202,21 @@ class Session:
         return route
 
     def _forget_unused(self, now: float) -> None:
-        """Forget the URLs whose pin ran out more than ``PIN_TTL_S`` ago (a URL in use is
-        pinned again at its first send past its pin), and close the routes no URL holds any
-        more. Without this every target URL ever sent to (targets deleted, URLs changed, TLS
-        files rotated) kept its entry and its route's idle handles for the process's life:
-        a worker or an API server runs for weeks. A URL sent to again is resolved and
-        pinned anew, as it would be at its pin's end anyway."""
-        stale = now - PIN_TTL_S
-        gone = [self._routes.pop(k) for k, r in list(self._routes.items()) if r.expires < stale]
+        """Forget the URLs whose route was not looked up for two pins' time (a URL in use
+        looks its route up again at its first send past its pin, or shares one another URL
+        keeps fresh), and close the routes no URL holds any more. Without this every target
+        URL ever sent to (targets deleted, URLs changed, TLS files rotated) kept its entry,
+        and its route its idle handles, for the process's life: a worker runs for weeks. A
+        URL sent to again is resolved and pinned anew, as it would be at its pin's end."""
+        stale = now - 2 * PIN_TTL_S
+        forgotten = [k for k, at in self._pinned_at.items() if at < stale]
+        gone = []
+        for key in forgotten:
+            del self._pinned_at[key]
+            gone.append(self._routes.pop(key, None))  # None: its route was never made
         held = {id(r) for r in self._routes.values()}
         for route in gone:
-            if id(route) not in held:
+            if route is not None and id(route) not in held:
                 route.close()
 
     async def resolve(self, host: str, port: int) -> list[str]:
