@@ -230,6 +230,35 @@ def test_one_token_fetch_per_expiry_and_one_refresh_per_401(ar):
     assert len(refused) == 20 and {x.headers["authorization"] for x in refused} == {"Bearer tok-2"}
 
 
+def test_the_tokens_of_connections_long_gone_are_not_kept(ar):
+    """Weeks of OAuth connections created, used and deleted under one worker, in brief: 50
+    connections each fetch a token, send, and are never used again; once their tokens have
+    run out, the next token fetched leaves the sink holding only tokens still fresh, not one
+    per connection it ever sent through (each held its access token for the process's
+    life)."""
+    ar.state.token_lifetime = 600
+
+    async def scenario() -> tuple[list[str], int, int]:
+        now = [1000.0]
+        sink = http.HttpSink(AddressPolicy(allow=(ipaddress.ip_network("127.0.0.1/32"),)))
+        sink.tokens.clock = lambda: now[0]
+        try:
+            kinds = []
+            for connection_id in range(1, 51):
+                outcomes = await sends(sink, oauth_target(ar, connection_id=connection_id), 1)
+                kinds += [o.kind for o in outcomes]
+            held = len(sink.tokens._tokens)
+            now[0] += 600  # every one of those tokens has run out
+            kinds += [o.kind for o in await sends(sink, oauth_target(ar, connection_id=51), 1)]
+            return kinds, held, len(sink.tokens._tokens)
+        finally:
+            await sink.close()
+
+    kinds, held, after = asyncio.run(scenario())
+    assert kinds == [DELIVERED] * 51 and held == 50
+    assert after == 1, f"{after} tokens held, {after - 1} of connections long gone"
+
+
 def test_a_failing_token_endpoint_makes_the_send_a_retry_that_says_so(ar):
     ar.state.token_fails = True
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import os
 import re
 
@@ -265,3 +266,57 @@ def test_a_name_that_moves_is_re_pinned_and_a_target_sharing_the_old_route_keeps
             assert "127.0.0.2" in refused.error and len(moved_peers) == 1
 
     asyncio.run(run())
+
+
+def test_a_session_forgets_the_routes_of_urls_no_longer_sent_to(monkeypatch):
+    """A worker runs for weeks while targets are created and deleted: 300 targets, each sent
+    to once and then gone, beside one that stays on the same origin (whose route they
+    share), leave the session holding the routes of the few sent to lately, not one entry
+    (and a route's pooled request handles) per URL ever sent to. The pin's minute is made
+    50 ms so that weeks pass in seconds."""
+    monkeypatch.setattr(http, "PIN_TTL_S", 0.05)
+
+    async def run() -> tuple[list[str], int, int]:
+        with Receiver() as rx:
+            async with http.new_session() as session:
+                kinds = []
+                live = target(f"{rx.url}/ok/live")  # shares its route with those that go
+                for i in range(300):
+                    t = target(f"{rx.url}/ok/{i}")
+                    kinds.append((await http.attempt(session, t, b"{}", {})).kind)
+                    kinds.append((await http.attempt(session, live, b"{}", {})).kind)
+                    await asyncio.sleep(0.005)
+                routes = {id(r): r for r in session._routes.values()}
+                handles = sum(len(r.idle) for r in routes.values())
+                return kinds, len(session._routes), handles
+
+    kinds, urls, handles = asyncio.run(run())
+    assert kinds == [contract.DELIVERED] * 600
+    assert urls <= 50, f"{urls} target URLs still routed after 300 came and went"
+    assert handles <= 50, f"{handles} request handles pooled for URLs long gone"
+
+
+def test_the_sinks_keep_a_bounded_number_of_target_urls(monkeypatch):
+    """Each target URL's sink and sender are looked up once and kept; 300 targets, each
+    sent to once through the process's sinks and then gone, leave at most the cache's bound
+    of them (made 100 here), not an entry per URL ever sent to."""
+    from eventpush import sinks
+
+    monkeypatch.setattr(sinks, "URL_CACHE", 100, raising=False)
+
+    async def run() -> tuple[list[str], int, int]:
+        with Receiver() as rx:
+            async with sinks.Sinks() as process_sinks:
+                kinds = []
+                for i in range(300):
+                    t = target(f"{rx.url}/ok/{i}")
+                    kinds.append((await process_sinks.send(t, [record(i)], None)).kind)
+                return kinds, len(process_sinks._senders), len(process_sinks._by_url)
+
+    kinds, senders, by_url = asyncio.run(run())
+    assert kinds == [contract.DELIVERED] * 300
+    assert senders <= 100 and by_url <= 100, (senders, by_url)
+
+
+def record(n: int) -> contract.Record:
+    return contract.Record(0, n, f"m{n}", {}, json.dumps({"n": n}))

@@ -317,3 +317,50 @@ def test_the_worker_and_the_nats_server_killed_mid_run_lose_nothing(conn, nats_s
     assert delivered_rows - n <= 2 * 3000
     [runner] = read_status(conn)["runners"]
     assert runner["lag"] == 0
+
+
+def test_a_worker_lets_go_of_the_buses_it_no_longer_reads(conn, db_url, nats_server):
+    """Weeks of NATS buses created and deleted under one worker, in brief: 6 buses, each
+    pushed from and deleted, leave the worker holding the one bus still there, not a bus
+    (its subscription, its queues' pull consumers, a heads read at every heartbeat) per bus
+    it ever read."""
+    from destination_support import EngineThread
+    from support import wait_until
+
+    def held(worker) -> set[str]:
+        return {r.target.runner for r in list(worker.engine.runners.values())}
+
+    with Receiver() as rx:
+        catalog.create_bus(conn, "live", 1, source=nats_server.url)
+        catalog.create_rule(conn, "live", "r", {"source": ["shop"]})
+        spec = catalog.TargetSpec(name="t", url=rx.url + "/ok/live")
+        catalog.create_target(conn, "live", "r", spec)
+        catalog.create_worker(conn, "w1")
+        catalog.assign(conn)
+        worker = EngineThread("w1", db_url).start()
+        try:
+            for i in range(6):
+                bus = f"b{i}"
+                catalog.create_bus(conn, bus, 2, source=nats_server.url)
+                catalog.create_rule(conn, bus, "r", {"source": ["shop"]})
+                spec = catalog.TargetSpec(name="t", url=f"{rx.url}/ok/{bus}")
+                catalog.create_target(conn, bus, "r", spec)
+                catalog.assign(conn)
+                wait_until(lambda bus=bus: f"{bus}/r/t" in held(worker), what=f"{bus} held")
+                publish(conn, bus, [json.dumps(event(i))])
+                wait_until(lambda bus=bus: rx.state.count[f"/ok/{bus}"] == 1, what=bus)
+                catalog.delete_bus(conn, bus, force=True)
+                wait_until(lambda bus=bus: f"{bus}/r/t" not in held(worker), what=f"{bus} gone")
+            time.sleep(2.5)  # a refresh and a round of the reader's watch
+            engine = worker.engine
+            [live] = rows(conn, "SELECT id FROM event_bus WHERE name = 'live'")
+            buses = set(engine.buses)
+            signals = set(engine.signals.events) - {live[0]}
+            reader = engine.sources["nats"]
+            watched, fed = set(reader.watching), {k[0] for k in reader.feeds}
+        finally:
+            worker.stop()
+    assert buses == {live[0]}, buses
+    assert signals == set(), signals
+    assert watched == {live[0]}, watched
+    assert fed <= {live[0]}, fed

@@ -105,12 +105,19 @@ def test_two_workers_two_rules_one_destination_hold_its_rate_while_runners_move(
             wait_until(lambda: rx.log, timeout=30, what="the first delivery")
             first = rx.log[0][0]
             # Runners move while the limit binds, one at a time (the other keeps the
-            # destination busy meanwhile): each to the other worker and back.
+            # destination busy meanwhile): each to the other worker and back, so that each
+            # worker ends with one (a worker left with no runner of the destination drops
+            # its gate, and its figures with it).
             where = {"orders/a/ta": "w1", "orders/b/tb": "w2"}
-            for name in ("orders/a/ta", "orders/b/tb", "orders/a/ta"):
+            for name in ("orders/a/ta", "orders/b/tb", "orders/a/ta", "orders/b/tb"):
                 time.sleep(2.5)
                 where[name] = "w2" if where[name] == "w1" else "w1"
                 move(conn, name, where[name])
+            wait_until(
+                lambda: all(workers[int(w[1]) - 1].runner(n) for n, w in where.items()),
+                what="each runner pushed where it went",
+            )
+            time.sleep(3)  # each worker's new gate waits for the destination's tokens a while
             wait_until(
                 lambda: time.monotonic() - first > WINDOW_S + 1.5, timeout=30, what="the window"
             )
@@ -294,3 +301,41 @@ def test_a_running_worker_takes_a_new_limit_and_a_new_url_of_its_destination_liv
     assert two and report.failed == 0
     assert report_figures["api"]["rate_limit"] == slow
     assert rows(conn, "SELECT url FROM event_target") == [(f"{rx.url}/two",)]
+
+
+def test_a_worker_keeps_no_gate_of_a_destination_whose_targets_were_deleted(conn, db_url):
+    """Weeks of API destinations created and deleted, in brief: 10 rate-limited destinations,
+    each with a target pushed through it and then deleted with it, leave the worker no gate
+    (a lease task's state, waiters) and no series on /metrics for any of them. A deleted
+    target's gate went only when some runner of the worker took a new version."""
+    with Congested(base_ms=1) as rx:
+        catalog.create_bus(conn, "orders", 1)
+        catalog.create_rule(conn, "orders", "r", {"source": ["shop"]})
+        catalog.create_worker(conn, "w1")
+        worker = EngineThread("w1", db_url).start()
+        try:
+            for i in range(10):
+                name = f"t{i}"
+                catalog.create_destination(conn, f"api{i}", f"{rx.url}/{i}", rate_limit=100.0)
+                spec = catalog.TargetSpec(name=name, url="", destination=f"api{i}")
+                catalog.create_target(conn, "orders", "r", spec)
+                catalog.assign(conn)
+                runner = f"orders/r/{name}"
+                wait_until(lambda runner=runner: worker.runner(runner), what=f"{runner} held")
+                publish(conn, "orders", events(1))
+                wait_until(lambda i=i: rx.arrivals(f"/{i}"), what=f"a send through api{i}")
+                catalog.delete_target(conn, "orders", "r", name)
+                catalog.delete_destination(conn, f"api{i}")
+                wait_until(lambda runner=runner: not worker.runner(runner), what=f"{runner} gone")
+            time.sleep(1.0)  # a few samples of the metrics
+            gates = sorted(worker.engine.rates.gates)
+            labelled = {
+                s.labels["destination"]
+                for family in worker.engine.metrics.registry.collect()
+                for s in family.samples
+                if "destination" in s.labels
+            }
+        finally:
+            worker.stop()
+    assert gates == [], gates
+    assert labelled == set(), sorted(labelled)

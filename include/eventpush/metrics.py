@@ -21,8 +21,9 @@ Prometheus conventions: counters end in ``_total``, durations are ``_seconds``.
   the runner the destination already held under their key (a JetStream ``duplicate: true``):
   another writer uses the runner's keys. Anything but 0 deserves a look.
 
-The runner gauges are those of the runners the worker holds now; a runner that moves away
-leaves them. Lag, waiting and the loop lag are refreshed every heartbeat / sample; the
+The runner series (gauges, counters, histograms) are those of the runners the worker holds
+now; a runner that moves away or is deleted leaves them (one that comes back starts again
+from 0, a counter reset). Lag, waiting and the loop lag are refreshed every heartbeat / sample; the
 counters and histograms as things happen. The attempt figures (``eventpush_retries_total``,
 ``eventpush_attempt_duration_seconds``) are counted per request in plain lists on the event
 loop and read at scrape time (:class:`AttemptStats`): a prometheus_client child takes a lock
@@ -131,6 +132,16 @@ class AttemptStats:
                 n = 0
             self.retries[runner] = n + 1
 
+    def forget(self, runners: set[str]) -> None:
+        """The series of runners no longer held here (a deleted runner's name never comes
+        back; one that does starts again from 0, a counter reset Prometheus expects)."""
+        for key in [k for k in self.counts if k[0] in runners]:
+            del self.counts[key]
+            self.created.pop(key, None)
+        for runner in runners:
+            if self.retries.pop(runner, None) is not None:
+                self.created.pop(runner, None)
+
     def describe(self) -> list:
         return [
             HistogramMetricFamily(self.HISTOGRAM, HISTOGRAM_HELP, labels=["runner", "outcome"]),
@@ -141,6 +152,9 @@ class AttemptStats:
         histogram, retries = self.describe()
         created = self.created
         for (runner, outcome), live in list(self.counts.items()):
+            when = created.get((runner, outcome))
+            if when is None:  # forgotten since the copy (the runner left)
+                continue
             counts = list(live)
             cumulative, total = [], 0
             for bound, n in zip(self._bounds, counts[:-1], strict=True):
@@ -151,11 +165,13 @@ class AttemptStats:
                 Sample(
                     f"{self.HISTOGRAM}_created",
                     {"runner": runner, "outcome": outcome},
-                    created[runner, outcome],
+                    when,
                 )
             )
         for runner, n in list(self.retries.items()):
-            retries.add_metric([runner], n, created=created[runner])
+            when = created.get(runner)
+            if when is not None:
+                retries.add_metric([runner], n, created=when)
         return [histogram, retries]
 
 
@@ -250,6 +266,10 @@ class WorkerMetrics:
             registry=r,
         )
         self.held: set[str] = set()  # runners whose gauges are set now
+        # Runners with delivery counters, (runner, destination) with duplicate counters: their
+        # series go when the runner is no longer held here (runner_state).
+        self.counted: set[str] = set()
+        self.duplicated: set[tuple[str, str]] = set()
         self.server = None
         self.thread = None
 
@@ -261,6 +281,7 @@ class WorkerMetrics:
             # Counted in C (a row per record committed, on the event loop).
             for runner, n in collections.Counter(map(_runner_of, rows)).items():
                 self.deliveries.labels(runner, outcome).inc(n)
+                self.counted.add(runner)
 
     def attempted(self, runner: str, outcome: str, seconds: float, retry: bool) -> None:
         """One request's outcome (this runs per request: see :class:`AttemptStats`)."""
@@ -269,6 +290,7 @@ class WorkerMetrics:
     def already_held(self, runner: str, destination: str, n: int) -> None:
         """``n`` first sends ``destination`` already held (see ``Lanes.held_on_first_send``)."""
         self.sink_duplicates.labels(runner, destination).inc(n)
+        self.duplicated.add((runner, destination))
 
     def runner_state(self, runners: dict[str, tuple]) -> None:
         """runner name -> (in-flight records, breaker open[, concurrency limit]), for the
@@ -290,15 +312,40 @@ class WorkerMetrics:
                 with contextlib.suppress(KeyError):
                     gauge.remove(gone)
         self.held = set(runners)
+        self._forget_counters(runners)
+
+    def _forget_counters(self, runners: dict) -> None:
+        """The counters and histograms of runners no longer held: a series per runner ever
+        pushed here (and per destination it found duplicates at) stayed for the worker's
+        life, and over weeks of targets created and deleted /metrics grew without bound.
+        A runner that comes back starts again from 0 (a counter reset, as on a restart)."""
+        gone = {r for r in self.counted if r not in runners}
+        gone.update(r for r, _ in self.attempts.counts if r not in runners)
+        gone.update(r for r in self.attempts.retries if r not in runners)
+        if gone:
+            for runner in gone:
+                for outcome in ("delivered", "failed"):
+                    with contextlib.suppress(KeyError):
+                        self.deliveries.remove(runner, outcome)
+            self.counted -= gone
+            self.attempts.forget(gone)
+        for key in [k for k in self.duplicated if k[0] not in runners]:
+            self.duplicated.discard(key)
+            with contextlib.suppress(KeyError):
+                self.sink_duplicates.remove(*key)
 
     def destinations(self, figures: dict[str, dict]) -> None:
         """Destinations' rate limits as ``RateGates.figures`` gives them (cumulative figures:
         the counters move by what changed since the last call). A destination no longer
-        limited here loses its limit gauge; its counters stay, and go on from where they
-        were should it come back."""
+        limited here loses its limit gauge and its counters (kept, a series per destination
+        ever limited here stayed for the worker's life: destinations are created and deleted
+        for weeks); should it come back, they start again from 0 (a counter reset)."""
         for name in [n for n in self.destinations_seen if n not in figures]:
             del self.destinations_seen[name]
             self.rate_limit.remove(name)
+            for counter in (self.throttled, self.rate_sent):
+                with contextlib.suppress(KeyError):
+                    counter.remove(name)
         for name, f in figures.items():
             throttled, sent = self.destinations_seen.get(name, (0.0, 0))
             self.rate_limit.labels(name).set(f["rate_limit"])

@@ -491,6 +491,17 @@ class Engine:
         else:
             self.waiting = set()
         await self._retarget(versions)
+        # Every refresh, not only after a retarget: the gates of destinations whose runners
+        # were handed off (deleted, moved) stayed until some runner here took a new version,
+        # and with them their figures in the heartbeat and on /metrics.
+        self.rates.keep({r.gate.name for r in self.runners.values() if r.gate is not None})
+        # Buses no runner here reads any more (deleted, or their runners moved): kept, every
+        # bus ever read here stayed for the worker's life, watched by its source's reader and
+        # its heads read at every heartbeat. One read again is loaded again at its claim.
+        live = {r.target.bus_id for r in self.runners.values()}
+        for bus_id in [b for b in self.buses if b not in live]:
+            del self.buses[bus_id]
+            self.signals.forget(bus_id)
         for rid, row in assigned.items():
             if rid in self.runners:
                 runner = self.runners[rid]
@@ -531,7 +542,6 @@ class Engine:
                 target.rule_version,
                 target.target_version,
             )
-        self.rates.keep({r.gate.name for r in self.runners.values() if r.gate is not None})
         if restart:
             await self._hand_off(frozenset(restart))
 

@@ -379,6 +379,10 @@ class BusSignals:
             event = self.events[bus_id] = asyncio.Event()
         return event
 
+    def forget(self, bus_id: int) -> None:
+        """The bus is no longer read here (its feeders are gone): its event goes too."""
+        self.events.pop(bus_id, None)
+
     def wake(self, bus_id: int) -> None:
         """Something may have been published on the bus: its waiting feeders look again."""
         event = self.events.get(bus_id)

@@ -88,6 +88,9 @@ REGISTRY = Registry(
 )
 # The name callers and plug-in authors know (two packages claiming one scheme).
 SinkConflictError = PluginConflictError
+# Target URLs whose sink and sender a process keeps (past it they are looked up afresh): a
+# worker runs for weeks while targets are created, changed and deleted.
+URL_CACHE = 10_000
 
 
 def readable(url: str) -> bool:
@@ -174,6 +177,8 @@ class Sinks:
             sink = self._open.get(kind)
             if sink is None:
                 sink = self._open[kind] = kind(self.policy)
+            if len(self._by_url) >= URL_CACHE:  # bounded: every URL ever sent to stayed
+                self._by_url.clear()
             self._by_url[url] = sink
         return sink
 
@@ -182,6 +187,8 @@ class Sinks:
         with no sink for the URL's scheme, a send whose every attempt fails finally."""
         sender = self._senders.get(url)
         if sender is None:
+            if len(self._senders) >= URL_CACHE:  # bounded: every URL ever sent to stayed
+                self._senders.clear()
             sender = self._senders[url] = self._sender(url)
         return sender
 

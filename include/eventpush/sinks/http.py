@@ -101,6 +101,11 @@ class Session:
         self._policy = policy if policy is not None else address_policy()
         self._limit = limit
         self._routes: dict[str | tuple[str, Tls], _Route] = {}  # target URL -> its pinned route
+        # When each URL last had its route looked up here (a route shared with a URL still in
+        # use stays fresh without it), and when URLs not looked up for long were last
+        # forgotten (see _forget_unused).
+        self._pinned_at: dict[str | tuple[str, Tls], float] = {}
+        self._swept = time.monotonic()
         self._urls: dict[tuple[str, tuple], str] = {}  # (URL, query) -> the URL sent
         self._transfers: Transfers | None = None
 
@@ -117,6 +122,7 @@ class Session:
         for route in self._routes.values():
             route.close()
         self._routes.clear()
+        self._pinned_at.clear()
 
     def transfers(self) -> Transfers:
         """The running loop's transfers (a session used from a new loop starts afresh)."""
@@ -169,10 +175,14 @@ class Session:
         if route is not None:
             return route
         key = url if tls is None else (url, tls)
-        route = self._routes.get(key)
         now = time.monotonic()
+        if now - self._swept >= PIN_TTL_S:
+            self._swept = now
+            self._forget_unused(now)
+        route = self._routes.get(key)
         origin = _origin(url)
         addresses = await self._checked_addresses(origin[1], origin[2])
+        self._pinned_at[key] = now
         if route is not None and route.address in addresses:  # the pin still holds
             route.expires = now + PIN_TTL_S
             return route
@@ -190,6 +200,24 @@ class Session:
         route = self._routes[key] = _route(origin, addresses[0], tls, self._policy)
         route.expires = now + PIN_TTL_S
         return route
+
+    def _forget_unused(self, now: float) -> None:
+        """Forget the URLs whose route was not looked up for two pins' time (a URL in use
+        looks its route up again at its first send past its pin, or shares one another URL
+        keeps fresh), and close the routes no URL holds any more. Without this every target
+        URL ever sent to (targets deleted, URLs changed, TLS files rotated) kept its entry,
+        and its route its idle handles, for the process's life: a worker runs for weeks. A
+        URL sent to again is resolved and pinned anew, as it would be at its pin's end."""
+        stale = now - 2 * PIN_TTL_S
+        forgotten = [k for k, at in self._pinned_at.items() if at < stale]
+        gone = []
+        for key in forgotten:
+            del self._pinned_at[key]
+            gone.append(self._routes.pop(key, None))  # None: its route was never made
+        held = {id(r) for r in self._routes.values()}
+        for route in gone:
+            if route is not None and id(route) not in held:
+                route.close()
 
     async def resolve(self, host: str, port: int) -> list[str]:
         """The addresses of the name ``host``, as the system's resolver gives them."""

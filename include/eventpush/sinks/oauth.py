@@ -123,9 +123,14 @@ class Tokens:
     async def _fetch(self, auth: Auth, fetch: Fetch) -> str:
         try:
             token, lifetime = await fetch(auth)
-            for key in [k for k in self._tokens if k[0] == auth.connection_id]:
-                del self._tokens[key]  # an older version's token is never used again
-            self._tokens[auth.key] = (token, refresh_at(self.clock(), lifetime))
+            now = self.clock()
+            # An older version's token is never used again; nor is any token past its refresh
+            # time (``fresh`` never gives it): kept, a deleted connection's token stayed for the
+            # process's life, one per connection ever sent through.
+            for key, (_, at) in list(self._tokens.items()):
+                if key[0] == auth.connection_id or at <= now:
+                    del self._tokens[key]
+            self._tokens[auth.key] = (token, refresh_at(now, lifetime))
             return token
         finally:
             self._fetching.pop(auth.key, None)

@@ -499,11 +499,27 @@ class NatsReader(Reader):
                     if bus.id in self.watching or bus.scheme != "nats":
                         continue
                     self.watching[bus.id] = await self._watch(bus, wake)
+                await self._let_go(buses)
                 await asyncio.sleep(1.0)
         finally:
             for sub in self.watching.values():
                 await _quietly(sub.unsubscribe())
             self.watching.clear()
+
+    async def _let_go(self, buses) -> None:
+        """Buses the worker no longer reads (deleted, or their runners moved away): their
+        subscription, pull consumers and locks go. Kept, every bus ever read here held a
+        subscription and its queues' consumers for the worker's life."""
+        read = {bus.id for bus in buses()}
+        for bus_id in [b for b in self.watching if b not in read]:
+            await _quietly(self.watching.pop(bus_id).unsubscribe())
+        read = {bus.id for bus in buses()}  # again: no await from here on
+        for key in [k for k in self.feeds if k[0] not in read]:
+            for feed in self.feeds.pop(key):
+                self._drop_consumer(feed)
+        for key in [k for k in self.locks if k[0] not in read and not self.locks[k].locked()]:
+            del self.locks[key]
+        self.news.difference_update([k for k in self.news if k[0] not in read])
 
     async def _watch(self, bus: Bus, wake: Callable[[int], None]):
         nc = await self._nc(bus)
