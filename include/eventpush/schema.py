@@ -11,6 +11,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
 
 from eventpush.config import database_url
+from eventpush.db import connect
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -47,6 +48,9 @@ def head_revision() -> str:
 
 def migrate(url: str | None = None) -> tuple[str | None, str]:
     """Upgrade to the newest revision; idempotent. Returns (before, after)."""
+    # First through eventpush.db, so an unreachable database or a malformed URL is its one
+    # redacted line (StoreError, ConfigError), not SQLAlchemy's traceback.
+    connect(url).close()
     url = url or database_url()
     before = current_revision(url)
     command.upgrade(_alembic_config(url), "head")
