@@ -45,3 +45,70 @@ def test_db_migrate_with_a_bad_port_is_one_line_exit_3(cli):
     r = cli("db", "migrate", env={"EVENTPUSH_DATABASE_URL": url})
     one_line(r, 3, "cannot connect to postgresql://***@127.0.0.1:notaport/eventpush")
     assert PASSWORD not in r.stderr + r.stdout
+
+
+def _nested(levels: int, leaf: str = "[1]") -> str:
+    """A JSON object ``levels`` objects deep around ``leaf``."""
+    return '{"a":' * levels + leaf + "}" * levels
+
+
+@pytest.fixture
+def orders(cli, db_url):
+    assert cli("bus", "create", "orders", "--queues", "1").returncode == 0
+    r = cli("rule", "create", "--bus", "orders", "--name", "r", "--pattern", '{"source":["a"]}')
+    assert r.returncode == 0, r.stderr
+    return db_url
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        _nested(300),  # compiled fine, then broke every `rule list` (asdict recursed)
+        "[" * 100_000,  # past the JSON parser's own limit: a RecursionError traceback
+    ],
+)
+def test_a_pattern_nested_too_deep_is_refused_and_nothing_is_written(cli, orders, conn, pattern):
+    r = cli("rule", "create", "--bus", "orders", "--name", "deep", "--pattern", pattern)
+    one_line(r, 2, "rule 'deep': pattern is nested more than 100 levels deep")
+    r = cli("rule", "update", "--bus", "orders", "--name", "r", "--pattern", pattern)
+    one_line(r, 2, "rule 'r': pattern is nested more than 100 levels deep")
+    with conn.cursor() as cur:
+        cur.execute("SELECT name, version FROM event_rule ORDER BY name")
+        assert cur.fetchall() == [("r", 1)]
+    assert cli("rule", "list").returncode == 0
+
+
+def test_a_pattern_at_the_depth_limit_is_kept_and_listed(cli, orders):
+    r = cli("rule", "create", "--bus", "orders", "--name", "deep", "--pattern", _nested(99))
+    assert r.returncode == 0, r.stderr
+    for args in (("rule", "list"), ("rule", "list", "--json")):
+        r = cli(*args)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-500:]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        '{"value":' + "[" * 300 + "1" + "]" * 300 + "}",  # stored, then broke `target list`
+        "[" * 100_000,  # past the JSON parser's own limit
+    ],
+)
+def test_a_transform_spec_nested_too_deep_is_refused(cli, orders, conn, spec):
+    base = ("--bus", "orders", "--rule", "r")
+    r = cli(
+        "target", "create", *base, "--name", "t", "--url", "http://127.0.0.1:9/x",
+        "--transform", "constant", "--transform-spec", spec,
+    )  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-500:]
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "--transform-spec is nested" in r.stderr
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM event_target")
+        assert cur.fetchone() == (0,)
+    r = cli("target", "create", *base, "--name", "t", "--url", "http://127.0.0.1:9/x")
+    assert r.returncode == 0, r.stderr
+    r = cli("target", "update", *base, "--name", "t", "--transform", "constant",
+            "--transform-spec", spec)  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-500:]
+    assert "--transform-spec is nested" in r.stderr
+    assert cli("target", "list").returncode == 0

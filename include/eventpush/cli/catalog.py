@@ -274,6 +274,8 @@ def target_create(
             spec_value = json.loads(transform_spec)
         except json.JSONDecodeError as exc:
             fail(f"--transform-spec is not valid JSON: {exc}")
+        except RecursionError:  # the parser's own limit, far past the catalog's
+            fail("--transform-spec is nested too deeply")
     spec = catalog.TargetSpec(
         name=name,
         url=url or "",

@@ -342,6 +342,8 @@ def target_update(
             changes["transform_spec"] = json.loads(transform_spec)
         except json.JSONDecodeError as exc:
             fail(f"--transform-spec is not valid JSON: {exc}")
+        except RecursionError:  # the parser's own limit, far past the catalog's
+            fail("--transform-spec is nested too deeply")
     keep = None if keep_old_secret is None else parse_duration("--keep-old-secret", keep_old_secret)
     with connection() as conn:
         info = catalog.update_target(
