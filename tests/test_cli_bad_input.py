@@ -112,3 +112,13 @@ def test_a_transform_spec_nested_too_deep_is_refused(cli, orders, conn, spec):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-500:]
     assert "--transform-spec is nested" in r.stderr
     assert cli("target", "list").returncode == 0
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "0", "inf"])
+def test_worker_run_refuses_a_max_seconds_it_cannot_keep(cli, db_url, value):
+    # nan: "elapsed >= nan" never held, so the worker ran forever (with --until-idle it
+    # returned 0 here only because nothing was to do); -1 and 0 ran nothing, exit 0.
+    assert cli("worker", "create", "w1").returncode == 0
+    r = cli("worker", "run", "w1", "--until-idle", "--json", "--max-seconds", value)
+    one_line(r, 2, "--max-seconds must be a finite number of seconds more than 0, got ")
+    assert r.stdout == ""
