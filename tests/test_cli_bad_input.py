@@ -122,3 +122,47 @@ def test_worker_run_refuses_a_max_seconds_it_cannot_keep(cli, db_url, value):
     r = cli("worker", "run", "w1", "--until-idle", "--json", "--max-seconds", value)
     one_line(r, 2, "--max-seconds must be a finite number of seconds more than 0, got ")
     assert r.stdout == ""
+
+
+UNREADABLE = "/proc/self/mem"  # exists, is a file, and reading it fails (EIO), even for root
+
+
+@pytest.fixture
+def not_utf8(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(b"whsec_\xff\xfe")
+    return str(path)
+
+
+def test_a_secret_file_that_cannot_be_read_is_one_line_naming_it(cli, orders, conn, not_utf8):
+    base = ("--bus", "orders", "--rule", "r", "--name", "t")
+    create = ("target", "create", *base, "--url", "http://127.0.0.1:9/x")
+    r = cli(*create, "--secret-file", UNREADABLE)
+    one_line(r, 2, f"--secret-file {UNREADABLE}: ")
+    r = cli(*create, "--secret-file", not_utf8)
+    one_line(r, 2, f"--secret-file {not_utf8} is not UTF-8 text")
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM event_target")
+        assert cur.fetchone() == (0,)
+    assert cli(*create).returncode == 0
+    r = cli("target", "update", *base, "--secret-file", not_utf8)
+    one_line(r, 2, f"--secret-file {not_utf8} is not UTF-8 text")
+    r = cli("target", "update", *base, "--secret-file", UNREADABLE)
+    one_line(r, 2, f"--secret-file {UNREADABLE}: ")
+
+
+def test_publish_of_a_file_that_cannot_be_read_is_one_line_and_stores_nothing(
+    cli, orders, conn, tmp_path
+):
+    good = "".join(
+        f'{{"source": "a", "detail-type": "x", "detail": {{"i": {i}}}}}\n' for i in range(3)
+    )
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_bytes(good.encode() + b'{"source": "\xff"}\n')
+    r = cli("publish", "--bus", "orders", str(mixed))
+    one_line(r, 2, f"{mixed} is not UTF-8 text")
+    r = cli("publish", "--bus", "orders", UNREADABLE)
+    one_line(r, 2, f"{UNREADABLE}: ")
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM bus_event")
+        assert cur.fetchone() == (0,)
