@@ -166,3 +166,12 @@ def test_publish_of_a_file_that_cannot_be_read_is_one_line_and_stores_nothing(
     with conn.cursor() as cur:
         cur.execute("SELECT count(*) FROM bus_event")
         assert cur.fetchone() == (0,)
+
+
+def test_a_database_url_file_that_cannot_be_read_is_one_line_exit_3(cli, tmp_path):
+    not_utf8 = tmp_path / "url"
+    not_utf8.write_bytes(f"postgresql://u:{PASSWORD}@127.0.0.1:1/x\xff".encode("latin-1"))
+    for path, why in ((UNREADABLE, "which cannot be read: "), (not_utf8, "which is not UTF-8")):
+        r = cli("status", env={"EVENTPUSH_DATABASE_URL_FILE": str(path)})
+        one_line(r, 3, f"EVENTPUSH_DATABASE_URL_FILE names {path}, {why}")
+        assert PASSWORD not in r.stderr
