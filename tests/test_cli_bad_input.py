@@ -175,3 +175,11 @@ def test_a_database_url_file_that_cannot_be_read_is_one_line_exit_3(cli, tmp_pat
         r = cli("status", env={"EVENTPUSH_DATABASE_URL_FILE": str(path)})
         one_line(r, 3, f"EVENTPUSH_DATABASE_URL_FILE names {path}, {why}")
         assert PASSWORD not in r.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_replay_refuses_a_rate_limit_that_is_not_finite(cli, db_url, value):
+    # Both passed "<= 0" and "< the minimum": Spark started, then recording the request
+    # failed on PostgreSQL's JSON ('Token "NaN" is invalid'): a traceback, exit 1.
+    r = cli("replay", "--dry-run", "--rate-limit", value)
+    one_line(r, 2, f"rate limit must be a finite number of records per second, got {value}")
