@@ -4,6 +4,8 @@ half-written."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from ports import free_port
 
@@ -183,3 +185,68 @@ def test_replay_refuses_a_rate_limit_that_is_not_finite(cli, db_url, value):
     # failed on PostgreSQL's JSON ('Token "NaN" is invalid'): a traceback, exit 1.
     r = cli("replay", "--dry-run", "--rate-limit", value)
     one_line(r, 2, f"rate limit must be a finite number of records per second, got {value}")
+
+
+@pytest.fixture
+def ca_file(tmp_path):
+    """A real PEM certificate (the catalog loads TLS files when they are set)."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "hunt-b")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    path = tmp_path / "ca.pem"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return str(path)
+
+
+def test_contradicting_options_of_update_are_refused_and_change_nothing(
+    cli, orders, tmp_path, ca_file
+):
+    # Before: whichever the code applied last won, silently: --no-tls dropped the --ca-file
+    # just given, --header beat --no-header, --no-connection beat --connection, ...
+    target = ("--bus", "orders", "--rule", "r", "--name", "t")
+    url = "http://127.0.0.1:9/x"
+    assert cli("target", "create", *target, "--url", url, "--header", "X-A:1").returncode == 0
+    secret = tmp_path / "key"
+    secret.write_text("k3y\n")
+    r = cli("connection", "create", "c", "--auth", "api-key", "--key-name", "X-Key",
+            "--key-value-file", str(secret), "--header", "X-C:1", "--query", "q=1")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    r = cli("destination", "create", "d", "--url", url, "--connection", "c", "--rate-limit", "5")
+    assert r.returncode == 0, r.stderr
+    t_update = ("target", "update", *target)
+    refusals = [  # (command, flag, option, its value)
+        (t_update, "--no-tls", "--ca-file", ca_file),
+        (t_update, "--no-header", "--header", "X-B:2"),
+        (("connection", "update", "c"), "--no-header", "--header", "X-D:2"),
+        (("connection", "update", "c"), "--no-query", "--query", "q=2"),
+        (("destination", "update", "d"), "--no-connection", "--connection", "c"),
+        (("destination", "update", "d"), "--no-rate-limit", "--rate-limit", "7"),
+        (("destination", "update", "d"), "--no-tls", "--ca-file", ca_file),
+    ]
+    for command, flag, option, value in refusals:
+        r = cli(*command, flag, option, value)
+        one_line(r, 2, f"give {option} or {flag}, not both")
+    for args in (
+        ("target", "show", *target),
+        ("connection", "show", "c"),
+        ("destination", "show", "d"),
+    ):
+        doc = json.loads(cli(*args, "--json").stdout)
+        assert doc["version"] == 1, (args, doc)

@@ -15,10 +15,12 @@ from rich.table import Table
 from eventpush import catalog
 from eventpush.cli.catalog import bus, read_secret, rule, target
 from eventpush.cli.common import (
+    TLS_FIELDS,
     NumberOrAuto,
     concurrency_option,
     fail,
     handles_errors,
+    not_both,
     out,
     pairs,
     print_json,
@@ -324,6 +326,8 @@ def target_update(
     **policy,
 ) -> None:
     """Change a target: any option of ``target create``; running workers apply it within 2 s."""
+    not_both({"--header": headers}, "--no-header", no_header)
+    not_both({f"--{k.replace('_', '-')}": policy[k] for k in TLS_FIELDS}, "--no-tls", no_tls)
     changes = {k: v for k, v in policy.items() if v is not None}
     changes.update(concurrency_option(concurrency))
     if headers or no_header:

@@ -30,6 +30,16 @@ def fail(message: str, code: int = EXIT_INPUT) -> None:
     sys.exit(code)
 
 
+def not_both(given: dict[str, object], flag: str, flag_set: bool) -> None:
+    """Refuse ``flag`` (e.g. --no-tls) together with an option it contradicts (``given``:
+    option -> value, None or empty when absent), as ``--secret`` with ``--no-secret`` is:
+    whichever the code applied last used to win silently."""
+    if flag_set:
+        for option, value in given.items():
+            if value not in (None, (), []):
+                fail(f"give {option} or {flag}, not both")
+
+
 def handles_errors(func):
     """One-line errors instead of tracebacks for everything a user can get wrong. Input
     errors are ValueErrors (catalog, patterns, events, controls, replay requests); the
@@ -64,6 +74,9 @@ def pairs(values: tuple[str, ...], sep: str, option: str) -> list[tuple[str, str
         return [split_pair(v, sep, option) for v in values]
     except HeaderError as exc:
         fail(str(exc))
+
+
+TLS_FIELDS = ("client_cert_file", "client_key_file", "ca_file")
 
 
 def tls_options(func):
