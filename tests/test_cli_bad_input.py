@@ -250,3 +250,20 @@ def test_contradicting_options_of_update_are_refused_and_change_nothing(
     ):
         doc = json.loads(cli(*args, "--json").stdout)
         assert doc["version"] == 1, (args, doc)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("status",),
+        ("bus", "create", "orders"),
+        ("rule", "list"),
+        ("key", "list"),
+        ("db", "maintain"),
+    ],
+)
+def test_a_database_without_the_schema_is_one_line_saying_migrate(cli, empty_db_url, args):
+    # Before: psycopg2's UndefinedTable traceback, exit 1 ("missing deliveries").
+    r = cli(*args, env={"EVENTPUSH_DATABASE_URL": empty_db_url})
+    one_line(r, 3, "the database lacks this version's schema (relation ")
+    assert r.stderr.strip().endswith("run 'eventpush db migrate'")

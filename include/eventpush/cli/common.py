@@ -12,10 +12,12 @@ import json
 import sys
 
 import click
+import psycopg2.errors
 from rich.console import Console
 
 from eventpush.config import ConfigError
 from eventpush.db import StoreError
+from eventpush.errors import first_line
 
 EXIT_MISSING = 1
 EXIT_INPUT = 2
@@ -58,6 +60,14 @@ def handles_errors(func):
             fail(str(exc))
         except (ConfigError, StoreError, SparkSetupError, SecretKeyError) as exc:
             fail(str(exc), EXIT_STORE)
+        except (psycopg2.errors.UndefinedTable, psycopg2.errors.UndefinedColumn) as exc:
+            # A database never migrated (or by an older eventpush): the tables or columns
+            # this version reads are missing. Say so, not psycopg2's traceback (exit 1).
+            fail(
+                f"the database lacks this version's schema ({first_line(exc)}): "
+                "run 'eventpush db migrate'",
+                EXIT_STORE,
+            )
 
     return wrapper
 
