@@ -267,3 +267,19 @@ def test_a_database_without_the_schema_is_one_line_saying_migrate(cli, empty_db_
     r = cli(*args, env={"EVENTPUSH_DATABASE_URL": empty_db_url})
     one_line(r, 3, "the database lacks this version's schema (relation ")
     assert r.stderr.strip().endswith("run 'eventpush db migrate'")
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_a_transform_spec_with_a_number_json_cannot_hold_is_refused(cli, orders, conn, number):
+    # Python's json reads these; PostgreSQL's JSON refuses them: a traceback, exit 1.
+    base = ("--bus", "orders", "--rule", "r", "--name", "t")
+    spec = '{"value": [%s]}' % number  # noqa: UP031
+    create = ("target", "create", *base, "--url", "http://127.0.0.1:9/x", "--transform", "constant")
+    r = cli(*create, "--transform-spec", spec)
+    one_line(r, 2, "target 't': --transform-spec holds a number that is not finite")
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM event_target")
+        assert cur.fetchone() == (0,)
+    assert cli(*create, "--transform-spec", '{"value": 1}').returncode == 0
+    r = cli("target", "update", *base, "--transform-spec", spec)
+    one_line(r, 2, "target 't': --transform-spec holds a number that is not finite")

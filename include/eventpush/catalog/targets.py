@@ -128,6 +128,13 @@ def check_target(spec: TargetSpec) -> None:
             f"target {spec.name!r}: --transform-spec is nested more than {MAX_JSON_DEPTH} "
             "levels deep"
         )
+    try:  # stored as JSON, which has no NaN or Infinity (PostgreSQL refuses the row)
+        json.dumps(spec.transform_spec, allow_nan=False)
+    except ValueError:
+        raise CatalogError(
+            f"target {spec.name!r}: --transform-spec holds a number that is not finite "
+            "(NaN, Infinity or beyond 1e308)"
+        ) from None
     try:
         compile_transform(kind, spec.transform_spec)
     except InvalidTransformError as exc:
