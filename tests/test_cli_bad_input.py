@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import psycopg2
 import pytest
 from ports import free_port
 
@@ -283,3 +284,15 @@ def test_a_transform_spec_with_a_number_json_cannot_hold_is_refused(cli, orders,
     assert cli(*create, "--transform-spec", '{"value": 1}').returncode == 0
     r = cli("target", "update", *base, "--transform-spec", spec)
     one_line(r, 2, "target 't': --transform-spec holds a number that is not finite")
+
+
+def test_db_migrate_of_a_database_at_an_unknown_revision_is_one_line(cli, empty_db_url):
+    # As after rolling eventpush back past a migration: Alembic's CommandError traceback.
+    env = {"EVENTPUSH_DATABASE_URL": empty_db_url}
+    assert cli("db", "migrate", env=env).returncode == 0
+    c = psycopg2.connect(empty_db_url)
+    with c, c.cursor() as cur:
+        cur.execute("UPDATE eventpush_alembic_version SET version_num = '0099_future'")
+    c.close()
+    r = cli("db", "migrate", env=env)
+    one_line(r, 3, "cannot migrate the database from revision 0099_future: ")
