@@ -5,6 +5,7 @@ half-written."""
 from __future__ import annotations
 
 import json
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
 import pytest
@@ -296,3 +297,31 @@ def test_db_migrate_of_a_database_at_an_unknown_revision_is_one_line(cli, empty_
     c.close()
     r = cli("db", "migrate", env=env)
     one_line(r, 3, "cannot migrate the database from revision 0099_future: ")
+
+
+@pytest.fixture
+def read_only_url(db_url, conn):
+    """The test database through a role of its own that may only read it."""
+    import uuid
+
+    role = f"eventpush_ro_{uuid.uuid4().hex[:8]}"
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{PASSWORD}'")
+        cur.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+    try:
+        parts = urlsplit(db_url)
+        host = parts.netloc.rpartition("@")[2]
+        yield urlunsplit(parts._replace(netloc=f"{role}:{PASSWORD}@{host}"))
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f"DROP OWNED BY {role}")
+            cur.execute(f"DROP ROLE {role}")
+
+
+def test_a_role_that_may_not_write_is_one_line_exit_3(cli, read_only_url):
+    env = {"EVENTPUSH_DATABASE_URL": read_only_url}
+    assert cli("bus", "list", env=env).returncode == 0
+    r = cli("bus", "create", "orders", env=env)
+    one_line(r, 3, "the database refused: permission denied for table event_bus")
+    assert PASSWORD not in r.stderr

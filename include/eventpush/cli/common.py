@@ -68,6 +68,13 @@ def handles_errors(func):
                 "run 'eventpush db migrate'",
                 EXIT_STORE,
             )
+        except psycopg2.errors.InsufficientPrivilege as exc:
+            # A role that may read but not write (or not even read) the catalog.
+            fail(
+                f"the database refused: {first_line(exc)} (see the role "
+                "EVENTPUSH_DATABASE_URL connects as)",
+                EXIT_STORE,
+            )
 
     return wrapper
 
