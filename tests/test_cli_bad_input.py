@@ -325,3 +325,17 @@ def test_a_role_that_may_not_write_is_one_line_exit_3(cli, read_only_url):
     r = cli("bus", "create", "orders", env=env)
     one_line(r, 3, "the database refused: permission denied for table event_bus")
     assert PASSWORD not in r.stderr
+
+
+@pytest.mark.parametrize("keep", ["99999999999d", "999999999999999999999999999s"])
+def test_keep_old_secret_past_any_date_is_one_line(cli, orders, conn, tmp_path, keep):
+    # timedelta raises OverflowError (not a ValueError) there: a traceback, exit 1.
+    base = ("--bus", "orders", "--rule", "r", "--name", "t")
+    assert cli("target", "create", *base, "--url", "http://127.0.0.1:9/x").returncode == 0
+    secret = tmp_path / "secret"
+    secret.write_text("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n")
+    r = cli("target", "update", *base, "--secret-file", str(secret), "--keep-old-secret", keep)
+    one_line(r, 2, f"--keep-old-secret '{keep}' is out of range")
+    with conn.cursor() as cur:
+        cur.execute("SELECT version, secret IS NULL FROM event_target")
+        assert cur.fetchone() == (1, True)

@@ -38,7 +38,10 @@ def parse_duration(option: str, text: str) -> dt.timedelta:
     found = _DURATION.fullmatch(text.strip())
     if found is None:
         fail(f"{option} must be a number and a unit (s, m, h or d), such as 24h; got {text!r}")
-    return dt.timedelta(**{_UNITS[found[2]]: int(found[1])})
+    try:
+        return dt.timedelta(**{_UNITS[found[2]]: int(found[1])})
+    except OverflowError:  # past timedelta's 999999999 days: not a ValueError, a traceback
+        fail(f"{option} {text!r} is out of range")
 
 
 def as_json_option(func):
