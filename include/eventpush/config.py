@@ -44,7 +44,18 @@ def _url_from_file(path: str) -> str:
     shipped with ``--files`` in its working directory, under the same name."""
     for candidate in (Path(path), Path(Path(path).name)):
         if candidate.is_file():
-            return candidate.read_text(encoding="utf-8").strip()
+            # One line naming the file, never its text (it holds the password).
+            try:
+                return candidate.read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                why = exc.strerror or type(exc).__name__
+                raise ConfigError(
+                    f"{FILE_ENV_VAR} names {candidate}, which cannot be read: {why}"
+                ) from None
+            except UnicodeDecodeError:
+                raise ConfigError(
+                    f"{FILE_ENV_VAR} names {candidate}, which is not UTF-8 text"
+                ) from None
     raise ConfigError(f"{FILE_ENV_VAR} names {path}, which does not exist")
 
 

@@ -15,7 +15,7 @@ import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
 
-from eventpush.config import database_url, redact_url
+from eventpush.config import ENV_VAR, ConfigError, database_url, redact, redact_url
 from eventpush.errors import first_line
 
 Connection = psycopg2.extensions.connection
@@ -33,6 +33,7 @@ def connect(
 ) -> Connection:
     """A new connection; ``url`` defaults to ``EVENTPUSH_DATABASE_URL``; ``libpq`` adds
     connection parameters (e.g. TCP keepalives)."""
+    where = "the database URL" if url else ENV_VAR
     url = url or database_url()
     try:
         conn = psycopg2.connect(
@@ -40,6 +41,13 @@ def connect(
         )
     except psycopg2.OperationalError as exc:
         raise _unreachable(url, first_line(exc)) from None
+    except psycopg2.ProgrammingError as exc:
+        # libpq refuses a URL it cannot parse ("invalid dsn"), quoting it whole, password
+        # included: a configuration error, said redacted, and not retried as an outage.
+        raise ConfigError(
+            f"{where} {redact_url(url)!r} is not a usable PostgreSQL URL: "
+            + redact(first_line(exc).replace(url, "the URL"), url)
+        ) from None
     return conn
 
 

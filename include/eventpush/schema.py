@@ -8,9 +8,12 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import create_engine
 
 from eventpush.config import database_url
+from eventpush.db import StoreError, connect
+from eventpush.errors import first_line
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -47,7 +50,17 @@ def head_revision() -> str:
 
 def migrate(url: str | None = None) -> tuple[str | None, str]:
     """Upgrade to the newest revision; idempotent. Returns (before, after)."""
+    # First through eventpush.db, so an unreachable database or a malformed URL is its one
+    # redacted line (StoreError, ConfigError), not SQLAlchemy's traceback.
+    connect(url).close()
     url = url or database_url()
     before = current_revision(url)
-    command.upgrade(_alembic_config(url), "head")
+    try:
+        command.upgrade(_alembic_config(url), "head")
+    except CommandError as exc:
+        # E.g. a revision this code does not ship (the database was migrated by a newer
+        # eventpush): Alembic's own words, in one line, not its traceback.
+        raise StoreError(
+            f"cannot migrate the database from revision {before}: {first_line(exc)}"
+        ) from None
     return before, head_revision()

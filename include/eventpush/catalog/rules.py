@@ -15,12 +15,14 @@ import psycopg2
 import psycopg2.errors
 
 from eventpush.catalog.common import (
+    MAX_JSON_DEPTH,
     CatalogError,
     ConflictError,
     bus_row,
     check_name,
     check_version,
     iso,
+    nested_deeper_than,
     notify,
     rule_row,
 )
@@ -46,11 +48,18 @@ def parse_pattern(name: str, pattern: str | dict) -> dict:
     """The pattern as a dict, compiled once to refuse an invalid one."""
     from eventpush.rules.patterns import InvalidPatternError, compile_pattern
 
+    too_deep = CatalogError(
+        f"rule {name!r}: pattern is nested more than {MAX_JSON_DEPTH} levels deep"
+    )
     if isinstance(pattern, str):
         try:
             pattern = json.loads(pattern)
         except json.JSONDecodeError as exc:
             raise CatalogError(f"rule {name!r}: pattern is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise too_deep from None
+    if nested_deeper_than(pattern):
+        raise too_deep
     try:
         compile_pattern(pattern)
     except InvalidPatternError as exc:

@@ -20,6 +20,7 @@ import psycopg2.errors
 from eventpush import sealed, sources
 from eventpush.addresses import InvalidTargetUrlError
 from eventpush.catalog.common import (
+    MAX_JSON_DEPTH,
     CatalogError,
     ConflictError,
     NotFoundError,
@@ -28,6 +29,7 @@ from eventpush.catalog.common import (
     check_version,
     iso,
     live_id,
+    nested_deeper_than,
     notify,
     rule_row,
     runner_name,
@@ -121,6 +123,18 @@ def check_target(spec: TargetSpec) -> None:
         raise CatalogError(f"transform must be one of {', '.join(TRANSFORM_KINDS)}, got {kind}")
     from eventpush.rules.transforms import InvalidTransformError, compile_transform
 
+    if nested_deeper_than(spec.transform_spec):
+        raise CatalogError(
+            f"target {spec.name!r}: --transform-spec is nested more than {MAX_JSON_DEPTH} "
+            "levels deep"
+        )
+    try:  # stored as JSON, which has no NaN or Infinity (PostgreSQL refuses the row)
+        json.dumps(spec.transform_spec, allow_nan=False)
+    except ValueError:
+        raise CatalogError(
+            f"target {spec.name!r}: --transform-spec holds a number that is not finite "
+            "(NaN, Infinity or beyond 1e308)"
+        ) from None
     try:
         compile_transform(kind, spec.transform_spec)
     except InvalidTransformError as exc:

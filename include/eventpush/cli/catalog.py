@@ -171,8 +171,14 @@ def read_secret(secret: str | None, secret_file: str | None) -> str | None:
     if secret == "-":
         secret = click.get_text_stream("stdin").read()
     elif secret_file is not None:
-        with open(secret_file, encoding="utf-8") as f:
-            secret = f.read()
+        # click checked only that it exists: reading may still fail (no permission, EIO).
+        try:
+            with open(secret_file, encoding="utf-8") as f:
+                secret = f.read()
+        except OSError as exc:
+            fail(f"--secret-file {secret_file}: {exc.strerror or exc}")
+        except UnicodeDecodeError:
+            fail(f"--secret-file {secret_file} is not UTF-8 text")
     else:
         return secret
     secret = secret.strip()
@@ -274,6 +280,8 @@ def target_create(
             spec_value = json.loads(transform_spec)
         except json.JSONDecodeError as exc:
             fail(f"--transform-spec is not valid JSON: {exc}")
+        except RecursionError:  # the parser's own limit, far past the catalog's
+            fail("--transform-spec is nested too deeply")
     spec = catalog.TargetSpec(
         name=name,
         url=url or "",

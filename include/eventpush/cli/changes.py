@@ -15,10 +15,12 @@ from rich.table import Table
 from eventpush import catalog
 from eventpush.cli.catalog import bus, read_secret, rule, target
 from eventpush.cli.common import (
+    TLS_FIELDS,
     NumberOrAuto,
     concurrency_option,
     fail,
     handles_errors,
+    not_both,
     out,
     pairs,
     print_json,
@@ -36,7 +38,10 @@ def parse_duration(option: str, text: str) -> dt.timedelta:
     found = _DURATION.fullmatch(text.strip())
     if found is None:
         fail(f"{option} must be a number and a unit (s, m, h or d), such as 24h; got {text!r}")
-    return dt.timedelta(**{_UNITS[found[2]]: int(found[1])})
+    try:
+        return dt.timedelta(**{_UNITS[found[2]]: int(found[1])})
+    except OverflowError:  # past timedelta's 999999999 days: not a ValueError, a traceback
+        fail(f"{option} {text!r} is out of range")
 
 
 def as_json_option(func):
@@ -324,6 +329,8 @@ def target_update(
     **policy,
 ) -> None:
     """Change a target: any option of ``target create``; running workers apply it within 2 s."""
+    not_both({"--header": headers}, "--no-header", no_header)
+    not_both({f"--{k.replace('_', '-')}": policy[k] for k in TLS_FIELDS}, "--no-tls", no_tls)
     changes = {k: v for k, v in policy.items() if v is not None}
     changes.update(concurrency_option(concurrency))
     if headers or no_header:
@@ -342,6 +349,8 @@ def target_update(
             changes["transform_spec"] = json.loads(transform_spec)
         except json.JSONDecodeError as exc:
             fail(f"--transform-spec is not valid JSON: {exc}")
+        except RecursionError:  # the parser's own limit, far past the catalog's
+            fail("--transform-spec is nested too deeply")
     keep = None if keep_old_secret is None else parse_duration("--keep-old-secret", keep_old_secret)
     with connection() as conn:
         info = catalog.update_target(

@@ -12,10 +12,12 @@ import json
 import sys
 
 import click
+import psycopg2.errors
 from rich.console import Console
 
 from eventpush.config import ConfigError
 from eventpush.db import StoreError
+from eventpush.errors import first_line
 
 EXIT_MISSING = 1
 EXIT_INPUT = 2
@@ -28,6 +30,16 @@ err = Console(stderr=True)
 def fail(message: str, code: int = EXIT_INPUT) -> None:
     err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     sys.exit(code)
+
+
+def not_both(given: dict[str, object], flag: str, flag_set: bool) -> None:
+    """Refuse ``flag`` (e.g. --no-tls) together with an option it contradicts (``given``:
+    option -> value, None or empty when absent), as ``--secret`` with ``--no-secret`` is:
+    whichever the code applied last used to win silently."""
+    if flag_set:
+        for option, value in given.items():
+            if value not in (None, (), []):
+                fail(f"give {option} or {flag}, not both")
 
 
 def handles_errors(func):
@@ -48,6 +60,21 @@ def handles_errors(func):
             fail(str(exc))
         except (ConfigError, StoreError, SparkSetupError, SecretKeyError) as exc:
             fail(str(exc), EXIT_STORE)
+        except (psycopg2.errors.UndefinedTable, psycopg2.errors.UndefinedColumn) as exc:
+            # A database never migrated (or by an older eventpush): the tables or columns
+            # this version reads are missing. Say so, not psycopg2's traceback (exit 1).
+            fail(
+                f"the database lacks this version's schema ({first_line(exc)}): "
+                "run 'eventpush db migrate'",
+                EXIT_STORE,
+            )
+        except psycopg2.errors.InsufficientPrivilege as exc:
+            # A role that may read but not write (or not even read) the catalog.
+            fail(
+                f"the database refused: {first_line(exc)} (see the role "
+                "EVENTPUSH_DATABASE_URL connects as)",
+                EXIT_STORE,
+            )
 
     return wrapper
 
@@ -64,6 +91,9 @@ def pairs(values: tuple[str, ...], sep: str, option: str) -> list[tuple[str, str
         return [split_pair(v, sep, option) for v in values]
     except HeaderError as exc:
         fail(str(exc))
+
+
+TLS_FIELDS = ("client_cert_file", "client_key_file", "ca_file")
 
 
 def tls_options(func):

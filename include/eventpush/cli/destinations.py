@@ -10,7 +10,7 @@ import click
 
 from eventpush import catalog
 from eventpush.cli.changes import as_json_option, said, show, show_list
-from eventpush.cli.common import fail, handles_errors, pairs, tls_options
+from eventpush.cli.common import TLS_FIELDS, fail, handles_errors, not_both, pairs, tls_options
 from eventpush.db import connection as db_connection
 from eventpush.sinks.contract import AUTH_KINDS
 
@@ -167,6 +167,8 @@ def connection_update(
 ):
     """Change a connection (--header or --query replace all of theirs); the targets sending
     through it take the change live."""
+    not_both({"--header": headers}, "--no-header", no_header)
+    not_both({"--query": query}, "--no-query", no_query)
     changes: dict = {}
     secret = _secret(auth, {k: kw.pop(k) for k in SECRET_FILES})
     if secret is not None:
@@ -277,6 +279,9 @@ def destination_update(
     **fields,
 ) -> None:
     """Change an API destination; the targets sending through it take the change live."""
+    not_both({"--connection": connection_name}, "--no-connection", no_connection)
+    not_both({"--rate-limit": fields["rate_limit"]}, "--no-rate-limit", no_rate_limit)
+    not_both({f"--{k.replace('_', '-')}": fields[k] for k in TLS_FIELDS}, "--no-tls", no_tls)
     changes = {k: v for k, v in fields.items() if v is not None}
     if connection_name is not None or no_connection:
         changes["connection"] = None if no_connection else connection_name

@@ -10,6 +10,20 @@ from eventpush.db import connection
 from eventpush.publish import publish
 
 
+def _read(file):
+    """FILE's lines; a file that cannot be read, or is not UTF-8, is refused as input (the
+    publish, all or nothing, is rolled back) in one line naming it, not a traceback."""
+    where = "stdin" if file.name == "<stdin>" else file.name
+    try:
+        # Not "yield from": closing this generator would close FILE too (stdin at exit).
+        for line in file:  # noqa: UP028
+            yield line
+    except OSError as exc:
+        raise ValueError(f"{where}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{where} is not UTF-8 text") from None
+
+
 @click.command("publish")
 @click.option("--bus", "bus_name", required=True)
 @click.option("--partition-key", default=None, help="Dotted path of the key, e.g. detail.order")
@@ -20,7 +34,7 @@ def publish_cmd(bus_name: str, partition_key: str | None, as_json: bool, file) -
     """Publish JSON events, one a line, from FILE (stdin if none). All or nothing."""
 
     with connection() as conn:
-        result = publish(conn, bus_name, file, partition_key)
+        result = publish(conn, bus_name, _read(file), partition_key)
     if as_json:
         print_json(
             {

@@ -4,6 +4,7 @@ pause, resume and adjust a worker or a runner while it runs."""
 from __future__ import annotations
 
 import logging
+import math
 
 import click
 from rich.table import Table
@@ -110,6 +111,10 @@ def worker_run(
         run_worker,
     )
 
+    # NaN compares false with everything: the loop's "elapsed >= max_seconds" never held and
+    # the worker ran forever; a negative or zero budget ran nothing and said success.
+    if max_seconds is not None and not 0 < max_seconds < math.inf:
+        fail(f"--max-seconds must be a finite number of seconds more than 0, got {max_seconds}")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     try:
         port = resolve_metrics_port(metrics_port)

@@ -26,6 +26,7 @@ record that gained a delivery row meanwhile.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -108,6 +109,11 @@ def check_bounds(req: ReplayRequest, limits: ReplayLimits | None = None) -> None
         raise ReplayRequestError(
             f"max count {req.max_count} is over the limit of {limits.max_count} "
             "(EVENTPUSH_REPLAY_MAX_COUNT)"
+        )
+    # NaN passes every comparison below (and then paces nothing); inf is no limit at all.
+    if req.rate_limit is not None and not math.isfinite(req.rate_limit):
+        raise ReplayRequestError(
+            f"rate limit must be a finite number of records per second, got {req.rate_limit}"
         )
     if req.rate_limit is not None and req.rate_limit <= 0:
         raise ReplayRequestError(
