@@ -40,6 +40,7 @@ from conftest import ADMIN_URL, RUN_ID, _admin, _drop, _server, run_cli
 
 from eventpush import sources
 from eventpush.demo.receiver import Receiver
+from eventpush.rules.parse import MAX_JSON_DEPTH
 
 ACCOUNT = "000000000000"
 
@@ -522,6 +523,33 @@ def test_a_pattern_nested_too_deep_is_an_invalid_pattern(events):
         with pytest.raises(events.exceptions.InvalidEventPatternException):
             events.test_event_pattern(EventPattern=deep, Event=event)
     assert "deep" not in [r["Name"] for r in events.list_rules()["Rules"]]
+
+
+def test_a_pattern_past_the_depth_limit_is_refused_before_it_is_compiled(events):
+    """Compiling costs about the cube of a pattern's depth (seconds at a few hundred levels,
+    which the parser follows), and TestEventPattern is open to producer keys: past
+    ``MAX_JSON_DEPTH`` levels a pattern is refused; at it, it is evaluated."""
+    event = json.dumps(
+        {
+            "id": "1",
+            "account": ACCOUNT,
+            "source": "s",
+            "time": "2026-01-01T00:00:00Z",
+            "region": "us-east-1",
+            "detail-type": "t",
+            "detail": {},
+        }
+    )
+
+    def nested(objects: int) -> str:  # ``objects`` objects around a list: one level more
+        return '{"a":' * objects + '["x"]' + "}" * objects
+
+    at_limit = nested(MAX_JSON_DEPTH - 1)
+    assert events.test_event_pattern(EventPattern=at_limit, Event=event)["Result"] is False
+    for past in (nested(MAX_JSON_DEPTH), nested(300)):
+        with pytest.raises(events.exceptions.InvalidEventPatternException) as refused:
+            events.test_event_pattern(EventPattern=past, Event=event)
+        assert f"more than {MAX_JSON_DEPTH} levels deep" in str(refused.value)
 
 
 def test_delete_rule_succeeds_again_as_on_aws(events):

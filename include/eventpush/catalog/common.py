@@ -36,26 +36,6 @@ def check_name(kind: str, name: str) -> str:
     return name
 
 
-# Objects and arrays inside one another, in a rule's pattern or a target's transform spec. A
-# stored one is walked recursively wherever it is read (list, show, the API, the dashboard):
-# some hundreds of levels pass validation yet overflow the stack there, and one such rule
-# or target broke `rule list` or `target list` for every one.
-MAX_JSON_DEPTH = 100
-
-
-def nested_deeper_than(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether objects and arrays nest more than ``limit`` deep (walked without recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            if depth > limit:
-                return True
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
-    return False
-
-
 def runner_name(bus: str, rule: str, target: str) -> str:
     return f"{bus}/{rule}/{target}"
 

@@ -15,18 +15,17 @@ import psycopg2
 import psycopg2.errors
 
 from eventpush.catalog.common import (
-    MAX_JSON_DEPTH,
     CatalogError,
     ConflictError,
     bus_row,
     check_name,
     check_version,
     iso,
-    nested_deeper_than,
     notify,
     rule_row,
 )
 from eventpush.db import Connection, transaction
+from eventpush.rules.parse import MAX_JSON_DEPTH, nested_deeper_than
 
 
 @dataclass(frozen=True)

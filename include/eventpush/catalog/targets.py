@@ -20,7 +20,6 @@ import psycopg2.errors
 from eventpush import sealed, sources
 from eventpush.addresses import InvalidTargetUrlError
 from eventpush.catalog.common import (
-    MAX_JSON_DEPTH,
     CatalogError,
     ConflictError,
     NotFoundError,
@@ -29,7 +28,6 @@ from eventpush.catalog.common import (
     check_version,
     iso,
     live_id,
-    nested_deeper_than,
     notify,
     rule_row,
     runner_name,
@@ -37,6 +35,7 @@ from eventpush.catalog.common import (
 from eventpush.catalog.destinations import check_tls_files, destination_row
 from eventpush.db import Connection, transaction
 from eventpush.policy import LIMITS, POLICY_FIELDS, TargetPolicy, defaults_for
+from eventpush.rules.parse import MAX_JSON_DEPTH, nested_deeper_than
 from eventpush.sinks import validate_url
 from eventpush.sinks.headers import HeaderError, check_headers
 
