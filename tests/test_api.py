@@ -502,6 +502,34 @@ def test_put_targets_leaves_nothing_written_by_a_refused_request(server, admin, 
     assert [t["Id"] for t in listed] == ["good"]
 
 
+def test_retry_policy_takes_aws_bounds_and_refuses_past_them(server, admin, events):
+    """AWS documents MaximumRetryAttempts 0-185 and MaximumEventAgeInSeconds 60-86400: 185
+    retries (186 attempts here) are kept and answered back; a target past a bound fails as
+    its own entry (ValidationException naming the member), and is not written."""
+    events.create_event_bus(Name="tries")
+    events.put_rule(Name="r", EventBusName="tries", EventPattern='{"source": ["x"]}')
+    most = {"MaximumRetryAttempts": 185, "MaximumEventAgeInSeconds": 86_400}
+    target = {"Id": "t", "Arn": "http://127.0.0.1:9/x", "RetryPolicy": most}
+    answer = events.put_targets(Rule="r", EventBusName="tries", Targets=[target])
+    assert answer["FailedEntryCount"] == 0
+    [listed] = events.list_targets_by_rule(Rule="r", EventBusName="tries")["Targets"]
+    assert listed["RetryPolicy"] == most
+    for member, value in (
+        ("MaximumRetryAttempts", 186),
+        ("MaximumEventAgeInSeconds", 59),  # botocore itself refuses it: sent signed by hand
+        ("MaximumEventAgeInSeconds", 86_401),
+    ):
+        other = {"Id": "u", "Arn": "http://127.0.0.1:9/y", "RetryPolicy": {member: value}}
+        body = json.dumps({"Rule": "r", "EventBusName": "tries", "Targets": [other]})
+        answer = send(signed_request(server.url, "PutTargets", body.encode(), admin)).json()
+        assert answer["FailedEntryCount"] == 1, answer
+        [failed] = answer["FailedEntries"]
+        assert (failed["TargetId"], failed["ErrorCode"]) == ("u", "ValidationException")
+        assert f"RetryPolicy.{member}" in failed["ErrorMessage"]
+        listed = events.list_targets_by_rule(Rule="r", EventBusName="tries")["Targets"]
+        assert [t["Id"] for t in listed] == ["t"]
+
+
 def test_a_pattern_nested_too_deep_is_an_invalid_pattern(events):
     """A pattern nested deeper than the parser can follow is InvalidEventPatternException,
     for PutRule (no rule made) and TestEventPattern, not an InternalException."""

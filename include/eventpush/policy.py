@@ -49,7 +49,7 @@ def defaults_for(url: str) -> TargetPolicy:
 
 # Inclusive bounds, the same as the CHECK constraints on event_target.
 LIMITS = {
-    "max_attempts": (1, 185),
+    "max_attempts": (1, 186),  # EventBridge: 185 retries, 186 attempts
     "backoff_ms": (1, 3_600_000),
     "max_age_s": (1, 86_400),
     "timeout_ms": (1, 300_000),

@@ -30,6 +30,9 @@ from eventpush.api.service import BusView, Call
 from eventpush.api.shapes import BUS_SCHEME, bus_arn, checked, optional, page, required, url_of_arn
 
 MAX_TARGETS = 10
+# AWS's bounds for a target's RetryPolicy (N retries are N + 1 attempts here).
+RETRY_ATTEMPTS = (0, 185)
+EVENT_AGE_S = (60, 86_400)
 UNSUPPORTED = (
     "RoleArn",
     "KinesisParameters",
@@ -100,13 +103,25 @@ def _spec_fields(target: dict, bus: BusView) -> dict:
         fields["headers"] = tuple(headers.items())
     retry = optional(target, "RetryPolicy", dict)
     if retry:
-        attempts = retry.get("MaximumRetryAttempts")
+        attempts = _within(retry, "MaximumRetryAttempts", RETRY_ATTEMPTS)
         if attempts is not None:
-            fields["max_attempts"] = checked(attempts, "MaximumRetryAttempts", int) + 1
-        age = retry.get("MaximumEventAgeInSeconds")
+            fields["max_attempts"] = attempts + 1
+        age = _within(retry, "MaximumEventAgeInSeconds", EVENT_AGE_S)
         if age is not None:
-            fields["max_age_s"] = checked(age, "MaximumEventAgeInSeconds", int)
+            fields["max_age_s"] = age
     return fields
+
+
+def _within(retry: dict, member: str, bounds: tuple[int, int]) -> int | None:
+    """A ``RetryPolicy`` member within AWS's bounds for it (None when not given)."""
+    value = retry.get(member)
+    if value is None:
+        return None
+    value = checked(value, member, int)
+    low, high = bounds
+    if not low <= value <= high:
+        raise validation(f"member 'RetryPolicy.{member}' must be between {low} and {high}")
+    return value
 
 
 def _put_one(conn, bus: str, rule: str, target_id: str, fields: dict) -> None:
