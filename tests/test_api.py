@@ -530,6 +530,22 @@ def test_retry_policy_takes_aws_bounds_and_refuses_past_them(server, admin, even
         assert [t["Id"] for t in listed] == ["t"]
 
 
+def test_remove_targets_with_an_id_that_is_not_a_string_removes_nothing(server, admin, events):
+    """Ids are checked before any target goes: one that is not a string (or none, or over
+    AWS's 100) refuses the request whole, and the target named beside it stays."""
+    events.create_event_bus(Name="keep")
+    events.put_rule(Name="r", EventBusName="keep", EventPattern='{"source": ["x"]}')
+    events.put_targets(
+        Rule="r", EventBusName="keep", Targets=[{"Id": "t", "Arn": "http://127.0.0.1:9/x"}]
+    )
+    for ids in (["t", 5], [], ["t"] * 101):
+        body = json.dumps({"Rule": "r", "EventBusName": "keep", "Ids": ids})
+        refused = send(signed_request(server.url, "RemoveTargets", body.encode(), admin))
+        assert error_code(refused) == "ValidationException", refused.json()
+        listed = events.list_targets_by_rule(Rule="r", EventBusName="keep")["Targets"]
+        assert [t["Id"] for t in listed] == ["t"]
+
+
 def test_a_pattern_nested_too_deep_is_an_invalid_pattern(events):
     """A pattern nested deeper than the parser can follow is InvalidEventPatternException,
     for PutRule (no rule made) and TestEventPattern, not an InternalException."""

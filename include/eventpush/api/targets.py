@@ -30,6 +30,7 @@ from eventpush.api.service import BusView, Call
 from eventpush.api.shapes import BUS_SCHEME, bus_arn, checked, optional, page, required, url_of_arn
 
 MAX_TARGETS = 10
+MAX_REMOVE = 100  # AWS: RemoveTargets takes 1-100 ids
 # AWS's bounds for a target's RetryPolicy (N retries are N + 1 attempts here).
 RETRY_ATTEMPTS = (0, 185)
 EVENT_AGE_S = (60, 86_400)
@@ -209,13 +210,16 @@ async def list_targets_by_rule(call: Call, body: dict) -> dict:
 
 async def remove_targets(call: Call, body: dict) -> dict:
     rule = required(body, "Rule")
-    ids = required(body, "Ids", list)
+    # Every id checked before any target is removed: a bad one refuses the request whole.
+    ids = [checked(target_id, "Ids", str) for target_id in required(body, "Ids", list)]
+    if not 1 <= len(ids) <= MAX_REMOVE:
+        raise validation(f"member 'Ids' must hold 1 to {MAX_REMOVE} target ids")
     bus = await rule_bus(call, body)
     await call.db(catalog.get_rule, bus.name, rule)
     failed = []
     for target_id in ids:
         try:
-            await call.db(catalog.delete_target, bus.name, rule, checked(target_id, "Ids", str))
+            await call.db(catalog.delete_target, bus.name, rule, target_id)
         except ApiError as exc:
             failed.append(
                 {"TargetId": target_id, "ErrorCode": exc.code, "ErrorMessage": exc.message}
