@@ -605,7 +605,9 @@ def _parse_match_array(path: str, values: list, where: str) -> _FieldSpec:
 # Objects and arrays inside one another, in a pattern (and, through the catalog, a target's
 # transform spec). Compiling a pattern costs about the cube of its depth (21 ms at 100 levels,
 # 1.3 s at 400, 10 s near the parser's own limit), and TestEventPattern is open to producer
-# keys: a 5 KB request could hold an API worker for seconds. No real pattern comes near it.
+# keys: a 5 KB request could hold an API worker for seconds. A stored one is also walked
+# recursively wherever it is read (list, show, the API, the dashboard), where a few hundred
+# levels broke `rule list` or `target list` for everyone. No real pattern comes near it.
 MAX_JSON_DEPTH = 100
 _TOO_DEEP = f"nested more than {MAX_JSON_DEPTH} levels deep"
 
