@@ -57,7 +57,7 @@ def test_invalid_pattern_is_refused_and_nothing_written(conn, bus):
         (target(url="ftp://x/y"), "must use http or https"),
         (target(url="http://169.254.169.254/"), "denied range"),
         (target(secret="hunter2"), "whsec_"),
-        (target(max_attempts=0), "--max-attempts must be between 1 and 185"),
+        (target(max_attempts=0), "--max-attempts must be between 1 and 186"),
         (target(batch_size=5000), "--batch-size must be between 1 and 1000"),
         (target(timeout_ms=-1), "--timeout-ms"),
         (target(transform_kind="NOPE"), "transform must be one of"),
