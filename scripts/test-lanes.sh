@@ -10,14 +10,13 @@
 # failed to grow back in time. (Three lanes were tried: both cores stayed 95 % busy, the
 # suite ended no sooner, and those tests failed under that load.) Each lane makes its own
 # databases (its own run id). The side lane's output follows the first's; the exit code is
-# the first failing lane's. The CLI's bad-input tests (two minutes of CLI processes) run in
-# the side lane too: on a slow host the first lane took 25.5 min against the side's 20.5.
+# the first failing lane's.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${VENV:-$ROOT/.venv}/bin/python"
 SIDE=(
   tests/test_cluster.py tests/test_airflow_ui.py tests/test_dags_batch.py
-  tests/test_spark_secrets.py tests/test_cli_bad_input.py tests/test_adaptive_concurrency.py
+  tests/test_spark_secrets.py tests/test_adaptive_concurrency.py
 )
 
 cd "$ROOT"
