@@ -805,7 +805,7 @@ def test_a_replay_name_never_reaches_elsewhere_in_airflow(api_env, admin, tmp_pa
     pattern (``[.-_A-Za-z0-9]{1,64}``) such as ``x/../../other/dagRuns/run`` would have the
     server fetch or fail another DAG's run with its token. It is ValidationException and
     Airflow hears nothing; a good name still reaches the replay's own run."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     heard = []
 
@@ -833,17 +833,7 @@ def test_a_replay_name_never_reaches_elsewhere_in_airflow(api_env, admin, tmp_pa
         def log_message(self, *args):
             pass
 
-    airflow = ThreadingHTTPServer(("127.0.0.1", 0), FakeAirflow)
-    threading.Thread(target=airflow.serve_forever, daemon=True).start()
-    token = tmp_path / "airflow-token"
-    token.write_text("t0ken")
-    server = ApiServer(
-        api_env,
-        "--airflow-url",
-        f"http://127.0.0.1:{airflow.server_address[1]}",
-        "--airflow-token-file",
-        str(token),
-    )
+    airflow, server = _served_with_airflow(api_env, tmp_path, FakeAirflow)
     try:
         events = server.client(admin)
         archive = f"arn:aws:events:us-east-1:{ACCOUNT}:archive/default"
@@ -943,7 +933,7 @@ def test_list_replays_reads_every_page_of_airflows_runs(api_env, admin, tmp_path
     """Airflow answers a DAG's runs a page at a time (50 unless asked for more, at most
     100): ListReplays lists every replay, not only Airflow's first page; and its
     NamePrefix is a prefix, though Airflow's run_id_pattern is a LIKE pattern."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
     from urllib.parse import parse_qs, urlsplit
 
     names = [f"r{n:03}" for n in range(130)]
@@ -977,17 +967,7 @@ def test_list_replays_reads_every_page_of_airflows_runs(api_env, admin, tmp_path
         def log_message(self, *args):
             pass
 
-    airflow = ThreadingHTTPServer(("127.0.0.1", 0), FakeAirflow)
-    threading.Thread(target=airflow.serve_forever, daemon=True).start()
-    token = tmp_path / "airflow-token"
-    token.write_text("t0ken")
-    server = ApiServer(
-        api_env,
-        "--airflow-url",
-        f"http://127.0.0.1:{airflow.server_address[1]}",
-        "--airflow-token-file",
-        str(token),
-    )
+    airflow, server = _served_with_airflow(api_env, tmp_path, FakeAirflow)
     try:
         events, listed, more = server.client(admin), [], {}
         while True:
@@ -1404,3 +1384,22 @@ def test_an_entrys_detail_is_stored_as_spelled_or_the_long_way():
     with pytest.raises(MalformedEventError, match="byte limit") as big:
         stored(json.dumps({"x": "y" * MAX_EVENT_BYTES}))
     assert not isinstance(big.value, _MalformedDetail)
+
+
+def _served_with_airflow(api_env, tmp_path, handler):
+    """A stand-in Airflow REST API on loopback (``handler``, a BaseHTTPRequestHandler) and an
+    API server pointed at it with a token file: (the stand-in, the server)."""
+    from http.server import ThreadingHTTPServer
+
+    airflow = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=airflow.serve_forever, daemon=True).start()
+    token = tmp_path / "airflow-token"
+    token.write_text("t0ken")
+    server = ApiServer(
+        api_env,
+        "--airflow-url",
+        f"http://127.0.0.1:{airflow.server_address[1]}",
+        "--airflow-token-file",
+        str(token),
+    )
+    return airflow, server
