@@ -16,6 +16,7 @@ from eventpush.cli.common import (
     out,
     pairs,
     print_json,
+    read_text_file,
     tls_options,
 )
 from eventpush.config import redact_url
@@ -171,14 +172,7 @@ def read_secret(secret: str | None, secret_file: str | None) -> str | None:
     if secret == "-":
         secret = click.get_text_stream("stdin").read()
     elif secret_file is not None:
-        # click checked only that it exists: reading may still fail (no permission, EIO).
-        try:
-            with open(secret_file, encoding="utf-8") as f:
-                secret = f.read()
-        except OSError as exc:
-            fail(f"--secret-file {secret_file}: {exc.strerror or exc}")
-        except UnicodeDecodeError:
-            fail(f"--secret-file {secret_file} is not UTF-8 text")
+        secret = read_text_file(secret_file, "--secret-file")
     else:
         return secret
     secret = secret.strip()

@@ -32,6 +32,18 @@ def fail(message: str, code: int = EXIT_INPUT) -> None:
     sys.exit(code)
 
 
+def read_text_file(path: str, option: str) -> str:
+    """The text of the file ``option`` names; one line naming it when it cannot be read or is
+    not UTF-8 (click checks only that it exists: reading may still fail, EACCES or EIO)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        fail(f"{option} {path}: {exc.strerror or exc}")
+    except UnicodeDecodeError:
+        fail(f"{option} {path} is not UTF-8 text")
+
+
 def not_both(given: dict[str, object], flag: str, flag_set: bool) -> None:
     """Refuse ``flag`` (e.g. --no-tls) together with an option it contradicts (``given``:
     option -> value, None or empty when absent), as ``--secret`` with ``--no-secret`` is:

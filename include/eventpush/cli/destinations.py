@@ -10,7 +10,15 @@ import click
 
 from eventpush import catalog
 from eventpush.cli.changes import as_json_option, said, show, show_list
-from eventpush.cli.common import TLS_FIELDS, fail, handles_errors, not_both, pairs, tls_options
+from eventpush.cli.common import (
+    TLS_FIELDS,
+    fail,
+    handles_errors,
+    not_both,
+    pairs,
+    read_text_file,
+    tls_options,
+)
 from eventpush.db import connection as db_connection
 from eventpush.sinks.contract import AUTH_KINDS
 
@@ -23,16 +31,7 @@ SECRET_FILES = {
 
 def read_secret_file(path: str, option: str) -> str:
     """A secret from a file, or from stdin for ``-``; its line ending dropped."""
-    if path == "-":
-        text = sys.stdin.read()
-    else:
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as exc:
-            fail(f"{option} {path}: {exc.strerror or exc}")
-        except UnicodeDecodeError:
-            fail(f"{option} {path} is not UTF-8 text")
+    text = sys.stdin.read() if path == "-" else read_text_file(path, option)
     text = text.rstrip("\r\n")
     if not text:
         fail(f"the secret read from {option} {'stdin' if path == '-' else path} is empty")
