@@ -160,11 +160,17 @@ def test_a_bus_arn_target_publishes_on_that_bus(api_env, events):
     copies = events.create_event_bus(Name="copies")["EventBusArn"]
     events.put_rule(Name="all", EventBusName="origin", EventPattern='{"source": ["a"]}')
     events.put_targets(Rule="all", EventBusName="origin", Targets=[{"Id": "copy", "Arn": copies}])
-    events.put_events(
+    largest = {"Source": "a", "DetailType": "t", "EventBusName": "origin"}
+    largest["Detail"] = _detail_of(256 * 1024 - 2, None)  # AWS's limit exactly
+    answer = events.put_events(
         Entries=[{"Source": "a", "DetailType": "t", "Detail": "{}", "EventBusName": "origin"}] * 3
+        + [largest]
     )
+    assert answer["FailedEntryCount"] == 0, answer["Entries"][-1]
     run_worker(api_env)
-    assert events.describe_archive(ArchiveName="copies")["EventCount"] == 3
+    # The largest entry AWS takes is re-published on the other bus too (its stored form, with
+    # the envelope, is larger than 256 KiB).
+    assert events.describe_archive(ArchiveName="copies")["EventCount"] == 4
     [target] = events.list_targets_by_rule(Rule="all", EventBusName="origin")["Targets"]
     assert target["Arn"] == copies
     assert events.list_rule_names_by_target(TargetArn=copies, EventBusName="origin")[
@@ -200,6 +206,12 @@ def test_put_events_on_a_nats_bus_answers_after_the_acknowledgements(api_env, ev
     assert "EventCount" not in events.describe_archive(ArchiveName="onnats")
 
 
+def _long_pattern(length: int) -> str:
+    """A valid event pattern exactly ``length`` characters long."""
+    head = '{"source": ["'
+    return head + "x" * (length - len(head) - 3) + '"]}'
+
+
 def test_every_bus_rule_and_target_operation(events, receiver):
     events.create_event_bus(Name="ops")
     described = events.describe_event_bus(Name="ops")
@@ -229,9 +241,33 @@ def test_every_bus_rule_and_target_operation(events, receiver):
     assert events.describe_rule(Name="r0", EventBusName="ops")["State"] == "ENABLED"
     events.disable_rule(Name="r0", EventBusName="ops")
     assert events.describe_rule(Name="r0", EventBusName="ops")["State"] == "DISABLED"
+    events.put_rule(
+        Name="r0", EventBusName="ops", EventPattern='{"source": ["y"]}', Description="first"
+    )
+    rule = events.describe_rule(Name="r0", EventBusName="ops")
+    assert json.loads(rule["EventPattern"]) == {"source": ["y"]} and rule["Description"] == "first"
+    # As AWS, PutRule replaces the rule whole: what it omits is reset, not kept (the rule was
+    # DISABLED and described), and without EventPattern there is nothing to replace it with.
+    assert rule["State"] == "ENABLED"
+    events.disable_rule(Name="r0", EventBusName="ops")
     events.put_rule(Name="r0", EventBusName="ops", EventPattern='{"source": ["y"]}')
     rule = events.describe_rule(Name="r0", EventBusName="ops")
-    assert json.loads(rule["EventPattern"]) == {"source": ["y"]} and rule["State"] == "DISABLED"
+    assert rule["State"] == "ENABLED" and "Description" not in rule
+    events.disable_rule(Name="r0", EventBusName="ops")
+    with pytest.raises(ClientError) as refused:
+        events.put_rule(Name="r0", EventBusName="ops", State="ENABLED")
+    assert code_of(refused) == "ValidationException"
+    assert events.describe_rule(Name="r0", EventBusName="ops")["State"] == "DISABLED"
+    # AWS's length limits, named in the message; nothing written.
+    for member, value in (("Description", "d" * 513), ("EventPattern", _long_pattern(4097))):
+        with pytest.raises(ClientError) as refused:
+            events.put_rule(**{"Name": "r0", "EventBusName": "ops", **{member: value}})
+        assert code_of(refused) == "ValidationException", member
+        assert f"member '{member}' must be at most" in str(refused.value)
+    events.put_rule(
+        Name="r0", EventBusName="ops", EventPattern=_long_pattern(4096), Description="d" * 512
+    )
+    events.put_rule(Name="r0", EventBusName="ops", EventPattern='{"source": ["y"]}')
     url = receiver.url + "/ok/ops"
     answer = events.put_targets(
         Rule="r0",
@@ -560,7 +596,9 @@ def test_a_pattern_nested_too_deep_is_an_invalid_pattern(events):
             "detail": {},
         }
     )
-    for deep in ("[" * 5000, '{"a":' * 5000 + "[1]" + "}" * 5000):
+    # As deep as 4,096 characters (AWS's length limit for EventPattern) can nest.
+    for deep in ("[" * 4096, '{"a":' * 680 + "[1]" + "}" * 680):
+        assert len(deep) <= 4096
         with pytest.raises(events.exceptions.InvalidEventPatternException) as refused:
             events.put_rule(Name="deep", EventPattern=deep)
         assert "\n" not in refused.value.response["Error"]["Message"]
@@ -932,7 +970,8 @@ def test_a_next_token_of_another_operation_is_refused(events):
 def test_list_replays_reads_every_page_of_airflows_runs(api_env, admin, tmp_path):
     """Airflow answers a DAG's runs a page at a time (50 unless asked for more, at most
     100): ListReplays lists every replay, not only Airflow's first page; and its
-    NamePrefix is a prefix, though Airflow's run_id_pattern is a LIKE pattern."""
+    NamePrefix is a prefix, though Airflow's run_id_pattern is a LIKE pattern; a run with no
+    window in its conf is listed and described too."""
     from http.server import BaseHTTPRequestHandler
     from urllib.parse import parse_qs, urlsplit
 
@@ -943,21 +982,30 @@ def test_list_replays_reads_every_page_of_airflows_runs(api_env, admin, tmp_path
             query = parse_qs(urlsplit(self.path).query)
             limit = min(int(query.get("limit", ["50"])[0]), 100)
             offset = int(query.get("offset", ["0"])[0])
-            conf = {
-                "bus": "default",
-                "since": "2026-01-01T00:00:00+00:00",
-                "until": "2026-01-02T00:00:00+00:00",
-            }
+
+            def conf_of(run_id: str) -> dict:
+                if run_id == "replay-r007":  # started from the Airflow UI's form: no window
+                    return {"what": "failed", "target": "crm"}
+                return {
+                    "bus": "default",
+                    "since": "2026-01-01T00:00:00+00:00",
+                    "until": "2026-01-02T00:00:00+00:00",
+                }
+
             # run_id_pattern is SQL LIKE: '_' is any one character, '%' any run of them.
             like = query.get("run_id_pattern", ["%"])[0]
             matching = re.compile("".join({"%": ".*", "_": "."}.get(c, re.escape(c)) for c in like))
             ids = [f"replay-{name}" for name in names]
             ids = [i for i in ids if matching.fullmatch(i)]
             runs = [
-                {"dag_run_id": i, "state": "success", "conf": conf}
+                {"dag_run_id": i, "state": "success", "conf": conf_of(i)}
                 for i in ids[offset : offset + limit]
             ]
-            body = json.dumps({"dag_runs": runs, "total_entries": len(ids)}).encode()
+            doc = {"dag_runs": runs, "total_entries": len(ids)}
+            one = urlsplit(self.path).path.partition("/dagRuns/")[2]
+            if one:
+                doc = {"dag_run_id": one, "state": "running", "conf": conf_of(one)}
+            body = json.dumps(doc).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -981,6 +1029,12 @@ def test_list_replays_reads_every_page_of_airflows_runs(api_env, admin, tmp_path
         for prefix, wanted in (("r01", names[10:20]), ("r0_1", []), ("r_", [])):
             replays = events.list_replays(NamePrefix=prefix)["Replays"]
             assert [r["ReplayName"] for r in replays] == wanted, prefix
+        # A run with no window in its conf (not started through StartReplay) is described
+        # without the members it cannot give, not an InternalException.
+        windowless = events.describe_replay(ReplayName="r007")
+        assert windowless["State"] == "RUNNING"
+        assert "EventStartTime" not in windowless and "EventEndTime" not in windowless
+        assert "EventStartTime" in events.describe_replay(ReplayName="r008")
     finally:
         server.stop()
         airflow.shutdown()
@@ -1384,6 +1438,24 @@ def test_an_entrys_detail_is_stored_as_spelled_or_the_long_way():
     with pytest.raises(MalformedEventError, match="byte limit") as big:
         stored(json.dumps({"x": "y" * MAX_EVENT_BYTES}))
     assert not isinstance(big.value, _MalformedDetail)
+    # 256 KiB counted as AWS counts an entry (14 for a Time, Source, DetailType, Detail and
+    # Resources), not on the stored envelope: an entry at the limit is stored, one byte more
+    # is refused, with a Time or without, one line or several.
+    for more, room in (({}, 0), ({"Time": "2026-11-26T10:00:00Z", "Resources": ["r1"]}, 16)):
+        for indent in (None, 1):
+            padding = MAX_EVENT_BYTES - len("shop") - len("t") - room
+            detail = _detail_of(padding, indent)
+            assert len(detail) == padding
+            body, event = stored(detail, **more)
+            assert len(body.encode()) > MAX_EVENT_BYTES and event["detail"]["x"][0] == "y"
+            with pytest.raises(MalformedEventError, match="262144-byte limit"):
+                stored(_detail_of(padding + 1, indent), **more)
+
+
+def _detail_of(length: int, indent: int | None) -> str:
+    """A Detail of exactly ``length`` characters; over several lines with ``indent``."""
+    text = json.dumps({"x": ""}, indent=indent)
+    return text.replace('""', '"' + "y" * (length - len(text)) + '"')
 
 
 def _served_with_airflow(api_env, tmp_path, handler):

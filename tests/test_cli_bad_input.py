@@ -339,3 +339,43 @@ def test_keep_old_secret_past_any_date_is_one_line(cli, orders, conn, tmp_path, 
     with conn.cursor() as cur:
         cur.execute("SELECT version, secret IS NULL FROM event_target")
         assert cur.fetchone() == (1, True)
+
+
+@pytest.fixture
+def table_locked(db_url):
+    """A transaction holding every lock on the buses' table, as a migration or a long
+    maintenance statement would."""
+    holder = psycopg2.connect(db_url)
+    try:
+        with holder.cursor() as cur:
+            cur.execute("LOCK TABLE event_bus IN ACCESS EXCLUSIVE MODE")
+        yield
+    finally:
+        holder.rollback()
+        holder.close()
+
+
+def test_a_lock_timeout_in_the_middle_of_a_command_is_one_line_exit_3(cli, orders, table_locked):
+    r = cli("bus", "list", env={"PGOPTIONS": "-c lock_timeout=300"})
+    one_line(r, 3, "the database failed during the command: canceling statement due to lock")
+
+
+def test_a_database_turned_read_only_is_one_line_exit_3_and_nothing_written(cli, orders, conn):
+    # As after a failover to a standby: every write is refused by the server itself.
+    r = cli("bus", "create", "more", env={"PGOPTIONS": "-c default_transaction_read_only=on"})
+    one_line(r, 3, "the database failed during the command: cannot execute INSERT")
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM event_bus WHERE name = 'more'")
+        assert cur.fetchone() == (0,)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_api_on_a_port_taken_is_one_line_exit_3(cli, db_url, workers):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = cli("api", "--port", str(port), "--workers", workers)
+    one_line(r, 3, f"cannot listen on 127.0.0.1:{port}: Address already in use")

@@ -485,7 +485,7 @@ BAD_CONNECTIONS = [
     ({"auth": "api-key", "key_name": "webhook-id"}, "eventpush's own"),
     ({"auth": "api-key", "key_name": "X-K", "secret": "a\r\nb"}, "without control characters"),
     ({"auth": "basic", "username": "a:b"}, "--username must be printable ASCII without ':'"),
-    ({"auth": "basic", "username": "u", "secret": ""}, "--password is empty"),
+    ({"auth": "basic", "username": "u", "secret": ""}, "--password-file is empty"),
     ({"auth": "basic", "username": "u", "headers": [("X-A", "1\r\nHost: x")]}, "without CR or LF"),
     ({"auth": "basic", "username": "u", "headers": [("Host", "x")]}, "set by the HTTP client"),
     ({"auth": "basic", "username": "u", "headers": [("traceparent", "x")]}, "eventpush's own"),
@@ -535,6 +535,10 @@ def test_bad_destinations_and_targets_are_refused_in_one_line(conn, ar, tmp_path
         (lambda: catalog.create_destination(conn, "d", "nats://127.0.0.1:4222/x"), "http or https"),
         (lambda: catalog.create_destination(conn, "d", ar.url, method="HEAD"), "--method must be"),
         (lambda: catalog.create_destination(conn, "d", ar.url, rate_limit=0), "--rate-limit"),
+        (  # more than 0, and never sends again
+            lambda: catalog.create_destination(conn, "d", ar.url, rate_limit=1e-320),
+            "--rate-limit must be from 0.000278 (one an hour)",
+        ),
         (
             lambda: catalog.create_destination(conn, "d", ar.url, connection="nope"),
             "unknown connection 'nope'",
@@ -569,6 +573,16 @@ def test_bad_destinations_and_targets_are_refused_in_one_line(conn, ar, tmp_path
                 catalog.TargetSpec("t", ar.url, headers=[("webhook-timestamp", "1")]),
             ),
             "eventpush's own",
+        ),
+        *(
+            (
+                # Named for a credential: kept unsealed and shown by `target show` if stored.
+                lambda name=name: catalog.create_target(
+                    conn, "orders", "r", catalog.TargetSpec("t", ar.url, headers=[(name, "k")])
+                ),
+                f"header {name.lower()!r} carries a credential: put it in a connection",
+            )
+            for name in ("X-Api-Key", "Cookie", "authorization")
         ),
         (
             lambda: catalog.create_target(

@@ -225,7 +225,7 @@ def test_a_taken_metrics_port_stops_a_standalone_worker_with_one_line(conn, db_u
 def test_worker_run_refuses_a_bad_metrics_port_in_one_line(conn, cli):
     catalog.create_worker(conn, "w1")
     bad_env = cli("worker", "run", "w1", "--until-idle", env={"EVENTPUSH_METRICS_PORT": "http"})
-    assert bad_env.returncode == 2
+    assert bad_env.returncode == 3  # configuration, as every EVENTPUSH_* setting
     assert "EVENTPUSH_METRICS_PORT must be a port number, got 'http'" in bad_env.stderr
     assert "Traceback" not in bad_env.stderr
     bad_flag = cli("worker", "run", "w1", "--until-idle", "--metrics-port", "70000")

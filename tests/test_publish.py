@@ -143,6 +143,28 @@ def test_oversized_event_is_refused():
         parse_events([big], 1)
 
 
+def test_the_entry_limit_is_counted_as_eventbridge_counts_it(conn):
+    """256 KiB of Time (14), source, detail-type, detail and resources: the envelope (id,
+    account, region, version, keys) is not counted. A bus-to-bus re-publish is held to the
+    stored ceiling only (512 KiB); past it, every publish is refused."""
+    from eventpush.publish import MAX_EVENT_BYTES, MAX_STORED_BYTES
+
+    catalog.create_bus(conn, "sized", 1)
+    counted = 14 + len("shop") + len("OrderPlaced") + len('{"blob":""}')
+
+    def line(blob: int) -> str:
+        return _event(0, detail={"blob": "x" * blob}, account="1" * 12, region="us-east-1")
+
+    at_limit = line(MAX_EVENT_BYTES - counted)
+    assert len(at_limit) > MAX_EVENT_BYTES
+    assert publish(conn, "sized", [at_limit]).count == 1
+    with pytest.raises(MalformedEventError, match="262,145 bytes, counted as EventBridge"):
+        publish(conn, "sized", [line(MAX_EVENT_BYTES - counted + 1)])
+    assert publish(conn, "sized", [line(300_000)], entry_limit=False).count == 1
+    with pytest.raises(MalformedEventError, match="the stored event is over the 524288-byte"):
+        publish(conn, "sized", [line(MAX_STORED_BYTES)], entry_limit=False)
+
+
 def test_unknown_bus(conn):
     with pytest.raises(catalog.CatalogError, match="unknown bus 'nope'"):
         publish(conn, "nope", [_event(1)])

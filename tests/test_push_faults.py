@@ -472,3 +472,21 @@ def test_a_dispatcher_sleeps_while_its_half_open_probe_hangs(conn):
     assert code == 0, err
     assert sent <= 1, "while the breaker is open, one probe at a time"
     assert spent < 0.08, f"the worker spent {spent:.2f} s of CPU while its probe hung"
+
+
+def test_a_receiver_process_stops_when_what_started_it_is_killed():
+    """A test or benchmark killed (SIGKILL, a CI timeout) runs no clean-up: its receiver
+    process must not keep running, and its port, for good."""
+    code = (
+        "import time\n"
+        "from eventpush.demo.receiver import ReceiverProcess\n"
+        "rx = ReceiverProcess()\n"
+        "print(rx.proc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    receiver = psutil.Process(int(parent.stdout.readline()))
+    assert receiver.is_running()
+    parent.kill()
+    parent.wait()
+    receiver.wait(timeout=10)  # psutil.TimeoutExpired while it still runs

@@ -70,7 +70,8 @@ class BusSink:
         try:
             if self._conn is None:
                 self._conn = connect(application_name="eventpush-bus-sink")
-            publish(self._conn, bus, lines)
+            # What a front door took, re-published: the stored ceiling only (eventpush.publish).
+            publish(self._conn, bus, lines, entry_limit=False)
         except (ValueError, LookupError) as exc:  # not an event, or no such bus: final
             return FINAL, f"bus {bus}: {str(exc).splitlines()[0]}"
         except Exception as exc:  # the database away (StoreError, psycopg2's): retried

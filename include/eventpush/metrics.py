@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.samples import Sample
 
-from eventpush.config import redact_url
+from eventpush.config import ConfigError, redact_url
 from eventpush.db import transaction
 from eventpush.errors import first_line
 
@@ -92,7 +92,9 @@ def metrics_port(port: int | None) -> int | None:
     if not value:
         return None
     if not value.isdigit() or not 0 <= int(value) <= 65535:
-        raise ValueError(f"EVENTPUSH_METRICS_PORT must be a port number, got {value!r}")
+        # The environment is configuration (exit 3, as every other EVENTPUSH_* setting),
+        # where a wrong --metrics-port is refused input (exit 2).
+        raise ConfigError(f"EVENTPUSH_METRICS_PORT must be a port number, got {value!r}")
     return int(value)
 
 

@@ -14,7 +14,7 @@ import json
 import os
 import random
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -25,7 +25,14 @@ from eventpush.db import Connection
 from eventpush.sources import bus_named, kind_for
 from eventpush.tracing import TRACEPARENT_FIELD
 
-MAX_EVENT_BYTES = 256 * 1024  # EventBridge's PutEvents entry limit
+# EventBridge's PutEvents entry limit, counted its way (entry_size), at the front doors: the
+# API's PutEvents and `eventpush publish`.
+MAX_EVENT_BYTES = 256 * 1024
+# Any stored event's ceiling (envelope and escaping included), under NATS's default
+# max_payload of 1 MiB. Bus-to-bus targets re-publish what a front door took: only this
+# applies to them, since the entry limit counted on a re-encoded detail (1e2 is 100.0) or a
+# transform's output could refuse for good an event the first bus accepted.
+MAX_STORED_BYTES = 512 * 1024
 
 
 class MalformedEventError(ValueError):
@@ -155,10 +162,32 @@ def check_resources(resources: object, where: int | str) -> None:
         raise _fail(where, "'resources' must be an array of strings")
 
 
-def check_size(size: int, where: int | str) -> None:
-    """An encoded event of ``size`` bytes fits EventBridge's limit, or MalformedEventError."""
-    if size > MAX_EVENT_BYTES:
-        raise _fail(where, f"event is over the {MAX_EVENT_BYTES}-byte limit")
+def entry_size(
+    source: str, detail_type: str, detail_bytes: int, resources: list, timed: bool
+) -> int:
+    """An entry's size as EventBridge counts it: 14 bytes for a Time, then the UTF-8 bytes of
+    Source, DetailType, Detail and each of Resources (the envelope is not counted)."""
+    named = [source, detail_type, *resources]
+    return (14 if timed else 0) + detail_bytes + sum(len(s.encode()) for s in named)
+
+
+def check_size(size: int, where: int | str, entry: Callable[[], int] | None) -> None:
+    """A stored event of ``size`` bytes within the ceiling and, with ``entry`` (its
+    :func:`entry_size`), within EventBridge's entry limit; else MalformedEventError. A stored
+    event holds every byte the entry counts (escaped, and more), so at 256 KiB or less both
+    hold and ``entry`` is not called: the hot path pays one comparison. (Not quite every
+    byte: a Detail's whitespace around it or between its lines is not stored, which makes
+    the check a little more lenient than AWS for such details.)"""
+    if size <= MAX_EVENT_BYTES:
+        return
+    if entry is not None and (counted := entry()) > MAX_EVENT_BYTES:
+        raise _fail(
+            where,
+            f"event is over the {MAX_EVENT_BYTES}-byte limit ({counted:,} bytes, counted as "
+            "EventBridge counts an entry: Time, Source, DetailType, Detail, Resources)",
+        )
+    if size > MAX_STORED_BYTES:
+        raise _fail(where, f"the stored event is over the {MAX_STORED_BYTES}-byte limit")
 
 
 def _has_nul(value: object) -> bool:
@@ -180,9 +209,11 @@ def iter_events(
     queues: int,
     partition_key: str | None = None,
     traceparent: str | None = None,
+    entry_limit: bool = True,
 ) -> Iterator[Prepared]:
     """Each line validated and placed on a queue; MalformedEventError at the first bad one.
-    ``traceparent`` is stamped on events that carry none (see ``eventpush.tracing``)."""
+    ``traceparent`` is stamped on events that carry none (see ``eventpush.tracing``);
+    ``entry_limit``: see :func:`encode_event`."""
     now_iso = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     key_path = partition_key.split(".") if partition_key else None
     next_queue = random.randrange(queues)
@@ -201,12 +232,24 @@ def iter_events(
             next_queue = (next_queue + 1) % queues
         else:
             queue_id = zlib.crc32(key.encode()) % queues
-        yield encode_event(event, event_time, queue_id, line_no)
+        yield encode_event(event, event_time, queue_id, line_no, entry_limit=entry_limit)
 
 
-def encode_event(event: dict, event_time: str, queue_id: int, where: int | str) -> Prepared:
-    """A completed event, encoded and checked (no NUL, within the size limit), ready for a
-    source's ``publish`` on ``queue_id``."""
+def encode_event(
+    event: dict,
+    event_time: str,
+    queue_id: int,
+    where: int | str,
+    *,
+    timed: bool = True,
+    detail_bytes: int | None = None,
+    entry_limit: bool = True,
+) -> Prepared:
+    """A completed event, encoded and checked (no NUL, within the size limits), ready for a
+    source's ``publish`` on ``queue_id``. For the entry's size: ``timed``, whether it gave a
+    Time (a published line's is counted), and ``detail_bytes``, its Detail as sent when the
+    caller has it (else the detail encoded); ``entry_limit`` False: only the stored ceiling
+    applies (a bus-to-bus re-publish)."""
     try:
         encoded = _encode(event)
         # PostgreSQL's jsonb has no NUL; the cheap test on the encoding only rarely needs
@@ -216,7 +259,12 @@ def encode_event(event: dict, event_time: str, queue_id: int, where: int | str) 
         raise _fail(where, "the event is nested too deeply") from None
     if nul:
         raise _fail(where, "a NUL character (\\u0000) is not allowed in an event")
-    check_size(len(encoded), where)
+
+    def entry() -> int:
+        detail = len(_encode(event["detail"])) if detail_bytes is None else detail_bytes
+        return entry_size(event["source"], event["detail-type"], detail, event["resources"], timed)
+
+    check_size(len(encoded), where, entry if entry_limit else None)
     return Prepared(
         queue_id,
         event["id"],
@@ -236,12 +284,18 @@ def parse_events(
 
 
 def publish(
-    conn: Connection, bus: str, lines: Iterable[str], partition_key: str | None = None
+    conn: Connection,
+    bus: str,
+    lines: Iterable[str],
+    partition_key: str | None = None,
+    *,
+    entry_limit: bool = True,
 ) -> PublishResult:
     """Append every event of ``lines`` to ``bus`` in one transaction, or none of them. With
-    tracing on, in a span of its own whose context events without a ``traceparent`` get."""
+    tracing on, in a span of its own whose context events without a ``traceparent`` get.
+    ``entry_limit`` False for a bus-to-bus re-publish (:data:`MAX_STORED_BYTES`)."""
     with tracing.publish_span(bus) as (span, stamp):
-        result = _publish(conn, bus, lines, partition_key, stamp)
+        result = _publish(conn, bus, lines, partition_key, stamp, entry_limit)
         if span.is_recording():
             span.set_attribute("eventpush.events", result.count)
     return result
@@ -253,9 +307,10 @@ def _publish(
     lines: Iterable[str],
     partition_key: str | None,
     traceparent: str | None,
+    entry_limit: bool,
 ) -> PublishResult:
     found = bus_named(conn, bus)
-    events = iter_events(lines, found.queues, partition_key, traceparent)
+    events = iter_events(lines, found.queues, partition_key, traceparent, entry_limit)
     placed = kind_for(found.source_url).publish(conn, found, events)
     result = PublishResult(bus=bus, count=0)
     for queue_id, (first, last, n) in sorted(placed.items()):

@@ -175,15 +175,31 @@ def _run_shape(call: Call, run: dict) -> dict:
     account, region = call.settings.account, call.settings.region
     shape = {
         "ReplayName": name,
-        "EventSourceArn": archive_arn(account, region, conf.get("bus", "")),
+        "EventSourceArn": archive_arn(account, region, str(conf.get("bus") or "")),
         "State": state,
-        "EventStartTime": datetime.fromisoformat(conf["since"]).timestamp(),
-        "EventEndTime": datetime.fromisoformat(conf["until"]).timestamp(),
     }
-    for member, field in (("ReplayStartTime", "start_date"), ("ReplayEndTime", "end_date")):
-        if run.get(field):
-            shape[member] = datetime.fromisoformat(run[field]).timestamp()
+    # A run of that name started elsewhere (the Airflow UI's form, the CLI) may carry no
+    # window or one in another form: the members it cannot give are left out, as AWS leaves
+    # out what a replay has not got.
+    for member, value in (
+        ("EventStartTime", conf.get("since")),
+        ("EventEndTime", conf.get("until")),
+        ("ReplayStartTime", run.get("start_date")),
+        ("ReplayEndTime", run.get("end_date")),
+    ):
+        when = _iso_epoch(value)
+        if when is not None:
+            shape[member] = when
     return shape
+
+
+def _iso_epoch(value: object) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
 
 
 async def _get_run(client, name: str) -> dict:

@@ -27,6 +27,7 @@ from eventpush.publish import (
     check_resources,
     check_size,
     encode_event,
+    entry_size,
     new_ids,
     parse_time,
 )
@@ -99,6 +100,7 @@ def entry_event(
     if detail_text[0] != "{":
         raise _MalformedDetail(f"{where}: Detail is malformed (not a JSON object).")
     time_text = _event_time(entry.get("Time"), where)
+    timed = time_text is not None
     if time_text is None:
         time_text = event_time = now_iso
     else:
@@ -116,10 +118,16 @@ def entry_event(
     if "\n" in detail_text or "\\u0000" in detail_text or "\\u0000" in head:
         event = _decode(f"{head}null}}")  # the same envelope, as objects
         event["detail"] = _decode(detail_text)
-        return encode_event(event, event_time, queue_id, where)
+        return encode_event(
+            event, event_time, queue_id, where, timed=timed, detail_bytes=len(text.encode())
+        )
     body = f"{head}{detail_text}}}"
     size = len(body) if body.isascii() else len(body.encode())
-    check_size(size, where)
+    check_size(
+        size,
+        where,
+        lambda: entry_size(source, detail_type, len(detail_text.encode()), resources, timed),
+    )
     return Prepared(queue_id, event_id, source, detail_type, event_time, body, size)
 
 

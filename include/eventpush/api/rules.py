@@ -33,7 +33,7 @@ def rule_shape(bus: BusView, info) -> dict:
         "Arn": rule_arn_for(info.name, bus.name, bus.account, bus.region),
         "EventPattern": json.dumps(info.pattern),
         "State": info.state,
-        "Description": info.description,
+        **({"Description": info.description} if info.description else {}),
         "EventBusName": bus.name,
     }
 
@@ -64,22 +64,19 @@ async def put_rule(call: Call, body: dict) -> dict:
         compiled_pattern(text)
         pattern = json.loads(text)
 
+    if pattern is None:
+        raise validation("Parameter(s) EventPattern or ScheduleExpression must be specified.")
+
     def create_or_update(conn) -> None:
+        # As AWS: an update replaces the rule whole, so what the call omits (Description,
+        # State) is reset to its default, not kept from before.
+        fields = dict(description=description or "", enabled=state != "DISABLED")
         try:
             catalog.get_rule(conn, bus.name, name)
         except catalog.NotFoundError:
-            if pattern is None:
-                raise catalog.CatalogError(
-                    "Parameter(s) EventPattern or ScheduleExpression must be specified."
-                ) from None
-            catalog.create_rule(
-                conn, bus.name, name, pattern, description or "", enabled=state != "DISABLED"
-            )
+            catalog.create_rule(conn, bus.name, name, pattern, **fields)
             return
-        if pattern is not None or description is not None:
-            catalog.update_rule(conn, bus.name, name, pattern=pattern, description=description)
-        if state is not None:
-            catalog.set_rule_enabled(conn, bus.name, name, state == "ENABLED")
+        catalog.update_rule(conn, bus.name, name, pattern=pattern, **fields)
 
     await call.db(create_or_update)
     return {"RuleArn": rule_arn_for(name, bus.name, bus.account, bus.region)}

@@ -47,6 +47,7 @@ def serve(
     from eventpush.config import database_url
 
     database_url()  # a missing or wrong URL fails here, once, not in every worker
+    _probe(host, port)
     for name, value in (
         ("EVENTPUSH_API_REGION", region),
         ("EVENTPUSH_API_ACCOUNT", account),
@@ -85,14 +86,26 @@ def serve(
         reserved.close()
 
 
+def _probe(host: str, port: int) -> None:
+    """Refuse, in one line, an address the server cannot have (taken, not this host's, a
+    name that does not resolve) before uvicorn starts and logs its own failure. The bind is
+    without ``SO_REUSEPORT``: any process of the same user may join such a group, a second
+    ``eventpush api`` on the port included, and this fails while anyone listens there."""
+    from eventpush.config import ConfigError
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
+        sock.bind((host, port))
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    finally:
+        sock.close()
+
+
 def _reserve(host: str, port: int) -> socket.socket:
     """The address, held for the workers by a socket of their group that never listens (so
-    it takes no connection). Any process of the same user may join a ``SO_REUSEPORT`` group,
-    a second ``eventpush api`` on the port included, so the address is first bound without
-    the option: that fails while anyone listens there, and the server stops with one line
-    instead of sharing its port."""
-    probe = _bound(host, port, reuse_port=False)
-    probe.close()
+    it takes no connection); :func:`_probe` has made sure no one else listens there."""
     return _bound(host, port, reuse_port=True)
 
 

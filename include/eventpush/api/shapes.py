@@ -37,6 +37,9 @@ def optional(body: dict, name: str, kind: type = str, default: object = None) ->
 
 
 _KIND_NAMES = {str: "a string", list: "a list", dict: "a structure", bool: "a boolean"}
+# AWS's length limits for members of these names, in every operation that takes them (an
+# event pattern: its largest quota; the default is 2,048).
+MAX_LENGTHS = {"Description": 512, "EventPattern": 4096}
 
 
 def checked(value: object, name: str, kind: type) -> object:
@@ -48,6 +51,10 @@ def checked(value: object, name: str, kind: type) -> object:
         what = _KIND_NAMES.get(kind, kind.__name__)
     if not ok:
         raise validation(f"member '{name}' must be {what}")
+    limit = MAX_LENGTHS.get(name)
+    if limit is not None and len(value) > limit:
+        got = f"{len(value):,}"
+        raise validation(f"member '{name}' must be at most {limit:,} characters, got {got}")
     return value
 
 

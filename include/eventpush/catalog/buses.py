@@ -13,6 +13,7 @@ from eventpush.catalog.common import (
     CatalogError,
     ConflictError,
     bus_row,
+    check_description,
     check_name,
     iso,
     notify,
@@ -75,6 +76,7 @@ def create_bus(
         raise CatalogError(f"--account must be a 12-digit AWS account id, got {account!r}")
     if not isinstance(region, str) or not REGION_RE.fullmatch(region):
         raise CatalogError(f"--region must look like an AWS region (us-east-1), got {region!r}")
+    check_description(f"bus {name!r}", description)
     retention_s = _retention(retention)
     kind = None
     if source is not None:

@@ -36,6 +36,22 @@ def check_name(kind: str, name: str) -> str:
     return name
 
 
+# AWS's limit for every description (buses, rules, connections, API destinations).
+MAX_DESCRIPTION = 512
+
+
+def check_description(where: str, description: object) -> str:
+    """A description of at most 512 characters (PostgreSQL's text holds no NUL)."""
+    if not isinstance(description, str):
+        raise CatalogError(f"{where}: --description must be text")
+    if len(description) > MAX_DESCRIPTION or "\x00" in description:
+        raise CatalogError(
+            f"{where}: --description must be at most {MAX_DESCRIPTION} characters without NUL, "
+            f"got {len(description)}"
+        )
+    return description
+
+
 def runner_name(bus: str, rule: str, target: str) -> str:
     return f"{bus}/{rule}/{target}"
 

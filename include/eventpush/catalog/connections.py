@@ -25,6 +25,7 @@ from eventpush.catalog.common import (
     CatalogError,
     ConflictError,
     check_changes,
+    check_description,
     check_name,
     check_version,
     iso,
@@ -44,7 +45,12 @@ KIND_FIELDS = {
     OAUTH: ("token_url", "client_id", "scopes", "oauth_params"),
 }
 PARAMETER_FIELDS = ("key_name", "username", "token_url", "client_id", "scopes", "oauth_params")
-SECRET_NAMES = {API_KEY: "--key-value", BASIC: "--password", OAUTH: "--client-secret"}
+# The options that give each kind's secret (a file or stdin: never argv, where `ps` shows it).
+SECRET_NAMES = {
+    API_KEY: "--key-value-file",
+    BASIC: "--password-file",
+    OAUTH: "--client-secret-file",
+}
 # Token request fields eventpush sets itself (RFC 6749 4.4.2 and 2.3.1).
 RESERVED_OAUTH_PARAMS = frozenset(
     {"grant_type", "scope", "client_id", "client_secret", "client_assertion"}
@@ -168,6 +174,7 @@ def create_connection(
     unknown = sorted(set(params) - set(PARAMETER_FIELDS))
     if unknown:
         raise CatalogError(f"connection {name!r}: no such field {unknown[0]!r}")
+    check_description(f"connection {name!r}", description)
     if secret is None:
         raise CatalogError(f"connection {name!r}: --auth {auth} needs {SECRET_NAMES.get(auth)}")
     stored = check_connection(name, auth, secret, params)
@@ -280,6 +287,8 @@ def update_connection(
     targets sending through it take the change live."""
     allowed = {"auth", "secret", "headers", "query", "description", *PARAMETER_FIELDS}
     check_changes("connection", name, changes, allowed)
+    if "description" in changes:
+        check_description(f"connection {name!r}", changes["description"])
     with transaction(conn) as cur:
         connection_id = connection_row(cur, name, "update")
         cur.execute(

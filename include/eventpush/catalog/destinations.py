@@ -21,6 +21,7 @@ from eventpush.catalog.common import (
     CatalogError,
     ConflictError,
     check_changes,
+    check_description,
     check_name,
     check_version,
     iso,
@@ -33,6 +34,9 @@ from eventpush.sinks import validate_url
 
 METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET")
 MAX_RATE_LIMIT = 100_000.0  # invocations per second
+# One an hour: below it a destination would wait longer than any lease or operator does
+# (1e-320 passed as "more than 0" and never sent again).
+MIN_RATE_LIMIT = 1 / 3600
 TLS_FIELDS = ("client_cert_file", "client_key_file", "ca_file")
 FIELDS = ("url", "method", "connection", "rate_limit", "description", *TLS_FIELDS)
 
@@ -81,11 +85,11 @@ def check_destination(name: str, url: str, method: str, rate_limit: float | None
         isinstance(rate_limit, bool)
         or not isinstance(rate_limit, int | float)
         or not math.isfinite(rate_limit)
-        or not 0 < rate_limit <= MAX_RATE_LIMIT
+        or not MIN_RATE_LIMIT <= rate_limit <= MAX_RATE_LIMIT
     ):
         raise CatalogError(
-            f"{where}: --rate-limit must be more than 0 and at most {MAX_RATE_LIMIT:g} "
-            f"invocations per second, got {rate_limit!r}"
+            f"{where}: --rate-limit must be from {MIN_RATE_LIMIT:.6f} (one an hour) to "
+            f"{MAX_RATE_LIMIT:g} invocations per second, got {rate_limit!r}"
         )
     return url
 
@@ -105,6 +109,7 @@ def create_destination(
 ) -> DestinationInfo:
     method = str(method).upper()
     url = check_destination(name, url, method, rate_limit)
+    check_description(f"destination {name!r}", description)
     check_tls_files(f"destination {name!r}", client_cert_file, client_key_file, ca_file)
     try:
         with transaction(conn) as cur:
@@ -195,6 +200,8 @@ def update_destination(
     """Change any field but the name (``connection``/``rate_limit``/TLS files None: none).
     The targets sending through it take the change live."""
     check_changes("destination", name, changes, FIELDS)
+    if "description" in changes:
+        check_description(f"destination {name!r}", changes["description"])
     with transaction(conn) as cur:
         destination_id, _ = destination_row(cur, name, "update")
         cur.execute(

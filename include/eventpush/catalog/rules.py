@@ -18,6 +18,7 @@ from eventpush.catalog.common import (
     CatalogError,
     ConflictError,
     bus_row,
+    check_description,
     check_name,
     check_version,
     iso,
@@ -78,6 +79,7 @@ def create_rule(
     """A rule on ``bus``; the pattern is compiled first and refused when invalid."""
     check_name("rule", name)
     pattern = parse_pattern(name, pattern)
+    check_description(f"rule {bus}/{name}", description)
     try:
         with transaction(conn) as cur:
             bus_id, _ = bus_row(cur, bus)
@@ -149,20 +151,25 @@ def update_rule(
     *,
     pattern: str | dict | None = None,
     description: str | None = None,
+    enabled: bool | None = None,
     expected_version: int | None = None,
 ) -> RuleInfo:
-    """A new pattern and/or description; the version moves on by one."""
-    if pattern is None and description is None:
+    """A new pattern, description and/or state, in one transaction; the version moves on by
+    one."""
+    if pattern is None and description is None and enabled is None:
         raise CatalogError(f"rule {bus}/{name}: nothing to change (give a pattern or description)")
     if pattern is not None:
         pattern = parse_pattern(name, pattern)
+    if description is not None:
+        check_description(f"rule {bus}/{name}", description)
+    state = None if enabled is None else _state(enabled)
     with transaction(conn) as cur:
         rule_id, bus_id, _ = _change(cur, bus, name, expected_version)
         cur.execute(
             "UPDATE event_rule SET pattern = coalesce(%s::json, pattern), "
-            "description = coalesce(%s, description), version = version + 1, "
-            "updated_at = now() WHERE id = %s",
-            (None if pattern is None else json.dumps(pattern), description, rule_id),
+            "description = coalesce(%s, description), state = coalesce(%s, state), "
+            "version = version + 1, updated_at = now() WHERE id = %s",
+            (None if pattern is None else json.dumps(pattern), description, state, rule_id),
         )
         notify(cur, bus_id)
         return _read(cur, rule_id)

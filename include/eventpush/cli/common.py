@@ -87,6 +87,15 @@ def handles_errors(func):
                 "EVENTPUSH_DATABASE_URL connects as)",
                 EXIT_STORE,
             )
+        except (
+            psycopg2.OperationalError,
+            psycopg2.InterfaceError,
+            psycopg2.errors.ReadOnlySqlTransaction,
+        ) as exc:
+            # The database went away or gave up in the middle of the command (a restart, a
+            # failover to a read-only standby, a lock or statement timeout): its open
+            # transaction is rolled back, and one line says so instead of a traceback.
+            fail(f"the database failed during the command: {first_line(exc)}", EXIT_STORE)
 
     return wrapper
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -188,7 +190,7 @@ class ReceiverProcess:
                 port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "eventpush.demo.receiver", str(port)],
+            [sys.executable, "-m", "eventpush.demo.receiver", str(port), str(os.getpid())],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -225,10 +227,25 @@ class ReceiverProcess:
 
 
 def main() -> None:
-    """``python -m eventpush.demo.receiver [PORT]``: serve in the foreground."""
+    """``python -m eventpush.demo.receiver [PORT [PARENT_PID]]``: serve in the foreground; with
+    PARENT_PID, stop once that process is gone."""
 
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 8787
+    if len(sys.argv) > 2:
+        _stop_with_parent(int(sys.argv[2]))
     web.run_app(make_app(ReceiverState(keep_bodies=False)), host="127.0.0.1", port=port)
+
+
+def _stop_with_parent(parent: int) -> None:
+    """A SIGKILL or SIGTERM of the test or benchmark that started this process runs none of
+    its clean-up: without this the receiver would keep its port for good."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)  # aiohttp's graceful stop
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
 if __name__ == "__main__":

@@ -272,6 +272,7 @@ class Lanes:
         """No more pulling or dispatching; sends under way go on; unsent records stay
         uncommitted (the next run redelivers them)."""
         runner.stopped = True
+        self.warned_held.discard(runner.id)  # a runner that comes back is warned once again
         for task in runner.tasks:
             task.cancel()
         while runner.idle_senders:  # idle senders end now, busy ones after their send

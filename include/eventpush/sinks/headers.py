@@ -7,7 +7,8 @@ Refused: names that are not an HTTP token; values with CR, LF or other control c
 ``transfer-encoding``, ``connection``...); ``webhook-*`` (the Standard Webhooks id, timestamp
 and signature); ``traceparent`` and ``tracestate`` (the attempt's trace context). A plain
 header may not be ``authorization`` either: a credential belongs in a connection, where it
-is sealed (an API-key connection may name ``Authorization`` as its key's header).
+is sealed (an API-key connection may name ``Authorization`` as its key's header); nor may it
+be another header named for a credential (``x-api-key``, ``cookie``...).
 
 The sink still sets its own headers after these (:func:`eventpush.sinks.request.build_request`),
 so even a row written around these checks never overrides them.
@@ -38,6 +39,9 @@ FRAMING = frozenset(
     }
 )
 OWN = frozenset({"traceparent", "tracestate"})  # and every webhook-* name
+# Headers that carry a credential by their very name: stored as a plain header they would be
+# kept unsealed and shown by `target show`, so they belong in a connection.
+CREDENTIALS = frozenset({"authorization", "x-api-key", "api-key", "x-auth-token", "cookie"})
 MAX_PARAMETERS = 50
 
 
@@ -61,10 +65,10 @@ def check_header(name: str, value: str, where: str, credential: bool = False) ->
             f"{where}: header {name!r} is eventpush's own (Standard Webhooks signature or trace "
             "context) and cannot be overridden"
         )
-    if lower == "authorization" and not credential:
+    if lower in CREDENTIALS and not credential:
         raise HeaderError(
-            f"{where}: header 'authorization' carries a credential: put it in a connection "
-            "(--auth api-key --key-name Authorization), where it is sealed"
+            f"{where}: header {lower!r} carries a credential: put it in a connection "
+            f"(--auth api-key --key-name {name}), where it is sealed"
         )
     if not isinstance(value, str) or not VALUE_RE.fullmatch(value):
         raise HeaderError(
