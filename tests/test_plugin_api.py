@@ -351,3 +351,56 @@ def test_the_dashboard_shows_each_destinations_limit_rate_throttling_and_auto_co
         ["open", "none", "-", "-", "-"],
         ["(no destination)", "none", "-", "-", "orders/r/t1: 3"],
     ]  # fmt: skip
+
+
+def test_a_database_read_only_or_down_answers_one_line_not_a_traceback(
+    api, conn, client, tokens, monkeypatch
+):
+    """A read-only database (a failover's standby) refuses writes with 503 and the database's
+    own line, nothing written; a database that does not answer is 503 with the redacted
+    line for every read, and the page says it as HTML."""
+    from eventpush.airflow import queries
+
+    seed(conn, "http://127.0.0.1:9/ok")
+    dbname = conn.get_dsn_parameters()["dbname"]
+    with conn.cursor() as cur:  # the test's own database: new connections are read-only
+        cur.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on')
+    conn.commit()
+    try:
+        r = api("POST", "pause", user="editor", json={"scope": "worker", "name": "w1"})
+        assert r.status_code == 503, r.text
+        assert r.json() == {
+            "detail": "eventpush database: cannot execute INSERT in a read-only transaction"
+        }
+        body = {"bus": "orders", "name": "orders-rule"}
+        r = api("POST", "rule/disable", user="editor", json=body)
+        assert r.status_code == 503 and "read-only transaction" in r.json()["detail"], r.text
+        assert api("GET", "catalog").status_code == 200  # reads go on
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f'ALTER DATABASE "{dbname}" RESET default_transaction_read_only')
+        conn.commit()
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM event_runtime_control")
+        assert cur.fetchone()[0] == 0
+        cur.execute("SELECT state FROM event_rule")
+        assert cur.fetchone()[0] == "ENABLED"
+    conn.rollback()
+
+    # Down: the connection leads to a closed loopback port, a password in its URL.
+    monkeypatch.setenv("AIRFLOW_CONN_EVENTPUSH_DB", "postgresql://ep:hunter2@127.0.0.1:1/ep")
+    queries._url_cache.clear()
+    for path in ("status", "dashboard", "catalog", "failures"):
+        r = api("GET", path)
+        assert r.status_code == 503, (path, r.text)
+        detail = r.json()["detail"]
+        assert detail.startswith("eventpush database: cannot connect to "), detail
+        assert "\n" not in detail and "hunter2" not in detail
+    r = api("POST", "resume", user="editor", json={"scope": "worker", "name": "w1"})
+    assert r.status_code == 503 and "hunter2" not in r.text
+    page = client.get(
+        "/eventpush/dashboard", headers={"Authorization": f"Bearer {tokens['viewer']}"}
+    )
+    assert page.status_code == 503 and page.headers["content-type"].startswith("text/html")
+    assert "eventpush database: cannot connect to " in page.text and "hunter2" not in page.text
+    queries._url_cache.clear()
