@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
@@ -404,3 +405,28 @@ def test_a_database_read_only_or_down_answers_one_line_not_a_traceback(
     assert page.status_code == 503 and page.headers["content-type"].startswith("text/html")
     assert "eventpush database: cannot connect to " in page.text and "hunter2" not in page.text
     queries._url_cache.clear()
+
+
+def test_a_key_that_does_not_open_the_secrets_is_one_line_not_a_500(
+    api, conn, tmp_path, monkeypatch
+):
+    """The catalog opens sealed target secrets (for their fingerprints): an API server whose
+    EVENTPUSH_SECRET_KEY_FILE is another key answers 503 with a line saying so, neither a
+    bare 500 nor the key file's path."""
+    from eventpush import catalog
+    from eventpush.catalog import TargetSpec
+    from eventpush.sealed import write_key_file
+
+    seed(conn, "http://127.0.0.1:9/ok")
+    secret = "whsec_" + base64.b64encode(b"k" * 32).decode()
+    spec = TargetSpec(name="signed", url="http://127.0.0.1:9/s", secret=secret)
+    catalog.create_target(conn, "orders", "orders-rule", spec)
+    other = tmp_path / "other.key"
+    write_key_file(other)
+    monkeypatch.setenv("EVENTPUSH_SECRET_KEY_FILE", str(other))
+    for path in ("catalog", "dashboard"):
+        r = api("GET", path)
+        assert r.status_code == 503, (path, r.text)
+        assert r.json()["detail"].startswith("eventpush: the stored target secrets do not open")
+        assert str(other) not in r.text and secret not in r.text
+    assert api("GET", "status").status_code == 200  # what needs no secret is served

@@ -25,7 +25,8 @@ editors edit access to it; anyone else gets 401 (no credentials) or 403; the API
 description too (FastAPI's public ``/docs`` and ``/redoc`` are off). Refused adjustments
 answer 422 with the reason. Target URLs and secrets are never shown. A database that is
 down, read-only or misconfigured answers 503 (another database error 500) with its one line,
-redacted, as ``detail`` (the page: as a line of HTML), never a traceback.
+redacted, as ``detail`` (the page: as a line of HTML), never a traceback; so does a secrets
+key that does not open the stored secrets.
 
 ``minutes`` is at most ``EVENTPUSH_DASHBOARD_MAX_MINUTES`` (1440), and a series is averaged
 down in SQL to at most ``EVENTPUSH_DASHBOARD_POINTS`` (240) points per runner, so neither the
@@ -60,6 +61,7 @@ from eventpush.config import ConfigError, redact
 from eventpush.db import StoreError, is_transient
 from eventpush.errors import first_line
 from eventpush.push.controls import ControlError, adjust, set_paused
+from eventpush.sealed import SecretKeyError
 
 DAG_ID = "eventpush_push"
 log = logging.getLogger(__name__)
@@ -82,13 +84,21 @@ class Adjustment(Target):
     changes: dict[str, Any]
 
 
-SERVICE_ERRORS = (StoreError, ConfigError, psycopg2.Error)
+SERVICE_ERRORS = (StoreError, ConfigError, psycopg2.Error, SecretKeyError)
+KEY_TROUBLE = (
+    "eventpush: the stored target secrets do not open on this API server: check its "
+    "EVENTPUSH_SECRET_KEY_FILE"
+)
 
 
 def service_trouble(exc: Exception) -> tuple[int, str]:
     """The status and one line for what a route cannot serve: 503 when waiting may help (the
-    database down, read-only after a failover) or the connection is misconfigured, else 500.
-    Redacted: a psycopg2 message may quote a URL."""
+    database down, read-only after a failover), the connection is misconfigured or the
+    secrets' key is wrong here, else 500. Redacted: a psycopg2 message may quote a URL."""
+    if isinstance(exc, SecretKeyError):
+        # The catalog opens sealed secrets for their fingerprints; the key file's path is for
+        # the log, not for every reader of the page.
+        return 503, KEY_TROUBLE
     if isinstance(exc, ConfigError):  # e.g. the connection eventpush_db not of type postgres
         return 503, "eventpush: " + redact(first_line(exc))
     return (503 if is_transient(exc) else 500), "eventpush database: " + redact(first_line(exc))
