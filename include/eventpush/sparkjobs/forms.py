@@ -303,6 +303,30 @@ def audit_flag(params: dict, key: str) -> bool:
     return value
 
 
+REBALANCE_FORM_FIELDS = ("window_minutes", "dry_run")
+MAX_LOAD_WINDOW_MINUTES = 1440
+
+
+def rebalance_args(params: dict, conf: dict | None, label: str) -> list[str]:
+    """The rebalance job's arguments from its form. A field the form does not have is refused:
+    a mistyped ``dry_run`` would otherwise apply a real rebalance. ``window_minutes`` is a
+    whole number (JSON's 15.0 passes the form's schema, not the job's parser)."""
+    check_form_keys(params, conf, known=REBALANCE_FORM_FIELDS)
+    minutes = params.get("window_minutes")
+    if (
+        isinstance(minutes, bool)
+        or not isinstance(minutes, int | float)
+        or minutes != int(minutes)
+        or not 1 <= minutes <= MAX_LOAD_WINDOW_MINUTES
+    ):
+        raise FormError(
+            f"window_minutes must be a whole number from 1 to {MAX_LOAD_WINDOW_MINUTES}, "
+            f"got {minutes!r}"
+        )
+    args = ["--label", label, "--window-minutes", str(int(minutes))]
+    return args + (["--dry-run"] if audit_flag(params, "dry_run") else [])
+
+
 def audit_window(
     params: dict,
     conf: dict | None,
