@@ -246,3 +246,22 @@ def test_rebalance_dag_refuses_a_mistyped_dry_run_in_its_first_task(bag, airflow
     run = dag.test(run_conf={"dryrun": True})
     assert str(run.state) == "failed", _states(run)
     assert str(dag.test(run_conf={"dry_run": True}).state) == "success"
+
+
+def test_retention_dag_refuses_a_conf_before_it_drops_anything(bag, airflow_conn_env, conn):
+    """The retention DAG has no form: a conf asking for a dry run must not drop partitions."""
+    from eventpush import catalog
+
+    catalog.create_bus(conn, "orders", 1, retention="1d")
+
+    def partitions() -> set[str]:
+        with conn, conn.cursor() as cur:
+            cur.execute("SELECT inhrelid::regclass::text FROM pg_inherits")
+            return {name for (name,) in cur.fetchall()}
+
+    before = partitions()
+    run = bag.dags["eventpush_retention"].test(run_conf={"dry_run": True})
+    got = _states(run)
+    assert str(run.state) == "failed" and got["maintain"] == "failed", got
+    assert got["check"] != "success"
+    assert partitions() == before

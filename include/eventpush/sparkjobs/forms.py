@@ -288,7 +288,7 @@ def check_form_keys(*forms: dict | None, known: tuple[str, ...]) -> None:
         names = ", ".join(repr(k) for k in unknown)
         raise FormError(
             f"unknown field{'s' if len(unknown) > 1 else ''} {names} in the request; "
-            f"known: {', '.join(known)}"
+            f"known: {', '.join(known) or 'none (the DAG takes no configuration)'}"
         )
 
 
