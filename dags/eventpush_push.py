@@ -5,7 +5,8 @@ Runs every `SLICE_SECONDS` (120 s), and two runs may be active at once: each run
 while the previous one still pushes, so every worker is handed from one slice to the next
 with no gap (make before break). Each run:
 
-1. **list_workers**: the enabled push workers that have runners assigned.
+1. **list_workers**: the enabled push workers that have runners assigned (a run whose conf
+   has a field the form does not have is refused here).
 2. **push**, mapped over them: a deferrable sensor,
    `eventpush.airflow.push_slice.PushSliceSensor`. Its condition holds when the worker has
    work (new events or retries due) or when the previous run's slice holds the worker's
@@ -49,6 +50,7 @@ from eventpush.airflow.push_slice import HAND_OVER_S, PUSH_SLICES, PushSliceSens
 
 SLICE_SECONDS = 120
 POLL_INTERVAL_S = 5.0
+PUSH_FORM_FIELDS = ("slice_seconds", "hand_over_s", "until_idle")
 
 
 @dag(
@@ -91,9 +93,18 @@ def eventpush_push() -> None:
     @task
     def list_workers() -> list[str]:
         """The enabled workers that have runners (none: the run ends, the next one looks)."""
+        from airflow.sdk import get_current_context
+        from airflow.sdk.exceptions import AirflowFailException
+
         from eventpush.airflow.hook import EventpushHook
         from eventpush.airflow.push_slice import push_workers
+        from eventpush.sparkjobs.forms import FormError, check_form_keys
 
+        # A mistyped field (say "until_idel") would otherwise be ignored without a word.
+        try:
+            check_form_keys(get_current_context()["dag_run"].conf, known=PUSH_FORM_FIELDS)
+        except FormError as exc:
+            raise AirflowFailException(f"push request refused: {exc}") from None
         return push_workers(EventpushHook().get_uri())
 
     PushSliceSensor.partial(

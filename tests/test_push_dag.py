@@ -393,3 +393,11 @@ def test_a_one_off_run_until_idle_ends_when_the_work_is_done(push_dag, conn, air
     assert str(run.state) == "success", states
     assert states["push"] == ["success"], states
     assert took < 300  # the work's few seconds, not the 600 s window (nor its hand-over)
+
+
+def test_a_mistyped_field_in_the_conf_is_refused_not_ignored(push_dag, conn, airflow_conn_env):
+    seed(conn, "http://127.0.0.1:9/ok", workers=("w1",))
+    run = push_dag.test(run_conf={"slice_seconds": 2, "hand_over_s": 0, "until_idel": True})
+    states = _states(run)
+    assert str(run.state) == "failed" and states["list_workers"] == ["failed"], states
+    assert states.get("push", ["upstream_failed"]) != ["success"], states
