@@ -51,6 +51,10 @@ from eventpush.airflow.push_slice import HAND_OVER_S, PUSH_SLICES, PushSliceSens
 SLICE_SECONDS = 120
 POLL_INTERVAL_S = 5.0
 PUSH_FORM_FIELDS = ("slice_seconds", "hand_over_s", "until_idle")
+# A slice holds its worker's lease for its window and hand-over: a day and an hour at most,
+# so a one-off run with a huge number cannot keep a worker from every later slice.
+MAX_SLICE_SECONDS = 86_400
+MAX_HAND_OVER_S = 3_600
 
 
 @dag(
@@ -71,6 +75,7 @@ PUSH_FORM_FIELDS = ("slice_seconds", "hand_over_s", "until_idle")
             SLICE_SECONDS,
             type="number",
             minimum=1,
+            maximum=MAX_SLICE_SECONDS,
             description="the run's window: each slice pushes until this long after the run "
             "started, then hands over to the next run's",
         ),
@@ -78,6 +83,7 @@ PUSH_FORM_FIELDS = ("slice_seconds", "hand_over_s", "until_idle")
             HAND_OVER_S,
             type="number",
             minimum=0,
+            maximum=MAX_HAND_OVER_S,
             description="after its window, how long a slice may wait for the next one to "
             "take over (it stops as soon as the next one waits for the lease)",
         ),
