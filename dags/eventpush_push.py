@@ -5,7 +5,8 @@ Runs every `SLICE_SECONDS` (120 s), and two runs may be active at once: each run
 while the previous one still pushes, so every worker is handed from one slice to the next
 with no gap (make before break). Each run:
 
-1. **list_workers**: the enabled push workers that have runners assigned.
+1. **list_workers**: the enabled push workers that have runners assigned (a run whose conf
+   has a field the form does not have is refused here).
 2. **push**, mapped over them: a deferrable sensor,
    `eventpush.airflow.push_slice.PushSliceSensor`. Its condition holds when the worker has
    work (new events or retries due) or when the previous run's slice holds the worker's
@@ -49,6 +50,11 @@ from eventpush.airflow.push_slice import HAND_OVER_S, PUSH_SLICES, PushSliceSens
 
 SLICE_SECONDS = 120
 POLL_INTERVAL_S = 5.0
+PUSH_FORM_FIELDS = ("slice_seconds", "hand_over_s", "until_idle")
+# A slice holds its worker's lease for its window and hand-over: a day and an hour at most,
+# so a one-off run with a huge number cannot keep a worker from every later slice.
+MAX_SLICE_SECONDS = 86_400
+MAX_HAND_OVER_S = 3_600
 
 
 @dag(
@@ -69,6 +75,7 @@ POLL_INTERVAL_S = 5.0
             SLICE_SECONDS,
             type="number",
             minimum=1,
+            maximum=MAX_SLICE_SECONDS,
             description="the run's window: each slice pushes until this long after the run "
             "started, then hands over to the next run's",
         ),
@@ -76,6 +83,7 @@ POLL_INTERVAL_S = 5.0
             HAND_OVER_S,
             type="number",
             minimum=0,
+            maximum=MAX_HAND_OVER_S,
             description="after its window, how long a slice may wait for the next one to "
             "take over (it stops as soon as the next one waits for the lease)",
         ),
@@ -91,9 +99,18 @@ def eventpush_push() -> None:
     @task
     def list_workers() -> list[str]:
         """The enabled workers that have runners (none: the run ends, the next one looks)."""
+        from airflow.sdk import get_current_context
+        from airflow.sdk.exceptions import AirflowFailException
+
         from eventpush.airflow.hook import EventpushHook
         from eventpush.airflow.push_slice import push_workers
+        from eventpush.sparkjobs.forms import FormError, check_form_keys
 
+        # A mistyped field (say "until_idel") would otherwise be ignored without a word.
+        try:
+            check_form_keys(get_current_context()["dag_run"].conf, known=PUSH_FORM_FIELDS)
+        except FormError as exc:
+            raise AirflowFailException(f"push request refused: {exc}") from None
         return push_workers(EventpushHook().get_uri())
 
     PushSliceSensor.partial(

@@ -3,7 +3,8 @@
 
 Every 10 minutes, and on demand.
 
-1. **check_inputs**: there are enabled workers when there are runners to place.
+1. **check_inputs**: the form holds no field it does not have (a mistyped `dry_run` is
+   refused, not ignored) and there are enabled workers when there are runners to place.
 2. **rebalance_job**: `spark_jobs/rebalance.py` through SparkSubmitOperator (connection
    `spark_default`): each runner's load (rate x latency) from the delivery log in Spark, a
    sticky assignment balanced relative to worker capacity (even by count without load
@@ -73,18 +74,21 @@ def eventpush_rebalance() -> None:
         from airflow.sdk.exceptions import AirflowFailException
 
         from eventpush.airflow.hook import EventpushHook
+        from eventpush.sparkjobs.forms import FormError, rebalance_args
 
         context = get_current_context()
+        run = context["dag_run"]
+        try:
+            args = rebalance_args(dict(context["params"]), run.conf, run.run_id)
+        except FormError as exc:
+            raise AirflowFailException(f"rebalance request refused: {exc}") from None
         found = EventpushHook().placement()
         print(
             f"{found.runners} runners, {found.enabled_workers} of {found.workers} workers enabled"
         )
         if found.runners and not found.enabled_workers:
             raise AirflowFailException("no enabled worker to place runners on")
-        params = context["params"]
-        args = ["--label", context["dag_run"].run_id]
-        args += ["--window-minutes", str(params["window_minutes"])]
-        return args + (["--dry-run"] if params["dry_run"] else [])
+        return args
 
     job = spark_job("rebalance", "ti.xcom_pull(task_ids='check_inputs')")
 

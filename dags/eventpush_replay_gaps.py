@@ -62,9 +62,10 @@ def eventpush_replay_gaps() -> None:
             events = list(context["inlet_events"][GAPS][-1:])
         try:
             switch = switch_on(Variable.get(SWITCH, default=None))
+            # an asset event made by hand may carry any extra: a bad window is refused here
+            form = replay_form((e.extra or {} for e in events), switch)
         except ValueError as exc:
             raise AirflowFailException(str(exc)) from None
-        form = replay_form((e.extra for e in events), switch)
         if form is None:
             raise AirflowSkipException(
                 f"gap replay is off (Variable {SWITCH}) and no audit asked for it"

@@ -1,7 +1,8 @@
 """
 ### eventpush_retention: books that stay small
 
-Daily (just after midnight UTC), and on demand.
+Daily (just after midnight UTC), and on demand. It takes no configuration: a run given a
+`conf` with any field (say `{"dry_run": true}`) is refused before it drops anything.
 
 1. **maintain**: `eventpush.partitions.maintain`, as `eventpush db maintain` does it: the day
    partitions of every bus's events and of the delivery log made ahead
@@ -48,9 +49,17 @@ def eventpush_retention() -> None:
     @task
     def maintain() -> dict[str, Any]:
         """Make partitions ahead, drop those behind retention, prune old failure rows."""
+        from airflow.sdk.exceptions import AirflowFailException
+
         from eventpush.airflow.hook import EventpushHook
         from eventpush.partitions import maintain
+        from eventpush.sparkjobs.forms import FormError, check_form_keys
 
+        # It takes no configuration: a conf asking for, say, a dry run must not drop partitions.
+        try:
+            check_form_keys(get_current_context()["dag_run"].conf, known=())
+        except FormError as exc:
+            raise AirflowFailException(f"retention request refused: {exc}") from None
         with EventpushHook().connection() as conn:
             report = maintain(conn)
         print(

@@ -358,6 +358,23 @@ def test_gap_replay_switch_and_window():
     assert replay_form([{**a, "missing": 0}], switch=True) is None
 
 
+def test_a_gap_event_made_by_hand_without_a_window_is_refused_in_one_line():
+    """An asset event on the gaps asset can be made in the UI or the REST API with any extra:
+    no window is a one-line ValueError (the DAG fails the task with it), not a KeyError; a
+    naive time is UTC beside an aware one, not a TypeError."""
+    from eventpush.airflow.gaps import replay_form
+
+    by_hand = {"missing": 3, "replay_requested": True, "report_id": 7}
+    with pytest.raises(ValueError, match=r"^gap event of audit report 7: since None is not an"):
+        replay_form([by_hand], switch=False)
+    with pytest.raises(ValueError, match="until 'soon' is not an ISO 8601 time"):
+        replay_form([{**by_hand, "since": "2026-01-01T00:00:00", "until": "soon"}], switch=True)
+    a = {"missing": 1, "since": "2026-01-01T00:00:00", "until": "2026-01-01T01:00:00+00:00"}
+    b = {"missing": 1, "since": "2026-01-01T00:30:00+00:00", "until": "2026-01-01T02:00:00"}
+    form = replay_form([a, b], switch=True)
+    assert (form["since"], form["until"]) == (a["since"], b["until"])
+
+
 def test_replay_dag_repushes_failed_records(bag, conn, spark_conn, receiver):
     runner = make_runner(
         conn, "orders", "all", "crm", {"source": ["app.orders"]}, url=f"{receiver.url}/ok"

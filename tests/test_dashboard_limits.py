@@ -95,3 +95,29 @@ def test_heartbeat_prunes_metric_rows_past_retention(conn, monkeypatch):
     with conn.cursor() as cur:
         cur.execute("SELECT count(*) FROM event_push_metric")
         assert cur.fetchone()[0] == 3
+
+
+def _rows_read(plan: dict, table: str) -> int:
+    """The rows a plan (EXPLAIN ANALYZE's JSON) read from ``table``, over all its loops."""
+    own = plan["Actual Rows"] * plan["Actual Loops"] if plan.get("Relation Name") == table else 0
+    return own + sum(_rows_read(p, table) for p in plan.get("Plans", []))
+
+
+def test_latest_metrics_read_one_row_per_runner(conn):
+    """Each runner's latest latency (``api/status`` and every dashboard poll) reads one metric
+    row per runner, not the whole table (a row per runner every 5 s, kept 48 h)."""
+    rid, wid, name = _runner(conn)
+    now = datetime.now(UTC)
+    rows = [
+        (now - timedelta(seconds=5 * i), wid, rid, 5_000 - i, 0, 0, float(i)) for i in range(5000)
+    ]
+    _insert(conn, rows)
+    with conn.cursor() as cur:
+        cur.execute("ANALYZE event_push_metric")
+        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + queries.LATEST_METRIC_SQL)
+        plan = cur.fetchone()[0][0]["Plan"]
+    conn.rollback()
+    assert _rows_read(plan, "event_push_metric") <= 1
+    (runner,) = queries.progress(conn)["runners"]
+    assert runner["runner"] == name and runner["latest_metric"]["p99_ms"] == 0.0
+    assert datetime.fromisoformat(runner["latest_metric"]["ts"]) == now

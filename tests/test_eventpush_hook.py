@@ -71,3 +71,17 @@ def test_dag_files_hold_no_sql_and_open_no_connection():
             r"\b(?:SELECT|INSERT|UPDATE|DELETE)\b|\.execute\(|database_url|connect\(", text
         )
         assert not found, f"{path.name}: {found}"
+
+
+def test_connection_extras_reach_libpq_as_written(airflow_db, airflow_conn_env, monkeypatch):
+    """An extra with a space in it (libpq's ``options``, as an Airflow connection's extra
+    holds it) reaches the server as written, not with a "+" for the space."""
+    from urllib.parse import quote
+
+    from eventpush.airflow.hook import EventpushHook
+
+    options = quote("-c statement_timeout=1234 -c lock_timeout=4321", safe="")
+    monkeypatch.setenv("AIRFLOW_CONN_EVENTPUSH_DB", f"{airflow_conn_env}?options={options}")
+    with EventpushHook().connection() as c, c.cursor() as cur:
+        cur.execute("SELECT current_setting('statement_timeout'), current_setting('lock_timeout')")
+        assert cur.fetchone() == ("1234ms", "4321ms")

@@ -17,6 +17,7 @@ from eventpush.sparkjobs.forms import (
     audit_window,
     form_params,
     job_parser,
+    rebalance_args,
     replay_limits,
     request_from_args,
 )
@@ -223,3 +224,44 @@ def test_audit_dag_window_task(bag, airflow_conn_env):
     assert spec["args"][:4] == ["--since", spec["since"], "--until", spec["until"]]
     run = dag.test(run_conf={"frobnicate": 1})
     assert str(run.state) == "failed", json.dumps(_states(run))
+
+
+def test_rebalance_form_refuses_unknown_fields_and_odd_windows():
+    """A mistyped ``dry_run`` through the REST API is refused, not a real rebalance."""
+    with pytest.raises(FormError) as exc:
+        rebalance_args({"window_minutes": 15, "dry_run": False}, {"dryrun": True}, "r1")
+    assert str(exc.value) == (
+        "unknown field 'dryrun' in the request; known: window_minutes, dry_run"
+    )
+    for minutes in (15.5, 0, True, "15", None):
+        with pytest.raises(FormError, match="^window_minutes must be a whole number from 1"):
+            rebalance_args({"window_minutes": minutes, "dry_run": False}, None, "r1")
+    # JSON's 15.0 passes the form's integer schema; the job's parser wants "15"
+    args = rebalance_args({"window_minutes": 15.0, "dry_run": True}, {}, "r1")
+    assert args == ["--label", "r1", "--window-minutes", "15", "--dry-run"]
+
+
+def test_rebalance_dag_refuses_a_mistyped_dry_run_in_its_first_task(bag, airflow_conn_env):
+    dag = bag.dags["eventpush_rebalance"].partial_subset("check_inputs", include_downstream=False)
+    run = dag.test(run_conf={"dryrun": True})
+    assert str(run.state) == "failed", _states(run)
+    assert str(dag.test(run_conf={"dry_run": True}).state) == "success"
+
+
+def test_retention_dag_refuses_a_conf_before_it_drops_anything(bag, airflow_conn_env, conn):
+    """The retention DAG has no form: a conf asking for a dry run must not drop partitions."""
+    from eventpush import catalog
+
+    catalog.create_bus(conn, "orders", 1, retention="1d")
+
+    def partitions() -> set[str]:
+        with conn, conn.cursor() as cur:
+            cur.execute("SELECT inhrelid::regclass::text FROM pg_inherits")
+            return {name for (name,) in cur.fetchall()}
+
+    before = partitions()
+    run = bag.dags["eventpush_retention"].test(run_conf={"dry_run": True})
+    got = _states(run)
+    assert str(run.state) == "failed" and got["maintain"] == "failed", got
+    assert got["check"] != "success"
+    assert partitions() == before

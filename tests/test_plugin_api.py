@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
@@ -351,3 +352,81 @@ def test_the_dashboard_shows_each_destinations_limit_rate_throttling_and_auto_co
         ["open", "none", "-", "-", "-"],
         ["(no destination)", "none", "-", "-", "orders/r/t1: 3"],
     ]  # fmt: skip
+
+
+def test_a_database_read_only_or_down_answers_one_line_not_a_traceback(
+    api, conn, client, tokens, monkeypatch
+):
+    """A read-only database (a failover's standby) refuses writes with 503 and the database's
+    own line, nothing written; a database that does not answer is 503 with the redacted
+    line for every read, and the page says it as HTML."""
+    from eventpush.airflow import queries
+
+    seed(conn, "http://127.0.0.1:9/ok")
+    dbname = conn.get_dsn_parameters()["dbname"]
+    with conn.cursor() as cur:  # the test's own database: new connections are read-only
+        cur.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on')
+    conn.commit()
+    try:
+        r = api("POST", "pause", user="editor", json={"scope": "worker", "name": "w1"})
+        assert r.status_code == 503, r.text
+        assert r.json() == {
+            "detail": "eventpush database: cannot execute INSERT in a read-only transaction"
+        }
+        body = {"bus": "orders", "name": "orders-rule"}
+        r = api("POST", "rule/disable", user="editor", json=body)
+        assert r.status_code == 503 and "read-only transaction" in r.json()["detail"], r.text
+        assert api("GET", "catalog").status_code == 200  # reads go on
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f'ALTER DATABASE "{dbname}" RESET default_transaction_read_only')
+        conn.commit()
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM event_runtime_control")
+        assert cur.fetchone()[0] == 0
+        cur.execute("SELECT state FROM event_rule")
+        assert cur.fetchone()[0] == "ENABLED"
+    conn.rollback()
+
+    # Down: the connection leads to a closed loopback port, a password in its URL.
+    monkeypatch.setenv("AIRFLOW_CONN_EVENTPUSH_DB", "postgresql://ep:hunter2@127.0.0.1:1/ep")
+    queries._url_cache.clear()
+    for path in ("status", "dashboard", "catalog", "failures"):
+        r = api("GET", path)
+        assert r.status_code == 503, (path, r.text)
+        detail = r.json()["detail"]
+        assert detail.startswith("eventpush database: cannot connect to "), detail
+        assert "\n" not in detail and "hunter2" not in detail
+    r = api("POST", "resume", user="editor", json={"scope": "worker", "name": "w1"})
+    assert r.status_code == 503 and "hunter2" not in r.text
+    page = client.get(
+        "/eventpush/dashboard", headers={"Authorization": f"Bearer {tokens['viewer']}"}
+    )
+    assert page.status_code == 503 and page.headers["content-type"].startswith("text/html")
+    assert "eventpush database: cannot connect to " in page.text and "hunter2" not in page.text
+    queries._url_cache.clear()
+
+
+def test_a_key_that_does_not_open_the_secrets_is_one_line_not_a_500(
+    api, conn, tmp_path, monkeypatch
+):
+    """The catalog opens sealed target secrets (for their fingerprints): an API server whose
+    EVENTPUSH_SECRET_KEY_FILE is another key answers 503 with a line saying so, neither a
+    bare 500 nor the key file's path."""
+    from eventpush import catalog
+    from eventpush.catalog import TargetSpec
+    from eventpush.sealed import write_key_file
+
+    seed(conn, "http://127.0.0.1:9/ok")
+    secret = "whsec_" + base64.b64encode(b"k" * 32).decode()
+    spec = TargetSpec(name="signed", url="http://127.0.0.1:9/s", secret=secret)
+    catalog.create_target(conn, "orders", "orders-rule", spec)
+    other = tmp_path / "other.key"
+    write_key_file(other)
+    monkeypatch.setenv("EVENTPUSH_SECRET_KEY_FILE", str(other))
+    for path in ("catalog", "dashboard"):
+        r = api("GET", path)
+        assert r.status_code == 503, (path, r.text)
+        assert r.json()["detail"].startswith("eventpush: the stored target secrets do not open")
+        assert str(other) not in r.text and secret not in r.text
+    assert api("GET", "status").status_code == 200  # what needs no secret is served

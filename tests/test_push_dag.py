@@ -393,3 +393,41 @@ def test_a_one_off_run_until_idle_ends_when_the_work_is_done(push_dag, conn, air
     assert str(run.state) == "success", states
     assert states["push"] == ["success"], states
     assert took < 300  # the work's few seconds, not the 600 s window (nor its hand-over)
+
+
+def test_a_mistyped_field_in_the_conf_is_refused_not_ignored(push_dag, conn, airflow_conn_env):
+    seed(conn, "http://127.0.0.1:9/ok", workers=("w1",))
+    run = push_dag.test(run_conf={"slice_seconds": 2, "hand_over_s": 0, "until_idel": True})
+    states = _states(run)
+    assert str(run.state) == "failed" and states["list_workers"] == ["failed"], states
+    assert states.get("push", ["upstream_failed"]) != ["success"], states
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("hand_over_s", "nan"), ("slice_seconds", "inf"), ("hand_over_s", "-1")]
+)
+def test_a_slice_without_a_finite_length_is_refused_before_it_pushes(
+    push_dag, conn, airflow_conn_env, monkeypatch, field, value
+):
+    """JSON's NaN and Infinity pass the form's minimum and maximum: a slice of either length
+    would push, holding its worker's lease, for ever. Refused in one line, nothing started;
+    a huge finite number is refused by the form itself."""
+    from airflow.sdk.exceptions import AirflowFailException, ParamValidationError
+
+    from eventpush.airflow import push_slice
+
+    def never(*args, **kwargs):
+        raise AssertionError(f"a slice started: {args} {kwargs}")
+
+    monkeypatch.setattr(push_slice, "push_slice", never)
+    seed(conn, "http://127.0.0.1:9/ok", workers=("w1",))
+    publish(conn, "orders", order_events(1))  # work: the sensor's condition holds at once
+    form = {"slice_seconds": "5", "hand_over_s": "0", field: value}
+    op = push_slice.PushSliceSensor(task_id="s", worker="w1", **form)
+    context = {"dag_run": SimpleNamespace(start_date=datetime.now(UTC))}
+    message = f"^{field} must be a finite number of seconds, got '{value}'$"
+    with pytest.raises(AirflowFailException, match=message):
+        op.execute(context)
+    for name in ("slice_seconds", "hand_over_s"):
+        with pytest.raises(ParamValidationError):
+            push_dag.params.get_param(name).resolve(1e308)

@@ -39,7 +39,9 @@ def url_from_connection(conn) -> str:
     port = f":{conn.port}" if conn.port else ""
     database = quote(conn.schema or "", safe="")
     extras = {k: str(v) for k, v in (conn.extra_dejson or {}).items() if isinstance(v, str | int)}
-    query = f"?{urlencode(extras)}" if extras else ""
+    # %20, not urlencode's "+": libpq decodes only %XX, and a "+" would reach the server as
+    # is ("options": "-c statement_timeout=5s" would be refused as "-c+statement_timeout").
+    query = f"?{urlencode(extras, quote_via=quote)}" if extras else ""
     return f"postgresql://{auth}{host}{port}/{database}{query}"
 
 

@@ -18,7 +18,7 @@ Light on purpose: the DAG files import it at parse time.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 
 GAPS_URI = "eventpush://audit/gaps"
 SWITCH = "eventpush_replay_gaps"
@@ -68,9 +68,26 @@ def replay_form(extras: Iterable[dict], switch: bool) -> dict | None:
     if not chosen:
         return None
     buses = {e.get("bus") for e in chosen}
+    since = min(chosen, key=lambda e: _utc(e, "since"))["since"]
+    until = max(chosen, key=lambda e: _utc(e, "until"))["until"]
     return {
         "what": "missing",
         "bus": buses.pop() if len(buses) == 1 else None,
-        "since": min((e["since"] for e in chosen), key=datetime.fromisoformat),
-        "until": max((e["until"] for e in chosen), key=datetime.fromisoformat),
+        "since": since,
+        "until": until,
     }
+
+
+def _utc(extra: dict, key: str) -> datetime:
+    """A gap event's ``since`` or ``until`` (naive is UTC, as in the forms). An asset event
+    can also be made by hand (the UI's "Create Asset Event", the REST API) with any extra:
+    one without a usable window is refused in one line (ValueError), not a KeyError."""
+    value = extra.get(key)
+    try:
+        parsed = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"gap event of audit report {extra.get('report_id')!r}: {key} {value!r} is not "
+            "an ISO 8601 time"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

@@ -21,13 +21,18 @@ checks DAG, scheduled on that asset, checks every slice whose event triggered it
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from airflow.sdk import Asset
 from airflow.sdk.bases.sensor import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException
+from airflow.sdk.exceptions import (
+    AirflowFailException,
+    AirflowSensorTimeout,
+    AirflowSkipException,
+)
 
 from eventpush.airflow.connection import CONN_ID, database_url
 from eventpush.airflow.triggers import (
@@ -58,6 +63,19 @@ MIN_SLICE_S = 5.0
 # this long: the successor is late only when the scheduler is (a run started late, a busy
 # machine), and until it comes the worker keeps pushing rather than idling.
 HAND_OVER_S = 60.0
+
+
+def seconds_of(name: str, value: object) -> float:
+    """A duration field of the form as rendered, in seconds. JSON's NaN and Infinity pass the
+    form's minimum and maximum (every comparison with NaN is false): a slice of either length
+    would never end, so they are refused in one line before anything is pushed."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise AirflowFailException(f"{name} must be a finite number of seconds, got {value!r}")
+    return seconds
 
 
 def push_workers(url: str) -> list[str]:
@@ -186,7 +204,7 @@ class PushSliceSensor(BaseSensorOperator):
     def window_left(self, context: Any) -> float:
         """Seconds left until this run's window ends (negative once it has)."""
         started = context["dag_run"].start_date.timestamp()
-        return started + float(self.slice_seconds) - time.time()
+        return started + seconds_of("slice_seconds", self.slice_seconds) - time.time()
 
     def poke(self, context: Any) -> bool | PokeReturnValue:
         from eventpush.airflow.connection import database_url
@@ -245,7 +263,7 @@ class PushSliceSensor(BaseSensorOperator):
                 self.worker,
                 database_url(self.conn_id),
                 budget,
-                hand_over_s=float(self.hand_over_s),
+                hand_over_s=seconds_of("hand_over_s", self.hand_over_s),
                 until_idle=until_idle,
             )
         except WorkerBusyError as exc:

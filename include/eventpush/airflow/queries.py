@@ -63,10 +63,16 @@ def max_points() -> int:
     return setting("EVENTPUSH_DASHBOARD_POINTS", 240, minimum=2)
 
 
+# One row per live runner through the (runner_id, ts) index: DISTINCT ON over the table read
+# every row kept (a row per runner every 5 s for 48 h) on each poll of every open dashboard.
 LATEST_METRIC_SQL = """
-SELECT DISTINCT ON (m.runner_id) r.name, m.ts, m.p50_ms, m.p99_ms
-FROM event_push_metric m JOIN event_target_runner r ON r.id = m.runner_id
-ORDER BY m.runner_id, m.ts DESC
+SELECT r.name, m.ts, m.p50_ms, m.p99_ms
+FROM event_target_runner r
+CROSS JOIN LATERAL (
+    SELECT ts, p50_ms, p99_ms FROM event_push_metric
+    WHERE runner_id = r.id ORDER BY ts DESC LIMIT 1
+) m
+WHERE r.deleted_at IS NULL
 """
 
 FAILURES_SQL = """

@@ -23,7 +23,10 @@ Authentication is Airflow's own (``airflow.api_fastapi.core_api.security``): a J
 token or the UI's session cookie. Readers need read access to the ``eventpush_push`` DAG,
 editors edit access to it; anyone else gets 401 (no credentials) or 403; the API's own
 description too (FastAPI's public ``/docs`` and ``/redoc`` are off). Refused adjustments
-answer 422 with the reason. Target URLs and secrets are never shown.
+answer 422 with the reason. Target URLs and secrets are never shown. A database that is
+down, read-only or misconfigured answers 503 (another database error 500) with its one line,
+redacted, as ``detail`` (the page: as a line of HTML), never a traceback; so does a secrets
+key that does not open the stored secrets.
 
 ``minutes`` is at most ``EVENTPUSH_DASHBOARD_MAX_MINUTES`` (1440), and a series is averaged
 down in SQL to at most ``EVENTPUSH_DASHBOARD_POINTS`` (240) points per runner, so neither the
@@ -34,9 +37,12 @@ database nor the page pays for a long range. Metric rows older than
 
 from __future__ import annotations
 
+import html
+import logging
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import psycopg2
 from pydantic import BaseModel, Field
 
 from eventpush.airflow.queries import (
@@ -51,9 +57,14 @@ from eventpush.airflow.queries import (
     progress,
 )
 from eventpush.airflow.web import render_dashboard, render_live
+from eventpush.config import ConfigError, redact
+from eventpush.db import StoreError, is_transient
+from eventpush.errors import first_line
 from eventpush.push.controls import ControlError, adjust, set_paused
+from eventpush.sealed import SecretKeyError
 
 DAG_ID = "eventpush_push"
+log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- app
@@ -73,14 +84,34 @@ class Adjustment(Target):
     changes: dict[str, Any]
 
 
+SERVICE_ERRORS = (StoreError, ConfigError, psycopg2.Error, SecretKeyError)
+KEY_TROUBLE = (
+    "eventpush: the stored target secrets do not open on this API server: check its "
+    "EVENTPUSH_SECRET_KEY_FILE"
+)
+
+
+def service_trouble(exc: Exception) -> tuple[int, str]:
+    """The status and one line for what a route cannot serve: 503 when waiting may help (the
+    database down, read-only after a failover), the connection is misconfigured or the
+    secrets' key is wrong here, else 500. Redacted: a psycopg2 message may quote a URL."""
+    if isinstance(exc, SecretKeyError):
+        # The catalog opens sealed secrets for their fingerprints; the key file's path is for
+        # the log, not for every reader of the page.
+        return 503, KEY_TROUBLE
+    if isinstance(exc, ConfigError):  # e.g. the connection eventpush_db not of type postgres
+        return 503, "eventpush: " + redact(first_line(exc))
+    return (503 if is_transient(exc) else 500), "eventpush database: " + redact(first_line(exc))
+
+
 def create_app():
     """The FastAPI app the plugin mounts at ``/eventpush``."""
     # Deferred: Airflow's SDK is loaded only when an Airflow process calls this.
     from airflow.api_fastapi.core_api.security import requires_access_dag
 
     # Deferred: FastAPI is loaded only by the webserver that mounts the plugin's app.
-    from fastapi import Depends, FastAPI, HTTPException, Query
-    from fastapi.responses import HTMLResponse
+    from fastapi import Depends, FastAPI, HTTPException, Query, Request
+    from fastapi.responses import HTMLResponse, JSONResponse
 
     read = [Depends(requires_access_dag("GET", param_dag_id=DAG_ID))]
     write = [Depends(requires_access_dag("PUT", param_dag_id=DAG_ID))]
@@ -94,6 +125,19 @@ def create_app():
         openapi_url=None,
     )
     minutes_query = Query(60, ge=1, le=max_minutes())
+
+    # Without this a database that is down or read-only is Starlette's bare 500 (a traceback
+    # in the log, "Internal Server Error" on the page and in the dashboard's alert).
+    async def on_service_error(request: Request, exc: Exception):
+        status, line = service_trouble(exc)
+        log.warning("%s %s: %s", request.method, request.url.path, redact(first_line(exc)))
+        if request.url.path.endswith("/dashboard") and "/api/" not in request.url.path:
+            page = f'<!doctype html><meta charset="utf-8"><p>{html.escape(line)}</p>'
+            return HTMLResponse(page, status_code=status)
+        return JSONResponse({"detail": line}, status_code=status)
+
+    for error in SERVICE_ERRORS:
+        app.add_exception_handler(error, on_service_error)
 
     @app.get("/openapi.json", dependencies=read, include_in_schema=False)
     def get_openapi() -> dict:

@@ -288,7 +288,7 @@ def check_form_keys(*forms: dict | None, known: tuple[str, ...]) -> None:
         names = ", ".join(repr(k) for k in unknown)
         raise FormError(
             f"unknown field{'s' if len(unknown) > 1 else ''} {names} in the request; "
-            f"known: {', '.join(known)}"
+            f"known: {', '.join(known) or 'none (the DAG takes no configuration)'}"
         )
 
 
@@ -301,6 +301,30 @@ def audit_flag(params: dict, key: str) -> bool:
     if not isinstance(value, bool):
         raise FormError(f"{key} must be true or false, got {value!r}")
     return value
+
+
+REBALANCE_FORM_FIELDS = ("window_minutes", "dry_run")
+MAX_LOAD_WINDOW_MINUTES = 1440
+
+
+def rebalance_args(params: dict, conf: dict | None, label: str) -> list[str]:
+    """The rebalance job's arguments from its form. A field the form does not have is refused:
+    a mistyped ``dry_run`` would otherwise apply a real rebalance. ``window_minutes`` is a
+    whole number (JSON's 15.0 passes the form's schema, not the job's parser)."""
+    check_form_keys(params, conf, known=REBALANCE_FORM_FIELDS)
+    minutes = params.get("window_minutes")
+    if (
+        isinstance(minutes, bool)
+        or not isinstance(minutes, int | float)
+        or minutes != int(minutes)
+        or not 1 <= minutes <= MAX_LOAD_WINDOW_MINUTES
+    ):
+        raise FormError(
+            f"window_minutes must be a whole number from 1 to {MAX_LOAD_WINDOW_MINUTES}, "
+            f"got {minutes!r}"
+        )
+    args = ["--label", label, "--window-minutes", str(int(minutes))]
+    return args + (["--dry-run"] if audit_flag(params, "dry_run") else [])
 
 
 def audit_window(
