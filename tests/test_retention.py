@@ -233,6 +233,39 @@ def test_queries_by_offset_use_an_index(conn, two_buses):
         assert "Index" in plan, plan
 
 
+def test_a_runner_behind_a_dropped_day_steps_over_it_and_delivers_what_is_kept(conn):
+    """Retention drops a day a runner had not read yet (a worker stopped, a slow target):
+    its offsets are gone, and the runner goes on from the first kept one. It used to wait at
+    the gap forever: the window read came back empty and looked like the queue's end."""
+    from eventpush.demo.receiver import Receiver
+    from eventpush.push import run_worker
+
+    old, kept = 300, 5  # more than a window (256) of events in the dropped day
+    with Receiver() as rx:
+        catalog.create_bus(conn, "orders", 1, retention="2d")
+        catalog.create_rule(conn, "orders", "all", PATTERN)
+        catalog.create_target(
+            conn, "orders", "all", catalog.TargetSpec(name="t", url=rx.url + "/ok")
+        )
+        catalog.create_worker(conn, "w1")
+        catalog.assign(conn)
+        maintain(conn, now=D0 - 4 * DAY)
+        with conn, conn.cursor() as cur:
+            bid = bus_id(cur, "orders")
+            for offset in range(old + kept):
+                add_event(cur, bid, 0, offset, TIMES[0] if offset < old else NOW)
+            cur.execute("UPDATE event_bus_queue SET next_offset = %s", (old + kept,))
+        assert len(maintain(conn, now=NOW).dropped) == 2
+        with conn, conn.cursor() as cur:
+            assert offsets(cur, bid) == list(range(old, old + kept))
+        report = run_worker("w1", until_idle=True, max_seconds=30)
+        got = [r.body for r in rx.state.delivered("/ok")]
+    assert report.delivered == kept and len(got) == kept
+    with conn, conn.cursor() as cur:
+        cur.execute('SELECT "offset" FROM event_push_delivery ORDER BY "offset"')
+        assert [row[0] for row in cur.fetchall()] == list(range(old, old + kept))
+
+
 def test_horizon_refuses_and_clips(conn, two_buses, db_url):
     """The window checks of audits and replays, without Spark: refused in one line when
     the window is past retention, clipped with a warning when it reaches past it; a replay
