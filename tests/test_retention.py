@@ -138,6 +138,79 @@ def test_retention_drops_whole_days_of_its_bus_and_nothing_else(conn, two_buses)
     assert all(row["ahead"] >= 3 and row["behind"] == 0 for row in layout(conn, NOW))
 
 
+def test_a_bus_held_by_a_reader_waits_alone_for_the_next_run(conn, db_url, two_buses):
+    """A long reader of one bus holds its partitions: that bus's drop gives up after the lock
+    timeout and waits for the next run, while the buses after it, the delivery log and the
+    failure rows are maintained. The timeout used to abort the whole run."""
+    from eventpush import partitions as parts
+
+    short, long = two_buses
+    catalog.create_bus(conn, "other", 1, retention="2d")
+    rid = runner_id(conn, "long")
+    with conn, conn.cursor() as cur:
+        other = bus_id(cur, "other")
+        parts.make_ahead(cur, f"bus_event_{other}", D0 - 4 * DAY)
+        add_event(cur, other, 0, 0, TIMES[0])
+        cur.execute(
+            "INSERT INTO event_push_failure (runner_id, consumer_group, topic_name, queue_id, "
+            '"offset", message_id, attempts, last_error, ctime) '
+            "VALUES (%s, 'g', 'long', 0, 0, 'm', 1, 'boom', %s)",
+            (rid, NOW - 40 * DAY),
+        )
+    reader = psycopg2.connect(db_url)
+    try:
+        with reader.cursor() as cur:  # a transaction left open on the short bus's events
+            cur.execute("SELECT count(*) FROM bus_event WHERE bus_id = %s", (short,))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(parts, "LOCK_TIMEOUT", "200ms")
+            report = maintain(conn, now=NOW)
+    finally:
+        reader.close()
+    assert report.postponed == [f"bus_event_{short}"]
+    assert sorted(report.dropped) == [
+        f"bus_event_{other}_p{D0 - 4 * DAY:%Y%m%d}",
+        f"bus_event_{other}_p{D0 - 3 * DAY:%Y%m%d}",
+    ]
+    assert report.failures_deleted == 1  # and the steps after the buses ran
+    with conn, conn.cursor() as cur:
+        assert offsets(cur, short) == [0, 1, 2, 3, 4]  # the next run drops them
+    again = maintain(conn, now=NOW)
+    assert again.postponed == [] and len(again.dropped) == 2
+
+
+def test_a_bus_deleted_longer_ago_than_its_retention_leaves_no_table(conn):
+    """A deleted bus's events follow its retention; once it was deleted more than its
+    retention (and a day) ago, its partition goes whole. It used to stay, with days made
+    ahead for it every day, a few tables per bus ever deleted."""
+    catalog.create_bus(conn, "gone", 1, retention="1d")
+    catalog.create_bus(conn, "recent", 1, retention="1d")
+    with conn, conn.cursor() as cur:
+        gone, recent = bus_id(cur, "gone"), bus_id(cur, "recent")
+        add_event(cur, gone, 0, 0, NOW)
+    catalog.delete_bus(conn, "gone")
+    catalog.delete_bus(conn, "recent")
+    with conn, conn.cursor() as cur:
+        cur.execute("UPDATE event_bus SET deleted_at = %s WHERE id = %s", (NOW - 3 * DAY, gone))
+    report = maintain(conn, now=NOW)
+    assert f"bus_event_{gone}" in report.dropped
+    with conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT relname FROM pg_class WHERE relname = %s OR starts_with(relname, %s)",
+            (f"bus_event_{gone}", f"bus_event_{gone}_"),
+        )
+        assert cur.fetchall() == []
+        assert offsets(cur, gone) == []
+        cur.execute(
+            "SELECT count(*) FROM pg_class WHERE starts_with(relname, %s)",
+            (f"bus_event_{recent}_p",),
+        )
+        assert cur.fetchone()[0] >= 4  # deleted just now: its events are kept
+    again = maintain(conn, now=NOW)
+    assert again.dropped == []
+    assert not any(name.startswith(f"bus_event_{gone}_") for name in again.created)
+    assert {row["table"] for row in layout(conn, NOW)} >= {f"bus_event_{recent}"}
+
+
 def test_days_still_written_are_left_alone_by_autovacuum_until_over(conn, two_buses):
     """Today's partition and the ones ahead are made with autovacuum off; maintenance gives
     each day back to autovacuum once that day is over (the delivery log's too), and turns it
@@ -211,6 +284,57 @@ def test_rows_landing_past_the_made_days_move_into_their_partition(conn):
         assert cur.fetchone()[0] == 0
     report = maintain(conn, now=far + 3 * DAY)
     assert f"bus_event_{bid}_p{far:%Y%m%d}" in report.dropped
+
+
+def test_rows_published_while_their_day_is_moved_in_land_in_it(conn, db_url):
+    """Maintenance moves a day's rows out of the default partition while publishers still
+    write that day: their rows wait for the move and land in the new day. A row routed to
+    the default partition during the move used to fail the attach (CheckViolation), so a day
+    being written never got its partition."""
+    import threading
+    import time
+
+    catalog.create_bus(conn, "late", 1, retention="30d")  # no drop holds the writers off
+    far = D0 + 10 * DAY
+    with conn, conn.cursor() as cur:
+        bid = bus_id(cur, "late")
+        cur.execute(  # enough waiting rows that the move takes a while
+            'INSERT INTO bus_event (bus_id, queue_id, "offset", message_id, source, '
+            "detail_type, event_time, ctime, size_bytes, body) SELECT %s, 0, n, 'm' || n, "
+            "'app', 'order', %s, %s, 2, %s FROM generate_series(0, 49999) AS n",
+            (bid, far, far + timedelta(hours=1), BODY),
+        )
+    stop, errors, written = threading.Event(), [], []
+
+    def publisher() -> None:
+        c = psycopg2.connect(db_url)
+        try:
+            offset = 50_000
+            while not stop.is_set():
+                with c, c.cursor() as cur:
+                    add_event(cur, bid, 0, offset, far + timedelta(hours=2))
+                written.append(offset)
+                offset += 1
+        except psycopg2.Error as exc:
+            errors.append(exc)
+        finally:
+            c.close()
+
+    thread = threading.Thread(target=publisher)
+    thread.start()
+    try:
+        while len(written) < 5 and thread.is_alive():
+            time.sleep(0.01)
+        report = maintain(conn, now=far)
+    finally:
+        stop.set()
+        thread.join()
+    assert errors == [] and f"bus_event_{bid}_p{far:%Y%m%d}" in report.created
+    with conn, conn.cursor() as cur:
+        cur.execute(f'SELECT count(*) FROM "bus_event_{bid}_p{far:%Y%m%d}"')
+        assert cur.fetchone()[0] == 50_000 + len(written)
+        cur.execute(f'SELECT count(*) FROM "bus_event_{bid}_default"')
+        assert cur.fetchone()[0] == 0
 
 
 def test_queries_by_offset_use_an_index(conn, two_buses):

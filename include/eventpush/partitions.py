@@ -28,11 +28,13 @@ retention. Maintenance is :func:`maintain`, run by ``eventpush retention run`` a
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from psycopg2 import sql
+from psycopg2 import errors, sql
 
 from eventpush import config, rollups
 from eventpush.db import Connection, transaction
@@ -70,6 +72,8 @@ class MaintenanceReport:
     compacted: list[str] = field(default_factory=list)
     vacuum_settled: list[str] = field(default_factory=list)  # autovacuum turned off or on
     horizons: dict[str, str] = field(default_factory=dict)
+    # Tables left for the next run: a lock on them waited past LOCK_TIMEOUT (readers).
+    postponed: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -119,6 +123,13 @@ def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> str
     name = f"{parent}_p{day:%Y%m%d}"
     default = next((p.name for p in existing if p.hi is None), None)
     if default is not None:
+        # Writers of ``parent`` wait to the commit (and are then routed to the new day): a
+        # row of the day routed to the default partition meanwhile failed the attach (or the
+        # create) with a CheckViolation, so a day that maintenance lapsed on was never made
+        # while it was being written. Readers are not held (SHARE ROW EXCLUSIVE).
+        cur.execute(
+            sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(sql.Identifier(parent))
+        )
         cur.execute(
             sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE ctime >= %s AND ctime < %s)").format(
                 sql.Identifier(default)
@@ -256,7 +267,8 @@ def kept_since(cur, bus_id: int) -> datetime | None:
 def maintain(conn: Connection, now: datetime | None = None) -> MaintenanceReport:
     """Make partitions ahead and drop the ones behind retention, per bus and for the
     delivery log; delete failure rows past their retention. Each bus in a transaction of its
-    own, so a bus whose drop times out (LOCK_TIMEOUT) waits for the next run alone.
+    own, so a bus whose drop times out (LOCK_TIMEOUT) waits for the next run alone
+    (``postponed``). A bus deleted longer ago than its retention (and a day) goes whole.
 
     Delivery days are kept for the longest bus retention, and failure rows for the longer of
     their own retention and that: an audit of any window a bus still holds finds its books."""
@@ -265,17 +277,28 @@ def maintain(conn: Connection, now: datetime | None = None) -> MaintenanceReport
     default = config.default_retention_s()
     with transaction(conn) as cur:
         cur.execute(
-            "SELECT b.id, b.name, coalesce(b.retention_s, %s) FROM event_bus b "
+            "SELECT b.id, b.name, coalesce(b.retention_s, %s), b.deleted_at FROM event_bus b "
             "JOIN pg_class c ON c.relname = 'bus_event_' || b.id AND c.relkind = 'p' "
             "ORDER BY b.id",
             (default,),
         )
         buses = cur.fetchall()
-    longest = max([default, *(r for _, _, r in buses)])
-    for bus_id, name, retention_s in buses:
+    longest = max([default, *(r for _, _, r, _ in buses)])
+    for bus_id, name, retention_s, deleted_at in buses:
         edge = horizon(retention_s, now)
         table = bus_table(bus_id)
-        with transaction(conn) as cur:
+        if deleted_at is not None and deleted_at + DAY <= edge:
+            # Deleted longer ago than its retention (and a day): every event it took is past
+            # it, so its partition goes whole. Kept, it had days made (and dropped) for it
+            # every day, for ever: a few tables per bus ever deleted.
+            with _unless_locked(report, table), transaction(conn) as cur:
+                cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+                cur.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(table)))
+                report.dropped.append(table)
+            continue
+        # A lock that waits past LOCK_TIMEOUT (a long reader of the bus) rolls this bus's
+        # transaction back and leaves it to the next run; the other buses go on.
+        with _unless_locked(report, table), transaction(conn) as cur:
             cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
             dropped = _drop_behind(cur, table, edge)
             if dropped:
@@ -284,22 +307,36 @@ def maintain(conn: Connection, now: datetime | None = None) -> MaintenanceReport
                     "UPDATE event_bus SET events_kept_since = %s WHERE id = %s",
                     (min(kept, default=day_start(edge)), bus_id),
                 )
+            created = make_ahead(cur, table, now)
+            settled = settle_vacuum(cur, table, now)
             report.dropped += dropped
-            report.created += make_ahead(cur, table, now)
-            report.vacuum_settled += settle_vacuum(cur, table, now)
+            report.created += created
+            report.vacuum_settled += settled
         report.horizons[name] = edge.isoformat()
-    with transaction(conn) as cur:
+    with _unless_locked(report, DELIVERY), transaction(conn) as cur:
         cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-        report.dropped += _drop_behind(cur, DELIVERY, horizon(longest, now))
+        dropped = _drop_behind(cur, DELIVERY, horizon(longest, now))
         rollups.prune(cur, horizon(longest, now))
-        report.created += make_ahead(cur, DELIVERY, now)
-        report.vacuum_settled += settle_vacuum(cur, DELIVERY, now)
+        created = make_ahead(cur, DELIVERY, now)
+        settled = settle_vacuum(cur, DELIVERY, now)
+        report.dropped += dropped
+        report.created += created
+        report.vacuum_settled += settled
     report.compacted = compact(conn, day_start(now))
     with transaction(conn) as cur:
         failure_s = max(config.failure_retention_s(), longest)
         cur.execute("DELETE FROM event_push_failure WHERE ctime < %s", (horizon(failure_s, now),))
         report.failures_deleted = cur.rowcount
     return report
+
+
+@contextlib.contextmanager
+def _unless_locked(report: MaintenanceReport, table: str) -> Iterator[None]:
+    """A lock timeout inside (its transaction rolled back) noted as ``table`` postponed."""
+    try:
+        yield
+    except errors.LockNotAvailable:
+        report.postponed.append(table)
 
 
 # Past days' delivery partitions are compacted when their indexes hold this many times the
