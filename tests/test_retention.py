@@ -502,6 +502,32 @@ def test_bus_retention_refused_and_defaulted(conn, monkeypatch):
     assert catalog.update_bus_retention(conn, "b", "36h").retention == "36h"
 
 
+@pytest.mark.parametrize(
+    "text", ["\u0667d", "\uff17d", "9" * 5000 + "d", "0d", "-1h", "1e9w", "7 d", "99999999999w"]
+)
+def test_retention_spellings_outside_the_grammar_are_refused(text):
+    """Only ASCII digits and a unit, within an hour and ten years, refused in our words: an
+    Arabic-Indic or a full-width seven used to be taken as 7, and 5,000 digits failed with
+    int()'s own message."""
+    from eventpush.config import retention_seconds
+
+    with pytest.raises(ValueError, match="--retention must be a number and a unit"):
+        retention_seconds(text, "--retention")
+    assert retention_seconds(" 7d ", "--retention") == 7 * 86400
+
+
+def test_days_made_ahead_are_bounded(monkeypatch):
+    """A huge EVENTPUSH_PARTITIONS_AHEAD_DAYS is refused in one line; it used to be taken,
+    making a table per day per bus (or, past year 9999, an OverflowError traceback)."""
+    from eventpush.config import ConfigError, partitions_ahead_days
+
+    monkeypatch.setenv("EVENTPUSH_PARTITIONS_AHEAD_DAYS", "100000")
+    with pytest.raises(ConfigError, match="EVENTPUSH_PARTITIONS_AHEAD_DAYS must be at most 366"):
+        partitions_ahead_days()
+    monkeypatch.setenv("EVENTPUSH_PARTITIONS_AHEAD_DAYS", " 366 ")
+    assert partitions_ahead_days() == 366
+
+
 def test_migration_splits_existing_tables_and_keeps_their_rows(empty_db_url):
     """A database at 0007 with a bus, events and deliveries: after 0010 every row is still
     there, in the ``_before`` partitions, and new rows land in day partitions."""
