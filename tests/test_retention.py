@@ -5,6 +5,7 @@ the maintenance DAG in ``dag.test()``. Real PostgreSQL throughout, one Spark aud
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -68,6 +69,15 @@ def add_delivery(cur, runner_id: int, offset: int, ctime: datetime, bus: str = "
         '"offset", message_id, ctime, attempts, http_status, latency_ms) '
         "VALUES (%s, 'g', %s, 0, %s, 'm', %s, 1, 200, 1)",
         (runner_id, bus, offset, ctime),
+    )
+
+
+def add_failure(cur, runner_id: int, ctime: datetime, bus: str = "orders") -> None:
+    cur.execute(
+        "INSERT INTO event_push_failure (runner_id, consumer_group, topic_name, queue_id, "
+        '"offset", message_id, attempts, last_error, ctime) '
+        "VALUES (%s, 'g', %s, 0, 0, 'm', 1, 'boom', %s)",
+        (runner_id, bus, ctime),
     )
 
 
@@ -151,12 +161,7 @@ def test_a_bus_held_by_a_reader_waits_alone_for_the_next_run(conn, db_url, two_b
         other = bus_id(cur, "other")
         parts.make_ahead(cur, f"bus_event_{other}", D0 - 4 * DAY)
         add_event(cur, other, 0, 0, TIMES[0])
-        cur.execute(
-            "INSERT INTO event_push_failure (runner_id, consumer_group, topic_name, queue_id, "
-            '"offset", message_id, attempts, last_error, ctime) '
-            "VALUES (%s, 'g', 'long', 0, 0, 'm', 1, 'boom', %s)",
-            (rid, NOW - 40 * DAY),
-        )
+        add_failure(cur, rid, NOW - 40 * DAY, "long")
     reader = psycopg2.connect(db_url)
     try:
         with reader.cursor() as cur:  # a transaction left open on the short bus's events
@@ -209,6 +214,36 @@ def test_a_bus_deleted_longer_ago_than_its_retention_leaves_no_table(conn):
     assert again.dropped == []
     assert not any(name.startswith(f"bus_event_{gone}_") for name in again.created)
     assert {row["table"] for row in layout(conn, NOW)} >= {f"bus_event_{recent}"}
+
+
+def test_a_compaction_held_by_an_old_snapshot_waits_and_the_run_goes_on(conn, db_url):
+    """REINDEX CONCURRENTLY waits for every older snapshot (a backup, a long audit): past
+    the lock timeout that partition waits for the next run, the invalid index copy it left
+    is dropped, and maintenance goes on. The timeout used to raise out of ``maintain``."""
+    from eventpush import partitions as parts
+
+    catalog.create_bus(conn, "orders", 1)
+    rid = runner_id(conn, "orders")
+    with conn, conn.cursor() as cur:
+        add_delivery(cur, rid, 0, NOW)  # in the _before partition: a past day tomorrow
+        add_failure(cur, rid, NOW - 40 * DAY)
+    backup = psycopg2.connect(db_url)
+    backup.set_session(isolation_level="REPEATABLE READ")
+    try:
+        with backup.cursor() as cur:  # a snapshot held open, as pg_dump holds one
+            cur.execute("SELECT count(*) FROM event_bus")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(parts, "LOCK_TIMEOUT", "200ms")
+            mp.setattr(parts, "BLOAT_FACTOR", 0)  # every past partition is reindexed
+            mp.setattr(parts, "compact", functools.partial(parts.compact, min_bytes=0))
+            report = maintain(conn, now=NOW + DAY)
+    finally:
+        backup.close()
+    assert "event_push_delivery_before" in report.postponed
+    assert report.failures_deleted == 1
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_index WHERE NOT indisvalid")  # no copy left
+        assert cur.fetchone()[0] == 0
 
 
 def test_days_still_written_are_left_alone_by_autovacuum_until_over(conn, two_buses):

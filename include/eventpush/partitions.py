@@ -322,7 +322,7 @@ def maintain(conn: Connection, now: datetime | None = None) -> MaintenanceReport
         report.dropped += dropped
         report.created += created
         report.vacuum_settled += settled
-    report.compacted = compact(conn, day_start(now))
+    report.compacted = compact(conn, day_start(now), postponed=report.postponed)
     with transaction(conn) as cur:
         failure_s = max(config.failure_retention_s(), longest)
         cur.execute("DELETE FROM event_push_failure WHERE ctime < %s", (horizon(failure_s, now),))
@@ -345,11 +345,17 @@ BLOAT_FACTOR = 2
 BLOAT_MIN_BYTES = 1 << 20
 
 
-def compact(conn: Connection, before: datetime, min_bytes: int = BLOAT_MIN_BYTES) -> list[str]:
+def compact(
+    conn: Connection,
+    before: datetime,
+    min_bytes: int = BLOAT_MIN_BYTES,
+    postponed: list[str] | None = None,
+) -> list[str]:
     """The delivery log's partitions of days before ``before``, which no writer touches any
     more (live pushes and replays write today's): vacuumed (which also cuts the empty pages
     at the end of the table), and reindexed concurrently when their indexes outgrew their
-    rows, as after a roll-up deleted most of them. Returns the partitions reindexed."""
+    rows, as after a roll-up deleted most of them. Returns the partitions reindexed; those
+    whose lock waited past LOCK_TIMEOUT are added to ``postponed`` (the next run retries)."""
     with transaction(conn) as cur:
         names = [p.name for p in partitions(cur, DELIVERY) if p.hi is not None and p.hi <= before]
     reindexed = []
@@ -359,21 +365,52 @@ def compact(conn: Connection, before: datetime, min_bytes: int = BLOAT_MIN_BYTES
         with conn.cursor() as cur:
             cur.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
             for name in names:
-                table = sql.Identifier(name)
-                cur.execute(sql.SQL("VACUUM {}").format(table))
-                cur.execute(
-                    "SELECT pg_total_relation_size(%s::regclass) - pg_indexes_size(%s::regclass),"
-                    " pg_indexes_size(%s::regclass)",
-                    (name, name, name),
-                )
-                rows, indexes = cur.fetchone()
-                if indexes > max(min_bytes, BLOAT_FACTOR * rows):
-                    cur.execute(sql.SQL("REINDEX TABLE CONCURRENTLY {}").format(table))
-                    reindexed.append(name)
+                try:
+                    if _compact_one(cur, name, min_bytes):
+                        reindexed.append(name)
+                except errors.LockNotAvailable:
+                    # REINDEX CONCURRENTLY waits for every older snapshot (a backup, a long
+                    # audit): past the timeout it raised out of maintain, so the failure rows
+                    # were never deleted. This partition waits for the next run instead.
+                    _drop_invalid_indexes(cur, name)
+                    if postponed is not None:
+                        postponed.append(name)
             cur.execute("RESET lock_timeout")
     finally:
         conn.autocommit = autocommit
     return reindexed
+
+
+def _compact_one(cur, name: str, min_bytes: int) -> bool:
+    """Vacuum one past delivery partition, and reindex it when its indexes outgrew its rows;
+    True when it was reindexed."""
+    table = sql.Identifier(name)
+    cur.execute(sql.SQL("VACUUM {}").format(table))
+    cur.execute(
+        "SELECT pg_total_relation_size(%s::regclass) - pg_indexes_size(%s::regclass),"
+        " pg_indexes_size(%s::regclass)",
+        (name, name, name),
+    )
+    rows, indexes = cur.fetchone()
+    if indexes > max(min_bytes, BLOAT_FACTOR * rows):
+        cur.execute(sql.SQL("REINDEX TABLE CONCURRENTLY {}").format(table))
+        return True
+    return False
+
+
+def _drop_invalid_indexes(cur, name: str) -> None:
+    """The copies a REINDEX CONCURRENTLY that gave up left behind (invalid, never used, as
+    big as the index they were to replace); one still locked stays for the next run."""
+    cur.execute(  # the table's indexes and its TOAST table's (REINDEX TABLE does both)
+        "SELECT n.nspname, c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE NOT i.indisvalid AND i.indrelid "
+        "IN (SELECT oid FROM pg_class WHERE oid = %s::regclass UNION ALL "
+        "SELECT reltoastrelid FROM pg_class WHERE oid = %s::regclass)",
+        (name, name),
+    )
+    for schema, index in cur.fetchall():
+        with contextlib.suppress(errors.LockNotAvailable):
+            cur.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, index)))
 
 
 # --- the horizon: what audits and replays may still ask about ---------------------------------
