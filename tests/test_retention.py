@@ -246,6 +246,38 @@ def test_a_compaction_held_by_an_old_snapshot_waits_and_the_run_goes_on(conn, db
         assert cur.fetchone()[0] == 0
 
 
+def test_two_maintenance_runs_at_once_take_turns(conn, db_url):
+    """The DAG and a cron'd ``db maintain`` at once: one waits for the other, and the second
+    finds nothing left to do. Both used to drop and make the same partitions, and the later
+    failed (UndefinedTable, DuplicateTable: a traceback from ``db maintain``)."""
+    import threading
+
+    for name in ("a", "b", "c"):
+        catalog.create_bus(conn, name, 1)
+    far = D0 + 10 * DAY
+    results: list = []
+    start = threading.Barrier(2)
+
+    def run() -> None:
+        c = psycopg2.connect(db_url)
+        try:
+            start.wait()
+            results.append(maintain(c, now=far))
+        except Exception as exc:
+            results.append(exc)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(isinstance(r, MaintenanceReport) for r in results), results
+    made = [name for r in results for name in r.created]
+    assert len(made) == len(set(made)) == 4 * 4  # three buses and the delivery log, 4 days
+
+
 def test_days_still_written_are_left_alone_by_autovacuum_until_over(conn, two_buses):
     """Today's partition and the ones ahead are made with autovacuum off; maintenance gives
     each day back to autovacuum once that day is over (the delivery log's too), and turns it

@@ -264,15 +264,30 @@ def kept_since(cur, bus_id: int) -> datetime | None:
     return row[0] if row else None
 
 
+# The session lock one maintenance run holds: two at once (the DAG and a cron'd
+# `db maintain`) dropped and made the same partitions, and the later one failed.
+MAINTAIN_LOCK_KEY = 0x6570_6D61_696E  # "epmain"
+
+
 def maintain(conn: Connection, now: datetime | None = None) -> MaintenanceReport:
     """Make partitions ahead and drop the ones behind retention, per bus and for the
     delivery log; delete failure rows past their retention. Each bus in a transaction of its
     own, so a bus whose drop times out (LOCK_TIMEOUT) waits for the next run alone
     (``postponed``). A bus deleted longer ago than its retention (and a day) goes whole.
+    One run at a time: another waits for it, then finds what it left.
 
     Delivery days are kept for the longest bus retention, and failure rows for the longer of
     their own retention and that: an audit of any window a bus still holds finds its books."""
-    now = (now or datetime.now(UTC)).astimezone(UTC)
+    with transaction(conn) as cur:
+        cur.execute("SELECT pg_advisory_lock(%s)", (MAINTAIN_LOCK_KEY,))
+    try:
+        return _maintain(conn, (now or datetime.now(UTC)).astimezone(UTC))
+    finally:
+        with contextlib.suppress(Exception), transaction(conn) as cur:
+            cur.execute("SELECT pg_advisory_unlock(%s)", (MAINTAIN_LOCK_KEY,))
+
+
+def _maintain(conn: Connection, now: datetime) -> MaintenanceReport:
     report = MaintenanceReport()
     default = config.default_retention_s()
     with transaction(conn) as cur:
