@@ -10,7 +10,7 @@ Daily (just after midnight UTC), and on demand. It takes no configuration: a run
    (`bus create|update --retention`, else `EVENTPUSH_RETENTION`, 7d) dropped whole, no row
    deleted; failure rows (the dead-letter store) deleted after their own retention
    (`EVENTPUSH_FAILURE_RETENTION`, 30d, and never before their bus's events). A drop that
-   waits more than 5 s for a lock is left to the next run.
+   waits more than 5 s for a lock is left to the next run (`postponed`), that bus alone.
 2. **check**: a Great Expectations suite over the partition layout: every partitioned table
    has its days ahead made and no partition left behind its retention. Fails the run
    otherwise.
@@ -64,7 +64,8 @@ def eventpush_retention() -> None:
             report = maintain(conn)
         print(
             f"{len(report.created)} partitions made, {len(report.dropped)} dropped, "
-            f"{report.failures_deleted} failure rows deleted"
+            f"{report.failures_deleted} failure rows deleted, "
+            f"{len(report.postponed)} tables postponed (a reader held them)"
         )
         return report.to_json()
 

@@ -422,6 +422,49 @@ def crash_run(conn, nats_server, total: int) -> tuple[str, list[str]]:  # noqa: 
     return out, logs
 
 
+def test_a_message_removed_during_a_read_back_ends_the_read_instead_of_failing_it(
+    nats_server,  # noqa: F811
+    monkeypatch,
+):
+    """A read-back asks for what the consumer had pending when it was made; a message the
+    stream's limits (max_age) or a deletion remove meanwhile is never delivered, and the pull
+    request ends with a 408 at its expiry. That ended the read as an error (every runner of
+    the URL reported unreadable); now it ends the read, and the message counts as not held."""
+    from nats.js.client import JetStreamContext
+
+    from eventpush.sinks import nats as nats_sink
+    from eventpush.sinks.readback import ABSENT, CHECKED, check_url
+
+    add_stream(nats_server.url)
+    url = f"{nats_server.url}/out.orders"
+    keys = [record_key(1, 0, i) for i in range(5)]
+
+    async def fill() -> None:
+        nc = await nats.connect(nats_server.url)
+        try:
+            for key in keys:
+                await nc.jetstream().publish("out.orders", b"{}", headers={"Nats-Msg-Id": key})
+        finally:
+            await nc.close()
+
+    asyncio.run(fill())
+    counted = JetStreamContext.PullSubscription.consumer_info
+
+    async def counted_then_one_removed(self):
+        info = await counted(self)  # 5 pending; the first then goes, as max_age would take it
+        await self._js.delete_msg("OUT", 1)
+        return info
+
+    monkeypatch.setattr(
+        JetStreamContext.PullSubscription, "consumer_info", counted_then_one_removed
+    )
+    monkeypatch.setattr(nats_sink, "READ_TIMEOUT_S", 1.0)
+    now = time.time()
+    rows = list(check_url(url, [(1, 0, i, now, now) for i in range(5)], address_policy()))
+    assert [row[3] for row in rows] == [CHECKED, ABSENT], rows
+    assert rows[1][:3] == (1, 0, 0)
+
+
 @pytest.mark.parametrize(
     ("batch_size", "n"),
     [

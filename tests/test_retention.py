@@ -5,6 +5,7 @@ the maintenance DAG in ``dag.test()``. Real PostgreSQL throughout, one Spark aud
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -68,6 +69,15 @@ def add_delivery(cur, runner_id: int, offset: int, ctime: datetime, bus: str = "
         '"offset", message_id, ctime, attempts, http_status, latency_ms) '
         "VALUES (%s, 'g', %s, 0, %s, 'm', %s, 1, 200, 1)",
         (runner_id, bus, offset, ctime),
+    )
+
+
+def add_failure(cur, runner_id: int, ctime: datetime, bus: str = "orders") -> None:
+    cur.execute(
+        "INSERT INTO event_push_failure (runner_id, consumer_group, topic_name, queue_id, "
+        '"offset", message_id, attempts, last_error, ctime) '
+        "VALUES (%s, 'g', %s, 0, 0, 'm', 1, 'boom', %s)",
+        (runner_id, bus, ctime),
     )
 
 
@@ -136,6 +146,136 @@ def test_retention_drops_whole_days_of_its_bus_and_nothing_else(conn, two_buses)
     again = maintain(conn, now=NOW)
     assert again.dropped == [] and again.created == []
     assert all(row["ahead"] >= 3 and row["behind"] == 0 for row in layout(conn, NOW))
+
+
+def test_a_bus_held_by_a_reader_waits_alone_for_the_next_run(conn, db_url, two_buses):
+    """A long reader of one bus holds its partitions: that bus's drop gives up after the lock
+    timeout and waits for the next run, while the buses after it, the delivery log and the
+    failure rows are maintained. The timeout used to abort the whole run."""
+    from eventpush import partitions as parts
+
+    short, long = two_buses
+    catalog.create_bus(conn, "other", 1, retention="2d")
+    rid = runner_id(conn, "long")
+    with conn, conn.cursor() as cur:
+        other = bus_id(cur, "other")
+        parts.make_ahead(cur, f"bus_event_{other}", D0 - 4 * DAY)
+        add_event(cur, other, 0, 0, TIMES[0])
+        add_failure(cur, rid, NOW - 40 * DAY, "long")
+    reader = psycopg2.connect(db_url)
+    try:
+        with reader.cursor() as cur:  # a transaction left open on the short bus's events
+            cur.execute("SELECT count(*) FROM bus_event WHERE bus_id = %s", (short,))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(parts, "LOCK_TIMEOUT", "200ms")
+            report = maintain(conn, now=NOW)
+    finally:
+        reader.close()
+    assert report.postponed == [f"bus_event_{short}"]
+    assert sorted(report.dropped) == [
+        f"bus_event_{other}_p{D0 - 4 * DAY:%Y%m%d}",
+        f"bus_event_{other}_p{D0 - 3 * DAY:%Y%m%d}",
+    ]
+    assert report.failures_deleted == 1  # and the steps after the buses ran
+    with conn, conn.cursor() as cur:
+        assert offsets(cur, short) == [0, 1, 2, 3, 4]  # the next run drops them
+    again = maintain(conn, now=NOW)
+    assert again.postponed == [] and len(again.dropped) == 2
+
+
+def test_a_bus_deleted_longer_ago_than_its_retention_leaves_no_table(conn):
+    """A deleted bus's events follow its retention; once it was deleted more than its
+    retention (and a day) ago, its partition goes whole. It used to stay, with days made
+    ahead for it every day, a few tables per bus ever deleted."""
+    catalog.create_bus(conn, "gone", 1, retention="1d")
+    catalog.create_bus(conn, "recent", 1, retention="1d")
+    with conn, conn.cursor() as cur:
+        gone, recent = bus_id(cur, "gone"), bus_id(cur, "recent")
+        add_event(cur, gone, 0, 0, NOW)
+    catalog.delete_bus(conn, "gone")
+    catalog.delete_bus(conn, "recent")
+    with conn, conn.cursor() as cur:
+        cur.execute("UPDATE event_bus SET deleted_at = %s WHERE id = %s", (NOW - 3 * DAY, gone))
+    report = maintain(conn, now=NOW)
+    assert f"bus_event_{gone}" in report.dropped
+    with conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT relname FROM pg_class WHERE relname = %s OR starts_with(relname, %s)",
+            (f"bus_event_{gone}", f"bus_event_{gone}_"),
+        )
+        assert cur.fetchall() == []
+        assert offsets(cur, gone) == []
+        cur.execute(
+            "SELECT count(*) FROM pg_class WHERE starts_with(relname, %s)",
+            (f"bus_event_{recent}_p",),
+        )
+        assert cur.fetchone()[0] >= 4  # deleted just now: its events are kept
+    again = maintain(conn, now=NOW)
+    assert again.dropped == []
+    assert not any(name.startswith(f"bus_event_{gone}_") for name in again.created)
+    assert {row["table"] for row in layout(conn, NOW)} >= {f"bus_event_{recent}"}
+
+
+def test_a_compaction_held_by_an_old_snapshot_waits_and_the_run_goes_on(conn, db_url):
+    """REINDEX CONCURRENTLY waits for every older snapshot (a backup, a long audit): past
+    the lock timeout that partition waits for the next run, the invalid index copy it left
+    is dropped, and maintenance goes on. The timeout used to raise out of ``maintain``."""
+    from eventpush import partitions as parts
+
+    catalog.create_bus(conn, "orders", 1)
+    rid = runner_id(conn, "orders")
+    with conn, conn.cursor() as cur:
+        add_delivery(cur, rid, 0, NOW)  # in the _before partition: a past day tomorrow
+        add_failure(cur, rid, NOW - 40 * DAY)
+    backup = psycopg2.connect(db_url)
+    backup.set_session(isolation_level="REPEATABLE READ")
+    try:
+        with backup.cursor() as cur:  # a snapshot held open, as pg_dump holds one
+            cur.execute("SELECT count(*) FROM event_bus")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(parts, "LOCK_TIMEOUT", "200ms")
+            mp.setattr(parts, "BLOAT_FACTOR", 0)  # every past partition is reindexed
+            mp.setattr(parts, "compact", functools.partial(parts.compact, min_bytes=0))
+            report = maintain(conn, now=NOW + DAY)
+    finally:
+        backup.close()
+    assert "event_push_delivery_before" in report.postponed
+    assert report.failures_deleted == 1
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_index WHERE NOT indisvalid")  # no copy left
+        assert cur.fetchone()[0] == 0
+
+
+def test_two_maintenance_runs_at_once_take_turns(conn, db_url):
+    """The DAG and a cron'd ``db maintain`` at once: one waits for the other, and the second
+    finds nothing left to do. Both used to drop and make the same partitions, and the later
+    failed (UndefinedTable, DuplicateTable: a traceback from ``db maintain``)."""
+    import threading
+
+    for name in ("a", "b", "c"):
+        catalog.create_bus(conn, name, 1)
+    far = D0 + 10 * DAY
+    results: list = []
+    start = threading.Barrier(2)
+
+    def run() -> None:
+        c = psycopg2.connect(db_url)
+        try:
+            start.wait()
+            results.append(maintain(c, now=far))
+        except Exception as exc:
+            results.append(exc)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(isinstance(r, MaintenanceReport) for r in results), results
+    made = [name for r in results for name in r.created]
+    assert len(made) == len(set(made)) == 4 * 4  # three buses and the delivery log, 4 days
 
 
 def test_days_still_written_are_left_alone_by_autovacuum_until_over(conn, two_buses):
@@ -213,6 +353,57 @@ def test_rows_landing_past_the_made_days_move_into_their_partition(conn):
     assert f"bus_event_{bid}_p{far:%Y%m%d}" in report.dropped
 
 
+def test_rows_published_while_their_day_is_moved_in_land_in_it(conn, db_url):
+    """Maintenance moves a day's rows out of the default partition while publishers still
+    write that day: their rows wait for the move and land in the new day. A row routed to
+    the default partition during the move used to fail the attach (CheckViolation), so a day
+    being written never got its partition."""
+    import threading
+    import time
+
+    catalog.create_bus(conn, "late", 1, retention="30d")  # no drop holds the writers off
+    far = D0 + 10 * DAY
+    with conn, conn.cursor() as cur:
+        bid = bus_id(cur, "late")
+        cur.execute(  # enough waiting rows that the move takes a while
+            'INSERT INTO bus_event (bus_id, queue_id, "offset", message_id, source, '
+            "detail_type, event_time, ctime, size_bytes, body) SELECT %s, 0, n, 'm' || n, "
+            "'app', 'order', %s, %s, 2, %s FROM generate_series(0, 49999) AS n",
+            (bid, far, far + timedelta(hours=1), BODY),
+        )
+    stop, errors, written = threading.Event(), [], []
+
+    def publisher() -> None:
+        c = psycopg2.connect(db_url)
+        try:
+            offset = 50_000
+            while not stop.is_set():
+                with c, c.cursor() as cur:
+                    add_event(cur, bid, 0, offset, far + timedelta(hours=2))
+                written.append(offset)
+                offset += 1
+        except psycopg2.Error as exc:
+            errors.append(exc)
+        finally:
+            c.close()
+
+    thread = threading.Thread(target=publisher)
+    thread.start()
+    try:
+        while len(written) < 5 and thread.is_alive():
+            time.sleep(0.01)
+        report = maintain(conn, now=far)
+    finally:
+        stop.set()
+        thread.join()
+    assert errors == [] and f"bus_event_{bid}_p{far:%Y%m%d}" in report.created
+    with conn, conn.cursor() as cur:
+        cur.execute(f'SELECT count(*) FROM "bus_event_{bid}_p{far:%Y%m%d}"')
+        assert cur.fetchone()[0] == 50_000 + len(written)
+        cur.execute(f'SELECT count(*) FROM "bus_event_{bid}_default"')
+        assert cur.fetchone()[0] == 0
+
+
 def test_queries_by_offset_use_an_index(conn, two_buses):
     short, long = two_buses
     with conn, conn.cursor() as cur:
@@ -231,6 +422,39 @@ def test_queries_by_offset_use_an_index(conn, two_buses):
         )
         plan = "\n".join(row[0] for row in cur.fetchall())
         assert "Index" in plan, plan
+
+
+def test_a_runner_behind_a_dropped_day_steps_over_it_and_delivers_what_is_kept(conn):
+    """Retention drops a day a runner had not read yet (a worker stopped, a slow target):
+    its offsets are gone, and the runner goes on from the first kept one. It used to wait at
+    the gap forever: the window read came back empty and looked like the queue's end."""
+    from eventpush.demo.receiver import Receiver
+    from eventpush.push import run_worker
+
+    old, kept = 300, 5  # more than a window (256) of events in the dropped day
+    with Receiver() as rx:
+        catalog.create_bus(conn, "orders", 1, retention="2d")
+        catalog.create_rule(conn, "orders", "all", PATTERN)
+        catalog.create_target(
+            conn, "orders", "all", catalog.TargetSpec(name="t", url=rx.url + "/ok")
+        )
+        catalog.create_worker(conn, "w1")
+        catalog.assign(conn)
+        maintain(conn, now=D0 - 4 * DAY)
+        with conn, conn.cursor() as cur:
+            bid = bus_id(cur, "orders")
+            for offset in range(old + kept):
+                add_event(cur, bid, 0, offset, TIMES[0] if offset < old else NOW)
+            cur.execute("UPDATE event_bus_queue SET next_offset = %s", (old + kept,))
+        assert len(maintain(conn, now=NOW).dropped) == 2
+        with conn, conn.cursor() as cur:
+            assert offsets(cur, bid) == list(range(old, old + kept))
+        report = run_worker("w1", until_idle=True, max_seconds=30)
+        got = [r.body for r in rx.state.delivered("/ok")]
+    assert report.delivered == kept and len(got) == kept
+    with conn, conn.cursor() as cur:
+        cur.execute('SELECT "offset" FROM event_push_delivery ORDER BY "offset"')
+        assert [row[0] for row in cur.fetchall()] == list(range(old, old + kept))
 
 
 def test_horizon_refuses_and_clips(conn, two_buses, db_url):
@@ -343,6 +567,32 @@ def test_bus_retention_refused_and_defaulted(conn, monkeypatch):
     info = catalog.get_bus(conn, "b")
     assert (info.retention, info.retention_default) == ("14d", True)
     assert catalog.update_bus_retention(conn, "b", "36h").retention == "36h"
+
+
+@pytest.mark.parametrize(
+    "text", ["\u0667d", "\uff17d", "9" * 5000 + "d", "0d", "-1h", "1e9w", "7 d", "99999999999w"]
+)
+def test_retention_spellings_outside_the_grammar_are_refused(text):
+    """Only ASCII digits and a unit, within an hour and ten years, refused in our words: an
+    Arabic-Indic or a full-width seven used to be taken as 7, and 5,000 digits failed with
+    int()'s own message."""
+    from eventpush.config import retention_seconds
+
+    with pytest.raises(ValueError, match="--retention must be a number and a unit"):
+        retention_seconds(text, "--retention")
+    assert retention_seconds(" 7d ", "--retention") == 7 * 86400
+
+
+def test_days_made_ahead_are_bounded(monkeypatch):
+    """A huge EVENTPUSH_PARTITIONS_AHEAD_DAYS is refused in one line; it used to be taken,
+    making a table per day per bus (or, past year 9999, an OverflowError traceback)."""
+    from eventpush.config import ConfigError, partitions_ahead_days
+
+    monkeypatch.setenv("EVENTPUSH_PARTITIONS_AHEAD_DAYS", "100000")
+    with pytest.raises(ConfigError, match="EVENTPUSH_PARTITIONS_AHEAD_DAYS must be at most 366"):
+        partitions_ahead_days()
+    monkeypatch.setenv("EVENTPUSH_PARTITIONS_AHEAD_DAYS", " 366 ")
+    assert partitions_ahead_days() == 366
 
 
 def test_migration_splits_existing_tables_and_keeps_their_rows(empty_db_url):

@@ -177,7 +177,9 @@ DEFAULT_RETENTION = "7d"  # Kafka's retention.ms default; EventBridge archives k
 DEFAULT_FAILURE_RETENTION = "30d"  # the dead-letter store outlives the events, on purpose
 MIN_RETENTION_S = 3600
 MAX_RETENTION_S = 3650 * 86400
-_RETENTION = re.compile(r"(\d+)([hdw])")
+# ASCII digits, at most ten: ``\d`` took any script's digits (an Arabic-Indic seven and a 'd'
+# kept events a week), and thousands of digits failed in int() with Python's words instead.
+_RETENTION = re.compile(r"([0-9]{1,10})([hdw])")
 _RETENTION_UNITS = {"h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -216,6 +218,16 @@ def failure_retention_s() -> int:
     return _retention_env(FAILURE_RETENTION_ENV, DEFAULT_FAILURE_RETENTION)
 
 
+# Each day ahead is a table per bus: a year is far more than any lapse of maintenance needs,
+# and a huge value made millions of tables (past year 9999: a traceback) instead of refusing.
+MAX_PARTITIONS_AHEAD_DAYS = 366
+
+
 def partitions_ahead_days() -> int:
     """How many days of partitions maintenance keeps made ahead of today."""
-    return int(setting(PARTITIONS_AHEAD_ENV, 3))
+    days = int(setting(PARTITIONS_AHEAD_ENV, 3))
+    if days > MAX_PARTITIONS_AHEAD_DAYS:
+        raise ConfigError(
+            f"{PARTITIONS_AHEAD_ENV} must be at most {MAX_PARTITIONS_AHEAD_DAYS}, got {days}"
+        )
+    return days

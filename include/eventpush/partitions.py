@@ -28,11 +28,13 @@ retention. Maintenance is :func:`maintain`, run by ``eventpush retention run`` a
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from psycopg2 import sql
+from psycopg2 import errors, sql
 
 from eventpush import config, rollups
 from eventpush.db import Connection, transaction
@@ -70,6 +72,8 @@ class MaintenanceReport:
     compacted: list[str] = field(default_factory=list)
     vacuum_settled: list[str] = field(default_factory=list)  # autovacuum turned off or on
     horizons: dict[str, str] = field(default_factory=dict)
+    # Tables left for the next run: a lock on them waited past LOCK_TIMEOUT (readers).
+    postponed: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -119,6 +123,13 @@ def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> str
     name = f"{parent}_p{day:%Y%m%d}"
     default = next((p.name for p in existing if p.hi is None), None)
     if default is not None:
+        # Writers of ``parent`` wait to the commit (and are then routed to the new day): a
+        # row of the day routed to the default partition meanwhile failed the attach (or the
+        # create) with a CheckViolation, so a day that maintenance lapsed on was never made
+        # while it was being written. Readers are not held (SHARE ROW EXCLUSIVE).
+        cur.execute(
+            sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(sql.Identifier(parent))
+        )
         cur.execute(
             sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE ctime >= %s AND ctime < %s)").format(
                 sql.Identifier(default)
@@ -253,29 +264,56 @@ def kept_since(cur, bus_id: int) -> datetime | None:
     return row[0] if row else None
 
 
+# The session lock one maintenance run holds: two at once (the DAG and a cron'd
+# `db maintain`) dropped and made the same partitions, and the later one failed.
+MAINTAIN_LOCK_KEY = 0x6570_6D61_696E  # "epmain"
+
+
 def maintain(conn: Connection, now: datetime | None = None) -> MaintenanceReport:
     """Make partitions ahead and drop the ones behind retention, per bus and for the
     delivery log; delete failure rows past their retention. Each bus in a transaction of its
-    own, so a bus whose drop times out (LOCK_TIMEOUT) waits for the next run alone.
+    own, so a bus whose drop times out (LOCK_TIMEOUT) waits for the next run alone
+    (``postponed``). A bus deleted longer ago than its retention (and a day) goes whole.
+    One run at a time: another waits for it, then finds what it left.
 
     Delivery days are kept for the longest bus retention, and failure rows for the longer of
     their own retention and that: an audit of any window a bus still holds finds its books."""
-    now = (now or datetime.now(UTC)).astimezone(UTC)
+    with transaction(conn) as cur:
+        cur.execute("SELECT pg_advisory_lock(%s)", (MAINTAIN_LOCK_KEY,))
+    try:
+        return _maintain(conn, (now or datetime.now(UTC)).astimezone(UTC))
+    finally:
+        with contextlib.suppress(Exception), transaction(conn) as cur:
+            cur.execute("SELECT pg_advisory_unlock(%s)", (MAINTAIN_LOCK_KEY,))
+
+
+def _maintain(conn: Connection, now: datetime) -> MaintenanceReport:
     report = MaintenanceReport()
     default = config.default_retention_s()
     with transaction(conn) as cur:
         cur.execute(
-            "SELECT b.id, b.name, coalesce(b.retention_s, %s) FROM event_bus b "
+            "SELECT b.id, b.name, coalesce(b.retention_s, %s), b.deleted_at FROM event_bus b "
             "JOIN pg_class c ON c.relname = 'bus_event_' || b.id AND c.relkind = 'p' "
             "ORDER BY b.id",
             (default,),
         )
         buses = cur.fetchall()
-    longest = max([default, *(r for _, _, r in buses)])
-    for bus_id, name, retention_s in buses:
+    longest = max([default, *(r for _, _, r, _ in buses)])
+    for bus_id, name, retention_s, deleted_at in buses:
         edge = horizon(retention_s, now)
         table = bus_table(bus_id)
-        with transaction(conn) as cur:
+        if deleted_at is not None and deleted_at + DAY <= edge:
+            # Deleted longer ago than its retention (and a day): every event it took is past
+            # it, so its partition goes whole. Kept, it had days made (and dropped) for it
+            # every day, for ever: a few tables per bus ever deleted.
+            with _unless_locked(report, table), transaction(conn) as cur:
+                cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+                cur.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(table)))
+                report.dropped.append(table)
+            continue
+        # A lock that waits past LOCK_TIMEOUT (a long reader of the bus) rolls this bus's
+        # transaction back and leaves it to the next run; the other buses go on.
+        with _unless_locked(report, table), transaction(conn) as cur:
             cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
             dropped = _drop_behind(cur, table, edge)
             if dropped:
@@ -284,22 +322,36 @@ def maintain(conn: Connection, now: datetime | None = None) -> MaintenanceReport
                     "UPDATE event_bus SET events_kept_since = %s WHERE id = %s",
                     (min(kept, default=day_start(edge)), bus_id),
                 )
+            created = make_ahead(cur, table, now)
+            settled = settle_vacuum(cur, table, now)
             report.dropped += dropped
-            report.created += make_ahead(cur, table, now)
-            report.vacuum_settled += settle_vacuum(cur, table, now)
+            report.created += created
+            report.vacuum_settled += settled
         report.horizons[name] = edge.isoformat()
-    with transaction(conn) as cur:
+    with _unless_locked(report, DELIVERY), transaction(conn) as cur:
         cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-        report.dropped += _drop_behind(cur, DELIVERY, horizon(longest, now))
+        dropped = _drop_behind(cur, DELIVERY, horizon(longest, now))
         rollups.prune(cur, horizon(longest, now))
-        report.created += make_ahead(cur, DELIVERY, now)
-        report.vacuum_settled += settle_vacuum(cur, DELIVERY, now)
-    report.compacted = compact(conn, day_start(now))
+        created = make_ahead(cur, DELIVERY, now)
+        settled = settle_vacuum(cur, DELIVERY, now)
+        report.dropped += dropped
+        report.created += created
+        report.vacuum_settled += settled
+    report.compacted = compact(conn, day_start(now), postponed=report.postponed)
     with transaction(conn) as cur:
         failure_s = max(config.failure_retention_s(), longest)
         cur.execute("DELETE FROM event_push_failure WHERE ctime < %s", (horizon(failure_s, now),))
         report.failures_deleted = cur.rowcount
     return report
+
+
+@contextlib.contextmanager
+def _unless_locked(report: MaintenanceReport, table: str) -> Iterator[None]:
+    """A lock timeout inside (its transaction rolled back) noted as ``table`` postponed."""
+    try:
+        yield
+    except errors.LockNotAvailable:
+        report.postponed.append(table)
 
 
 # Past days' delivery partitions are compacted when their indexes hold this many times the
@@ -308,11 +360,17 @@ BLOAT_FACTOR = 2
 BLOAT_MIN_BYTES = 1 << 20
 
 
-def compact(conn: Connection, before: datetime, min_bytes: int = BLOAT_MIN_BYTES) -> list[str]:
+def compact(
+    conn: Connection,
+    before: datetime,
+    min_bytes: int = BLOAT_MIN_BYTES,
+    postponed: list[str] | None = None,
+) -> list[str]:
     """The delivery log's partitions of days before ``before``, which no writer touches any
     more (live pushes and replays write today's): vacuumed (which also cuts the empty pages
     at the end of the table), and reindexed concurrently when their indexes outgrew their
-    rows, as after a roll-up deleted most of them. Returns the partitions reindexed."""
+    rows, as after a roll-up deleted most of them. Returns the partitions reindexed; those
+    whose lock waited past LOCK_TIMEOUT are added to ``postponed`` (the next run retries)."""
     with transaction(conn) as cur:
         names = [p.name for p in partitions(cur, DELIVERY) if p.hi is not None and p.hi <= before]
     reindexed = []
@@ -322,21 +380,52 @@ def compact(conn: Connection, before: datetime, min_bytes: int = BLOAT_MIN_BYTES
         with conn.cursor() as cur:
             cur.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
             for name in names:
-                table = sql.Identifier(name)
-                cur.execute(sql.SQL("VACUUM {}").format(table))
-                cur.execute(
-                    "SELECT pg_total_relation_size(%s::regclass) - pg_indexes_size(%s::regclass),"
-                    " pg_indexes_size(%s::regclass)",
-                    (name, name, name),
-                )
-                rows, indexes = cur.fetchone()
-                if indexes > max(min_bytes, BLOAT_FACTOR * rows):
-                    cur.execute(sql.SQL("REINDEX TABLE CONCURRENTLY {}").format(table))
-                    reindexed.append(name)
+                try:
+                    if _compact_one(cur, name, min_bytes):
+                        reindexed.append(name)
+                except errors.LockNotAvailable:
+                    # REINDEX CONCURRENTLY waits for every older snapshot (a backup, a long
+                    # audit): past the timeout it raised out of maintain, so the failure rows
+                    # were never deleted. This partition waits for the next run instead.
+                    _drop_invalid_indexes(cur, name)
+                    if postponed is not None:
+                        postponed.append(name)
             cur.execute("RESET lock_timeout")
     finally:
         conn.autocommit = autocommit
     return reindexed
+
+
+def _compact_one(cur, name: str, min_bytes: int) -> bool:
+    """Vacuum one past delivery partition, and reindex it when its indexes outgrew its rows;
+    True when it was reindexed."""
+    table = sql.Identifier(name)
+    cur.execute(sql.SQL("VACUUM {}").format(table))
+    cur.execute(
+        "SELECT pg_total_relation_size(%s::regclass) - pg_indexes_size(%s::regclass),"
+        " pg_indexes_size(%s::regclass)",
+        (name, name, name),
+    )
+    rows, indexes = cur.fetchone()
+    if indexes > max(min_bytes, BLOAT_FACTOR * rows):
+        cur.execute(sql.SQL("REINDEX TABLE CONCURRENTLY {}").format(table))
+        return True
+    return False
+
+
+def _drop_invalid_indexes(cur, name: str) -> None:
+    """The copies a REINDEX CONCURRENTLY that gave up left behind (invalid, never used, as
+    big as the index they were to replace); one still locked stays for the next run."""
+    cur.execute(  # the table's indexes and its TOAST table's (REINDEX TABLE does both)
+        "SELECT n.nspname, c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE NOT i.indisvalid AND i.indrelid "
+        "IN (SELECT oid FROM pg_class WHERE oid = %s::regclass UNION ALL "
+        "SELECT reltoastrelid FROM pg_class WHERE oid = %s::regclass)",
+        (name, name),
+    )
+    for schema, index in cur.fetchall():
+        with contextlib.suppress(errors.LockNotAvailable):
+            cur.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, index)))
 
 
 # --- the horizon: what audits and replays may still ask about ---------------------------------

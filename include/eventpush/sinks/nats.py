@@ -71,6 +71,8 @@ MSG_ID = "Nats-Msg-Id"
 # A read-back (``read_back``): messages per fetch, and how long one fetch or request may take.
 READ_BATCH = 10_000
 READ_TIMEOUT_S = 30.0
+# A pull request's end with nothing more to deliver: no messages (404), its time up (408).
+_NOTHING_MORE = ("404", "408")
 # nats-py's own defaults, named because the hot path of ``send`` depends on them.
 MAX_PENDING_ACKS = 4000
 PENDING_BYTES = 2 * 1024 * 1024
@@ -468,13 +470,21 @@ class NatsSink:
         # The messages come in on an inbox of our own, each handed to a callback: nats-py's
         # fetch awaits a future per message, about seven times the cost of this.
         client, loop = conn.client, asyncio.get_running_loop()
-        batch: dict = {"received": 0, "due": 0, "done": loop.create_future()}
+        batch: dict = {"received": 0, "due": 0, "done": loop.create_future(), "over": False}
 
         async def arrived(msg) -> None:
             headers = msg.headers
-            if headers and "Status" in headers:  # the pull request ended short (408, 404...)
+            if headers and "Status" in headers:  # the pull request ended short
                 if not batch["done"].done():
-                    why = f"{headers.get('Status')} {headers.get('Description', '')}".strip()
+                    status = headers.get("Status")
+                    if status in _NOTHING_MORE:
+                        # Fewer left than were pending when the consumer was made: the
+                        # stream's limits (max_age) or a deletion removed some meanwhile.
+                        # What is gone is gone; the read is over, not failed.
+                        batch["over"] = True
+                        batch["done"].set_result(None)
+                        return
+                    why = f"{status} {headers.get('Description', '')}".strip()
                     batch["done"].set_exception(RuntimeError(f"stream {stream} read: {why}"))
                 return
             if batch["received"] == 0 and per_subject:  # the subject's oldest message held
@@ -493,7 +503,7 @@ class NatsSink:
             info = await pull.consumer_info()
             left = info.num_pending
             request = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{info.name}"
-            while left > 0:
+            while left > 0 and not batch["over"]:
                 want = min(left, READ_BATCH)
                 batch["due"] = batch["received"] + want
                 batch["done"] = loop.create_future()

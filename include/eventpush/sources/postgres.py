@@ -1,8 +1,9 @@
 """The built-in source: a bus's events in PostgreSQL (``bus_event``, one partition per bus).
 
-Positions are gapless offsets (0, 1, 2, …): publishers lock the bus's ``event_bus_queue``
-rows while they append, to their commit, and ``pg_notify('eventpush_publish', bus_id)`` wakes
-the workers once the events are committed. ``publish`` (the CLI's: any size, partition keys)
+Positions are gapless offsets (0, 1, 2, …) until retention drops a day (readers step over
+the gap): publishers lock the bus's ``event_bus_queue`` rows while they append, to their
+commit, and ``pg_notify('eventpush_publish', bus_id)`` wakes the workers once the events are
+committed. ``publish`` (the CLI's: any size, partition keys)
 locks every queue of the bus and appends with ``COPY``; ``publish_anywhere`` (the API's group
 commits) appends in one statement on one queue no other publisher holds, so concurrent
 commits run side by side.
@@ -61,6 +62,31 @@ def read_window(conn: Connection, bus_id: int, queue_id: int, start: int, stop: 
             (bus_id, queue_id, start, stop),
         )
         return cur.fetchall()
+
+
+# Where a queue goes on after an empty window read: its first event at or after the read's
+# start, looked for only when the queue's next offset is past it (else this is the end of
+# the queue: one key lookup).
+_NEXT_KEPT = (
+    'SELECT (SELECT min("offset") FROM bus_event WHERE bus_id = %(bus)s AND queue_id = %(q)s '
+    'AND "offset" >= %(at)s) FROM event_bus_queue '
+    "WHERE bus_id = %(bus)s AND queue_id = %(q)s AND next_offset > %(at)s"
+)
+
+
+def read_chunk(conn: Connection, bus_id: int, queue_id: int, start: int, stop: int) -> Chunk:
+    """``read_window`` as the engine reads it. Offsets are gapless as published, but
+    retention drops whole days: a runner still behind a dropped day would wait at its gap
+    forever, so an empty read says where the queue's next kept event is (a read that found
+    some ends at its last row: the next one starts there). Offsets below ``next_offset`` are
+    all committed: none below that event can appear later."""
+    rows = read_window(conn, bus_id, queue_id, start, stop)
+    if rows:
+        return Chunk(rows, rows[-1][0] + 1)
+    with transaction(conn) as cur:
+        cur.execute(_NEXT_KEPT, {"bus": bus_id, "q": queue_id, "at": start})
+        found = cur.fetchone()
+    return Chunk(rows, start if found is None or found[0] is None else found[0])
 
 
 def read_offsets(conn: Connection, bus_id: int, queue_id: int, offsets: list[int]) -> list:
@@ -130,8 +156,7 @@ class PostgresReader(Reader):
             self.slots.put_nowait(slot)
 
     async def read(self, bus: Bus, queue_id: int, start: int, stop: int) -> Chunk:
-        rows = await self._call(read_window, bus.id, queue_id, start, stop)
-        return Chunk(rows, rows[-1][0] + 1 if rows else start)
+        return await self._call(read_chunk, bus.id, queue_id, start, stop)
 
     async def read_offsets(self, bus: Bus, queue_id: int, offsets: list[int]) -> list:
         if not offsets:
