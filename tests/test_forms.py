@@ -233,7 +233,7 @@ def test_rebalance_form_refuses_unknown_fields_and_odd_windows():
     assert str(exc.value) == (
         "unknown field 'dryrun' in the request; known: window_minutes, dry_run"
     )
-    for minutes in (15.5, 0, True, "15", None):
+    for minutes in (15.5, 0, True, "15", None, float("nan"), float("inf")):
         with pytest.raises(FormError, match="^window_minutes must be a whole number from 1"):
             rebalance_args({"window_minutes": minutes, "dry_run": False}, None, "r1")
     # JSON's 15.0 passes the form's integer schema; the job's parser wants "15"

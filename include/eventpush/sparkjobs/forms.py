@@ -316,8 +316,8 @@ def rebalance_args(params: dict, conf: dict | None, label: str) -> list[str]:
     if (
         isinstance(minutes, bool)
         or not isinstance(minutes, int | float)
+        or not 1 <= minutes <= MAX_LOAD_WINDOW_MINUTES  # NaN fails it too (before int())
         or minutes != int(minutes)
-        or not 1 <= minutes <= MAX_LOAD_WINDOW_MINUTES
     ):
         raise FormError(
             f"window_minutes must be a whole number from 1 to {MAX_LOAD_WINDOW_MINUTES}, "
