@@ -173,6 +173,46 @@ def test_a_runner_that_wants_most_of_a_window_reads_it_whole_and_a_source_withou
     asyncio.run(most())
 
 
+class CountingIndex(Index):
+    def __init__(self, wanted: dict[int, int]) -> None:
+        super().__init__(wanted)
+        self.calls = 0
+
+    def matching(self, event):
+        self.calls += 1
+        return super().matching(event)
+
+
+def test_a_window_read_again_at_its_verdicts_epoch_is_neither_parsed_nor_matched():
+    """A runner wanting most of a window it has verdicts for reads it whole again (a queue in
+    long runs of one rule's events sends it back to every window): the rows take their kept
+    verdicts, unparsed until something asks for the dict. Past a change of any bus's runners
+    (a newer epoch) they are matched again."""
+    source = Source()
+    index = CountingIndex({1: 1, 2: 2})
+    cache = cache_for(source, index)
+
+    async def main() -> None:
+        await walk(cache, (1, 0, 0))
+        calls = index.calls
+        got = await cache.events_from(1, 0, 0, (2, 0, 200))  # rows 0-199 judged again
+        assert got.__class__ is list and source.ranges[-1] == (0, 0, WINDOW)
+        assert index.calls == calls, "the kept verdicts, not the index"
+        assert all(e.parsed is None for e in got)
+        assert {e.offset for e in got if 2 in e.matches} == set(range(2, WINDOW, 4))
+        assert {e.offset for e in got if 1 in e.matches} == set(range(1, WINDOW, 4))
+        assert got[7].event == json.loads(Source.row(0, 7)[2]) and got[7].parsed is not None
+        # Window 1 went too; now the epoch moves on (another bus's runners changed).
+        assert (1, 0, WINDOW) in cache.verdicts
+        cache.forget_bus(2)
+        calls = index.calls
+        got = await cache.events_from(1, 0, WINDOW, (2, cache.epoch, 0))
+        assert got.__class__ is list and index.calls == calls + WINDOW, "matched again"
+        assert all(e.parsed is not None for e in got)
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("queues", [1, 40])
 def test_kept_verdicts_stay_within_their_bounds(queues, monkeypatch):
     monkeypatch.setattr(reading, "VERDICTS_PER_QUEUE", 16)

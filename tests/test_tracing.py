@@ -130,3 +130,17 @@ def test_unrecorded_traceparent_ids_are_random_and_never_zero(monkeypatch):
     monkeypatch.setattr(tracing, "_randbytes", bytes)
     for event in ({}, own, {"traceparent": "xyz"}, "not a dict"):
         valid(tracing.unrecorded_traceparent(event))
+
+
+def test_a_record_nothing_parsed_is_parsed_for_its_trace_only_when_its_text_names_one():
+    from eventpush.sinks.contract import Record
+
+    plain = json.dumps({"source": "s", "detail": {"n": 1}})
+    record = Record(0, 0, "m0", None, plain)
+    assert tracing.carrier(record) is None and record.parsed is None  # not parsed for it
+    traced = Record(0, 1, "m1", None, json.dumps({"traceparent": OWN_PARENT, "source": "s"}))
+    assert valid(tracing.unrecorded_traceparent(tracing.carrier(traced)))[1] == OWN_TRACE
+    assert traced.parsed == {"traceparent": OWN_PARENT, "source": "s"}
+    # Named inside the detail only: parsed, and no trace of its own at the top level.
+    nested = Record(0, 2, "m2", None, json.dumps({"detail": {"traceparent": OWN_PARENT}}))
+    assert valid(tracing.unrecorded_traceparent(tracing.carrier(nested)))[1] != OWN_TRACE

@@ -95,6 +95,20 @@ def context_of(traceparent: object) -> Context | None:
     return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
 
 
+_FIELD_KEY = f'"{TRACEPARENT_FIELD}"'
+
+
+def carrier(record) -> object:
+    """What may carry a record's trace context: its event, or None when the event's text does
+    not name the field, so a record nothing else needed parsed (a target sending the body as
+    stored) is not parsed for this either. A stored event's top-level keys are written by
+    eventpush's encoders, never escaped (only a producer writing a broker's stream directly
+    could spell one escaped, and its trace would then start anew)."""
+    if record.parsed is None and _FIELD_KEY not in record.raw:
+        return None
+    return record.event
+
+
 def event_context(event: object) -> Context | None:
     """The trace an event was published in (its top-level ``traceparent``), if any."""
     return context_of(event.get(TRACEPARENT_FIELD)) if isinstance(event, dict) else None
@@ -133,11 +147,11 @@ def deliver_span(target, records, attempt: int):
     """The span of one delivery attempt, a child of the first record's trace when it has
     one; yields (span, traceparent header value)."""
     if not enabled():
-        yield trace.INVALID_SPAN, unrecorded_traceparent(records[0].event)
+        yield trace.INVALID_SPAN, unrecorded_traceparent(carrier(records[0]))
         return
     span = tracer().start_span(
         "eventpush.deliver",
-        context=event_context(records[0].event),
+        context=event_context(carrier(records[0])),
         kind=trace.SpanKind.CLIENT,
         attributes={
             "eventpush.runner": target.runner,

@@ -381,7 +381,9 @@ class Lanes:
                         room -= 1
                         inflight[offset] = ev.size
                         held += ev.size
-                        lane.append(Record(qid, offset, ev.message_id, ev.event, ev.raw, pulled_at))
+                        lane.append(
+                            Record(qid, offset, ev.message_id, ev.parsed, ev.raw, pulled_at)
+                        )
                         taken += 1
                     if offset >= pulled:
                         pulled = offset + 1
@@ -568,7 +570,7 @@ class Lanes:
                 runner.target,
                 batch,
                 runner.transform,
-                tracing.unrecorded_traceparent(batch[0].event),
+                tracing.unrecorded_traceparent(tracing.carrier(batch[0])),
             )
         else:
             outcome = await tracing.in_deliver_span(

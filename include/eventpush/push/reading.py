@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import json
 import logging
 from array import array
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import msgspec
-
+from eventpush.sinks.contract import parse_event
 from eventpush.sources import Chunk
 
 log = logging.getLogger("eventpush.push")
@@ -50,20 +48,27 @@ VERDICT_SHARE = 4
 SPARSE_MOST = 0.5
 _VERDICT_OVERHEAD = 300  # bytes a kept window costs beyond its rows (objects, dict entries)
 _KIND_BYTES = 216  # a distinct set of runner ids (sys.getsizeof of a small frozenset)
-_decode = msgspec.json.Decoder().decode
 
 
 @dataclass(slots=True)
 class BusEvent:
-    """An event read from a queue, with the ids of the worker's runners whose rule matches."""
+    """An event read from a queue, with the ids of the worker's runners whose rule matches.
+    ``parsed`` is None when the matches came from kept verdicts (nothing needed the dict);
+    ``event`` parses it then."""
 
     offset: int
     message_id: str
     raw: str
-    event: dict
+    parsed: dict | None
     size: int
     matches: frozenset
     epoch: int = 0  # the cache's epoch when matched: older than a runner's, judged again
+
+    @property
+    def event(self) -> dict:
+        if self.parsed is None:
+            self.parsed = parse_event(self.raw)
+        return self.parsed
 
 
 @dataclass
@@ -128,19 +133,10 @@ class Sparse:
     exact_from: int
 
 
-def _parse(raw: str) -> dict:
-    """msgspec (several times faster than json); json for what msgspec refuses and PostgreSQL
-    may still hold, such as a number past a float's range."""
-    try:
-        return _decode(raw)
-    except msgspec.DecodeError:
-        return json.loads(raw)
-
-
 def match_rows(rows: list, index, epoch: int = 0) -> tuple[list[BusEvent], list[int]]:
     """Parse a window's rows and match each once against every rule (runs in a thread);
     ``epoch``: the cache's epoch the index was built at."""
-    parsed = [_parse(raw) for _, _, raw in rows]
+    parsed = [parse_event(raw) for _, _, raw in rows]
     offsets = [row[0] for row in rows]
     # The whole window against the index at once: events alike are matched once.
     each = getattr(index, "matching_each", None)  # a RuleIndex's; else one by one
@@ -152,10 +148,30 @@ def match_rows(rows: list, index, epoch: int = 0) -> tuple[list[BusEvent], list[
     return events, offsets
 
 
+def _from_kept(rows: list, kept: Verdicts | None, epoch: int) -> list[BusEvent] | None:
+    """A window read again, its rows given the verdicts it left behind, neither parsed nor
+    matched: when they were reached at this very epoch (no runner of the bus changed since)
+    and cover every row read. A runner wanting most of a window it has verdicts for reads it
+    whole again (SPARSE_MOST); when a queue holds long runs of one rule's events, that runner
+    comes back to every window, and parsing and matching it again was a tenth of its CPU a
+    delivery (docs/BENCHMARKS.md, issue 34)."""
+    if kept is None or kept.epoch != epoch:
+        return None
+    at = {offset: i for i, offset in enumerate(kept.offsets)}
+    codes, kinds = kept.codes, kept.kinds
+    events = []
+    for offset, message_id, raw in rows:
+        i = at.get(offset)
+        if i is None:  # a row it never saw: matched as usual
+            return None
+        events.append(BusEvent(offset, message_id, raw, None, len(raw), kinds[codes[i]], epoch))
+    return events
+
+
 def parse_rows(rows: list, kinds: dict[int, frozenset], epoch: int) -> list[BusEvent]:
     """Rows fetched by offset, parsed, with the verdicts kept for them (runs in a thread)."""
     return [
-        BusEvent(offset, message_id, raw, _parse(raw), len(raw), kinds[offset], epoch)
+        BusEvent(offset, message_id, raw, parse_event(raw), len(raw), kinds[offset], epoch)
         for offset, message_id, raw in rows
         if offset in kinds
     ]
@@ -295,10 +311,12 @@ class WindowCache:
                 if found is not None:
                     return found
                 window = self.windows.get(key)  # read meanwhile by another runner
+        kept = None
         if window is None:
             window = self.windows[key] = Window(start, start + size, start)
             self.per_queue.setdefault(key[:2], OrderedDict())[key] = None
-            if key in self.verdicts:  # read again: its verdicts are kept anew when it goes
+            kept = self.verdicts.get(key)
+            if kept is not None:  # read again: its verdicts are kept anew when it goes
                 self._drop_verdicts(key)
             self._evict(key)
         else:
@@ -313,12 +331,16 @@ class WindowCache:
                 known = chunk.end
                 if chunk.rows:
                     epoch = self.epoch  # the index below reflects every change before it
-                    # Not in the read's own thread call: one hand-over fewer, but it holds one
-                    # of the reader's two connections while it matches, and was slower in the
-                    # issue 34 bench (docs/BENCHMARKS.md).
-                    events, offsets = await asyncio.to_thread(
-                        match_rows, chunk.rows, self.index_for(bus_id), epoch
-                    )
+                    events = _from_kept(chunk.rows, kept, epoch)
+                    if events is not None:
+                        offsets = [e.offset for e in events]
+                    else:
+                        # Not in the read's own thread call: one hand-over fewer, but it holds
+                        # one of the reader's two connections while it matches, and was slower
+                        # in the issue 34 bench (docs/BENCHMARKS.md).
+                        events, offsets = await asyncio.to_thread(
+                            match_rows, chunk.rows, self.index_for(bus_id), epoch
+                        )
                     window.events.extend(events)
                     window.offsets.extend(offsets)
                     added = sum(e.size for e in events)
