@@ -13,6 +13,7 @@ import re
 from datetime import datetime
 
 from eventpush.api.errors import ApiError, validation
+from eventpush.catalog.common import MAX_DESCRIPTION
 
 DEFAULT_BUS = "default"
 BUS_SCHEME = "bus://"  # our URL of a bus-to-bus target (eventpush.bus_targets)
@@ -38,8 +39,8 @@ def optional(body: dict, name: str, kind: type = str, default: object = None) ->
 
 _KIND_NAMES = {str: "a string", list: "a list", dict: "a structure", bool: "a boolean"}
 # AWS's length limits for members of these names, in every operation that takes them (an
-# event pattern: its largest quota; the default is 2,048).
-MAX_LENGTHS = {"Description": 512, "EventPattern": 4096}
+# event pattern: its largest quota; the default is 2,048). A description's is the catalog's.
+MAX_LENGTHS = {"Description": MAX_DESCRIPTION, "EventPattern": 4096}
 
 
 def checked(value: object, name: str, kind: type) -> object:
