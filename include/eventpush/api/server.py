@@ -93,43 +93,47 @@ def _probe(host: str, port: int) -> None:
     ``eventpush api`` on the port included, and this fails while anyone listens there."""
     from eventpush.config import ConfigError
 
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
-        sock.bind((host, port))
+        _bind(host, port, reuse_port=False).close()
     except OSError as exc:
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    finally:
-        sock.close()
 
 
 def _reserve(host: str, port: int) -> socket.socket:
     """The address, held for the workers by a socket of their group that never listens (so
     it takes no connection); :func:`_probe` has made sure no one else listens there."""
-    return _bound(host, port, reuse_port=True)
+    return _bound(host, port)
 
 
 def reuse_port_socket(host: str, port: int) -> socket.socket:
     """A worker's socket: bound to ``(host, port)`` in the address's ``SO_REUSEPORT`` group,
     not yet listening (uvicorn listens on it)."""
-    return _bound(host, port, reuse_port=True)
+    return _bound(host, port)
 
 
-def _bound(host: str, port: int, *, reuse_port: bool) -> socket.socket:
-    """A TCP socket bound to ``(host, port)``; exits with uvicorn's start-up failure code
-    when the address cannot be had, as uvicorn does."""
+def _bound(host: str, port: int) -> socket.socket:
+    """:func:`_bind` in the address's ``SO_REUSEPORT`` group; exits with uvicorn's start-up
+    failure code when the address cannot be had, as uvicorn does."""
     from uvicorn.config import STARTUP_FAILURE
 
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT, as uvicorn
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
-        sock.bind((host, port))
+        return _bind(host, port, reuse_port=True)
     except OSError as exc:
-        sock.close()
         log.error("cannot listen on %s:%d: %s", host, port, exc)
         sys.exit(STARTUP_FAILURE)
+
+
+def _bind(host: str, port: int, *, reuse_port: bool) -> socket.socket:
+    """A TCP socket bound to ``(host, port)``, or OSError (the socket closed)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT, as uvicorn
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
     return sock
 
 
