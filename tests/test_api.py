@@ -213,12 +213,14 @@ def _long_pattern(length: int) -> str:
 
 
 def test_every_bus_rule_and_target_operation(events, receiver):
-    events.create_event_bus(Name="ops")
+    made = events.create_event_bus(Name="ops")
     described = events.describe_event_bus(Name="ops")
     assert described["Name"] == "ops" and described["Arn"].endswith(":event-bus/ops")
     assert events.describe_event_bus()["Name"] == "default"
-    names = [b["Name"] for b in events.list_event_buses(NamePrefix="op")["EventBuses"]]
-    assert names == ["ops"]
+    listed = events.list_event_buses(NamePrefix="op")["EventBuses"]
+    assert [b["Name"] for b in listed] == ["ops"]
+    # As AWS: a description never given is left out, not answered as ""
+    assert all("Description" not in shape for shape in (made, described, *listed))
     for n in range(3):
         events.put_rule(
             Name=f"r{n}", EventBusName="ops", EventPattern='{"source": ["x"]}', State="DISABLED"
@@ -776,6 +778,8 @@ def test_a_connection_or_destination_arn_of_another_account_is_refused(events):
         InvocationEndpoint="https://api.example/in",
         HttpMethod="POST",
     )
+    assert "Description" not in events.describe_connection(Name="shared")
+    assert "Description" not in events.describe_api_destination(Name="shared-api")
     for place in ("us-east-1:123456789012", f"eu-west-1:{ACCOUNT}"):
         theirs = made["ConnectionArn"].replace(f"us-east-1:{ACCOUNT}", place)
         with pytest.raises(ClientError) as denied:

@@ -16,6 +16,7 @@ from eventpush.api.shapes import (
     bus_arn,
     bus_name,
     check_owner,
+    described,
     optional,
     page,
     required,
@@ -30,7 +31,7 @@ def bus_shape(info) -> dict:
     return {
         "Name": info.name,
         "Arn": bus_arn(info.account, info.region, info.name),
-        "Description": info.description,
+        **described(info.description),
         "CreationTime": timestamp(info.created_at),
         "LastModifiedTime": timestamp(info.created_at),
     }
@@ -51,7 +52,7 @@ async def create_event_bus(call: Call, body: dict) -> dict:
         region=call.settings.region,
     )
     info = (await call.bus(name, fresh=True)).info
-    return {"EventBusArn": bus_arn(info.account, info.region, name), "Description": description}
+    return {"EventBusArn": bus_arn(info.account, info.region, name), **described(description)}
 
 
 async def describe_event_bus(call: Call, body: dict) -> dict:

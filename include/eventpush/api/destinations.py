@@ -22,7 +22,15 @@ from __future__ import annotations
 from eventpush import catalog
 from eventpush.api.errors import validation
 from eventpush.api.service import Call
-from eventpush.api.shapes import check_owner, checked, optional, page, required, timestamp
+from eventpush.api.shapes import (
+    check_owner,
+    checked,
+    described,
+    optional,
+    page,
+    required,
+    timestamp,
+)
 
 AUTH_TYPES = {
     "API_KEY": "api-key",
@@ -177,11 +185,14 @@ async def create_connection(call: Call, body: dict) -> dict:
 
 async def describe_connection(call: Call, body: dict) -> dict:
     info = await call.db(catalog.get_connection, _name(call, required(body, "Name"), "connection"))
-    return connection_shape(call, info) | {
-        "Description": info.description,
-        "AuthParameters": _described_auth(info)
-        | {"InvocationHttpParameters": _invocation_shape(info)},
-    }
+    return (
+        connection_shape(call, info)
+        | described(info.description)
+        | {
+            "AuthParameters": _described_auth(info)
+            | {"InvocationHttpParameters": _invocation_shape(info)},
+        }
+    )
 
 
 def listed(call: Call, body: dict, infos: list, member: str, shape) -> dict:
@@ -288,7 +299,7 @@ async def create_api_destination(call: Call, body: dict) -> dict:
 async def describe_api_destination(call: Call, body: dict) -> dict:
     name = _name(call, required(body, "Name"), "api-destination")
     info = await call.db(catalog.get_destination, name)
-    return destination_shape(call, info) | {"Description": info.description}
+    return destination_shape(call, info) | described(info.description)
 
 
 async def list_api_destinations(call: Call, body: dict) -> dict:

@@ -14,7 +14,15 @@ from eventpush import catalog
 from eventpush.api.destinations import name_of_arn
 from eventpush.api.errors import ApiError, validation
 from eventpush.api.service import BusView, Call
-from eventpush.api.shapes import bus_name, check_owner, optional, page, required, url_of_arn
+from eventpush.api.shapes import (
+    bus_name,
+    check_owner,
+    described,
+    optional,
+    page,
+    required,
+    url_of_arn,
+)
 from eventpush.rules.transforms import rule_arn_for
 
 STATES = ("ENABLED", "DISABLED")
@@ -33,7 +41,7 @@ def rule_shape(bus: BusView, info) -> dict:
         "Arn": rule_arn_for(info.name, bus.name, bus.account, bus.region),
         "EventPattern": json.dumps(info.pattern),
         "State": info.state,
-        **({"Description": info.description} if info.description else {}),
+        **described(info.description),
         "EventBusName": bus.name,
     }
 

@@ -23,6 +23,11 @@ BUS_ARN_RE = re.compile(
 )
 
 
+def described(text: str | None) -> dict:
+    """``{"Description": text}``, or nothing: AWS leaves an unset description out."""
+    return {"Description": text} if text else {}
+
+
 def required(body: dict, name: str, kind: type = str) -> object:
     value = body.get(name)
     if value is None:
