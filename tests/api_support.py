@@ -62,9 +62,10 @@ class ApiServer:
             except httpx.HTTPError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
                 self.log.seek(0)
-                raise AssertionError(f"eventpush api did not start: {self.log.read()[-2000:]}")
+                said = self.log.read()[-2000:]
+                self.stop()  # closes the log
+                raise AssertionError(f"eventpush api did not start: {said}")
             time.sleep(0.1)
 
     def client(self, key: tuple[str, str], **kw):
