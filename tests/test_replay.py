@@ -101,6 +101,58 @@ def test_failed_replay_after_target_recovers(db_url, conn, spark, receiver):  # 
     assert (audit.delivered, audit.failed, audit.missing) == (5, 1, 0)
 
 
+def test_a_replay_waits_for_the_one_pushing_and_takes_only_what_it_left(
+    db_url,
+    conn,
+    spark,  # noqa: F811
+    receiver,
+):
+    """Two replays of the same open failures at once (a form sent twice, the CLI beside the
+    DAG) delivered each record twice. One pushes at a time: held by another session here,
+    a replay waits, pushing nothing; let go, it pushes each record once, and the next one
+    finds nothing left."""
+    import threading
+
+    import psycopg2
+
+    from eventpush.sparkjobs.replay import REPLAY_LOCK_KEY
+
+    runner = make_runner(
+        conn, "orders", "all", "late", {"source": ["app.orders"]}, url=f"{receiver.url}/ok/late"
+    )
+    publish_lines(conn, "orders", events(3))
+    simulate_push(conn, runner, fail={0, 1, 2})
+    holder = psycopg2.connect(db_url)
+    holder.autocommit = True
+    with holder.cursor() as cur:
+        cur.execute("SELECT pg_advisory_lock(%s)", (REPLAY_LOCK_KEY,))
+    results: list = []
+    waiting = threading.Thread(
+        target=lambda: results.append(
+            run_replay(spark, db_url, ReplayRequest(what="failed", bus="orders"))
+        )
+    )
+    try:
+        waiting.start()
+        waiting.join(3)
+        assert waiting.is_alive() and receiver.state.count["/ok/late"] == 0
+        with conn.cursor() as cur:  # nor selected: it selects what the one before it left
+            cur.execute("SELECT count(*) FROM event_replay_run")
+            assert cur.fetchone()[0] == 0
+        conn.rollback()
+        dry = run_replay(spark, db_url, ReplayRequest(what="failed", bus="orders", dry_run=True))
+        assert dry.selected == 3  # a dry run pushes nothing, so it waits for nobody
+    finally:
+        holder.close()  # the holder's session ends: its lock goes with it
+    waiting.join(120)
+    assert not waiting.is_alive()
+    [first] = results
+    assert (first.selected, first.delivered) == (3, 3)
+    assert any("waited" in w and "another replay" in w for w in first.warnings), first.warnings
+    assert run_replay(spark, db_url, ReplayRequest(what="failed", bus="orders")).selected == 0
+    assert receiver.state.count["/ok/late"] == 3
+
+
 def test_all_dry_run_max_count_and_rate_limit(db_url, conn, spark, receiver):  # noqa: F811
     make_runner(
         conn, "orders", "all", "archive", {"source": ["app.orders"]}, url=f"{receiver.url}/ok"

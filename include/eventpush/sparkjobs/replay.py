@@ -25,14 +25,18 @@ record that gained a delivery row meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
+import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from eventpush.addresses import address_policy
 from eventpush.config import redact
-from eventpush.db import connection, transaction
+from eventpush.db import connect, connection, transaction
 from eventpush.metrics import publish_batch, replay_results
 from eventpush.partitions import PastRetentionError, clip_window, kept_since_by_bus
 from eventpush.quality import batch as quality
@@ -342,9 +346,49 @@ def finish_run(db_url: str, result: ReplayResult, error: str | None = None) -> N
         )
 
 
+log = logging.getLogger(__name__)
+
+# The session lock a pushing replay holds from its selection to its last write: two at once
+# (a form submitted twice, the CLI beside the DAG, the gap DAG beside either) both selected
+# the same open failures and delivered each of them twice.
+REPLAY_LOCK_KEY = 0x6570_7265_706C  # "eprepl"
+
+
+@contextlib.contextmanager
+def one_replay_at_a_time(db_url: str, dry_run: bool) -> Iterator[float]:
+    """Held while a replay selects and pushes: another waits for it, then selects what it
+    left. Yields the seconds spent waiting. A dry run pushes nothing and waits for nobody.
+    The lock is the session's: a driver that dies lets it go with its connection."""
+    if dry_run:
+        yield 0.0
+        return
+    conn = connect(db_url, application_name="eventpush-replay-lock")
+    try:
+        conn.autocommit = True
+        started = time.monotonic()
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(%s)", (REPLAY_LOCK_KEY,))
+            if not cur.fetchone()[0]:
+                log.warning("another replay is pushing: this one waits for it to finish")
+                cur.execute("SELECT pg_advisory_lock(%s)", (REPLAY_LOCK_KEY,))
+        yield time.monotonic() - started
+    finally:
+        conn.close()  # the lock goes with the session
+
+
 def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -> ReplayResult:
-    """Check, select, GX-check the selection, push (unless dry run), GX-check the result."""
+    """Check, select, GX-check the selection, push (unless dry run), GX-check the result;
+    one pushing replay at a time (:func:`one_replay_at_a_time`)."""
     policy = address_policy()  # read on the driver: a bad range fails before anything runs
+    with one_replay_at_a_time(db_url, req.dry_run) as waited:
+        result = _run_replay(spark, db_url, req, run_label, policy)
+    if waited >= 1:
+        result.warnings.append(f"waited {waited:.0f} s for another replay to finish first")
+    publish_batch("replay", replay_results(result))
+    return result
+
+
+def _run_replay(spark, db_url: str, req: ReplayRequest, run_label: str, policy) -> ReplayResult:
     with connection(db_url) as conn, transaction(conn) as cur:
         runner_ids = check_request(req, cur)
         _, gone, bus, start = gone_failures(req, cur, runner_ids)
@@ -388,8 +432,6 @@ def run_replay(spark, db_url: str, req: ReplayRequest, run_label: str = "cli") -
         finish_run(db_url, result, error=error or type(exc).__name__)
         raise
     finish_run(db_url, result)
-
-    publish_batch("replay", replay_results(result))
     return result
 
 
