@@ -48,6 +48,7 @@ from eventpush.sources.contract import (
     SourceKind,
     SourceUnavailableError,
     Stored,
+    position_runs,
 )
 from eventpush.sources.heads import record_heads
 
@@ -63,6 +64,10 @@ PUBLISH_ATTEMPTS = 5
 REQUEST_TIMEOUT_S = 5.0
 RANGE_STALL_S = 30.0  # a batch read that gets nothing this long while messages are pending fails
 WINDOW_PER_QUEUE = 256  # an engine window spans this many positions per queue of the bus
+# Replay's look-ups (read_positions): asked positions this close are read through one consumer
+# (the unasked between them are passed over, never kept); a position alone is one get.
+RUN_GAP = 64
+GETS_IN_FLIGHT = 64
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -577,29 +582,85 @@ def heads(conn: Connection, bus: Bus) -> dict[int, int]:
     return run(_with_nats, bus, lambda nc: _heads(nc, bus))
 
 
-async def _range(nc, bus: Bus, queue_id: int, start: int, stop: int) -> list[Stored]:
-    """Every event of the queue in [start, stop), through one throw-away consumer."""
+async def _range(
+    nc, bus: Bus, queue_id: int, start: int, stop: int, keep: Callable[[int], bool] | None = None
+) -> list[Stored]:
+    """Every event of the queue in [start, stop) (those whose position ``keep`` takes, if
+    given), through one throw-away consumer."""
     out: list[Stored] = []
     if stop <= start:
         return out
     puller = await Puller(nc, bus, queue_id).open(start)
+    at = start
     try:
         while True:
-            msgs = await puller.fetch(FETCH_BATCH, RANGE_STALL_S)
+            # The queue holds at most stop - at messages before stop: a batch asks no more, so
+            # a short range is not sent a whole batch past its end.
+            msgs = await puller.fetch(min(FETCH_BATCH, stop - at), RANGE_STALL_S)
             if not msgs:
                 return out
             for msg in msgs:
                 seq, ts_ns, pending = _ack_fields(msg.reply)
                 if seq >= stop:
                     return out
-                row = event_row(bus.name, seq, ts_ns, msg.data)
+                at = seq + 1
+                row = None
+                if keep is None or keep(seq):  # the others are passed over, never decoded
+                    row = event_row(bus.name, seq, ts_ns, msg.data)
                 if row is not None:
                     ctime = datetime.fromtimestamp(ts_ns / 1e9, UTC)
                     out.append(Stored(queue_id, seq, row[1], ctime, row[2]))
-                if pending == 0:
+                if pending == 0 or at >= stop:
                     return out
     finally:
         await puller.close()
+
+
+async def _get(js, bus: Bus, queue_id: int, seq: int) -> Stored | None:
+    """The event at one position of the queue, by one request (the stream's message get, no
+    consumer); None when the stream holds none there (aged out, deleted, another queue's, not
+    a JSON object)."""
+    # Deferred: the nats client library is loaded only when a NATS bus is read.
+    from nats.js.errors import NotFoundError
+
+    try:
+        msg = await js.get_msg(bus.name, seq)
+    except NotFoundError:
+        return None
+    if msg.subject != subject(bus, queue_id) or msg.time is None:
+        return None
+    ts_ns = round(msg.time.timestamp() * 1e6) * 1000
+    row = event_row(bus.name, seq, ts_ns, msg.data or b"")
+    return None if row is None else Stored(queue_id, seq, row[1], msg.time, row[2])
+
+
+async def _positions(nc, bus: Bus, queue_id: int, positions: list[int]) -> list[Stored]:
+    """The events at ``positions``: runs of near ones through a consumer each, keeping only
+    those asked; a position far from any other by a get of its own. What is held is what was
+    asked, however far apart (replay asked for the span between the first and the last)."""
+    wanted = set(positions)
+    js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
+    out: list[Stored] = []
+    alone: list[int] = []
+    for run in position_runs(sorted(wanted), RUN_GAP):
+        if len(run) == 1:
+            alone.append(run[0])
+        else:
+            out += await _range(nc, bus, queue_id, run[0], run[-1] + 1, wanted.__contains__)
+    for i in range(0, len(alone), GETS_IN_FLIGHT):
+        got = await asyncio.gather(
+            *(_get(js, bus, queue_id, p) for p in alone[i : i + GETS_IN_FLIGHT])
+        )
+        out += [event for event in got if event is not None]
+    out.sort(key=lambda event: event.position)
+    return out
+
+
+def read_positions(
+    conn: Connection, bus: Bus, queue_id: int, positions: list[int]
+) -> Iterator[Stored]:
+    if positions:
+        yield from run(_with_nats, bus, lambda nc: _positions(nc, bus, queue_id, positions))
 
 
 def read_range(
@@ -645,4 +706,5 @@ KIND = SourceKind(
     read_range=read_range,
     position_at=position_at,
     set_retention=set_retention,
+    read_positions=read_positions,
 )
