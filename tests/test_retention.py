@@ -216,6 +216,27 @@ def test_a_bus_deleted_longer_ago_than_its_retention_leaves_no_table(conn):
     assert {row["table"] for row in layout(conn, NOW)} >= {f"bus_event_{recent}"}
 
 
+def test_a_deleted_bus_and_a_live_one_of_its_name_keep_their_own_horizons(conn):
+    """Horizons were keyed by bus name: a deleted bus still maintained (its events kept to
+    its retention) and the live bus of the same name collided, the later one's overwriting
+    the other's. By bus id, each keeps its own, and the JSON still names the bus."""
+    catalog.create_bus(conn, "orders", 1, retention="1d")
+    catalog.delete_bus(conn, "orders")
+    catalog.create_bus(conn, "orders", 1, retention="3d")
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT id, deleted_at IS NOT NULL FROM event_bus WHERE name = 'orders'")
+        ids = dict(cur.fetchall())
+    report = maintain(conn, now=NOW)
+    found = {bus_id: (h.bus, h.horizon, h.deleted) for bus_id, h in report.horizons.items()}
+    assert found == {
+        bus_id: ("orders", (NOW - (1 if deleted else 3) * DAY).isoformat(), deleted)
+        for bus_id, deleted in ids.items()
+    }
+    doc = json.loads(json.dumps(report.to_json()))
+    assert sorted(doc["horizons"]) == sorted(str(bus_id) for bus_id in ids)
+    assert {h["bus"] for h in doc["horizons"].values()} == {"orders"}
+
+
 def test_a_compaction_held_by_an_old_snapshot_waits_and_the_run_goes_on(conn, db_url):
     """REINDEX CONCURRENTLY waits for every older snapshot (a backup, a long audit): past
     the lock timeout that partition waits for the next run, the invalid index copy it left

@@ -62,21 +62,35 @@ class Partition:
 
 
 @dataclass
+class BusHorizon:
+    """One bus's horizon in a maintenance report: the oldest time whose events are still all
+    kept (``deleted``: the bus is deleted, its events kept to their retention)."""
+
+    bus: str
+    horizon: str
+    deleted: bool = False
+
+
+@dataclass
 class MaintenanceReport:
     """What one maintenance run did: partitions made and dropped, failure rows deleted, and
-    the horizon per bus (the oldest time whose events are still all kept)."""
+    the horizon per bus, by bus id: a deleted bus and a live one of the same name are two
+    buses with two retentions (by name, the later overwrote the other)."""
 
     created: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     failures_deleted: int = 0
     compacted: list[str] = field(default_factory=list)
     vacuum_settled: list[str] = field(default_factory=list)  # autovacuum turned off or on
-    horizons: dict[str, str] = field(default_factory=dict)
+    horizons: dict[int, BusHorizon] = field(default_factory=dict)
     # Tables left for the next run: a lock on them waited past LOCK_TIMEOUT (readers).
     postponed: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        # JSON's keys are strings: said so here, not left to each encoder (Airflow's XCom).
+        doc = asdict(self)
+        doc["horizons"] = {str(bus_id): h for bus_id, h in doc["horizons"].items()}
+        return doc
 
 
 def day_start(when: datetime) -> datetime:
@@ -327,7 +341,7 @@ def _maintain(conn: Connection, now: datetime) -> MaintenanceReport:
             report.dropped += dropped
             report.created += created
             report.vacuum_settled += settled
-        report.horizons[name] = edge.isoformat()
+        report.horizons[bus_id] = BusHorizon(name, edge.isoformat(), deleted_at is not None)
     with _unless_locked(report, DELIVERY), transaction(conn) as cur:
         cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         dropped = _drop_behind(cur, DELIVERY, horizon(longest, now))
