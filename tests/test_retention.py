@@ -425,6 +425,104 @@ def test_rows_published_while_their_day_is_moved_in_land_in_it(conn, db_url):
         assert cur.fetchone()[0] == 0
 
 
+def test_a_day_made_ahead_lets_publishers_in_while_maintenance_waits(conn, db_url):
+    """A day was made by CREATE TABLE ... PARTITION OF, which locks the parent ACCESS
+    EXCLUSIVE (under SHARE ROW EXCLUSIVE besides): a maintenance run waiting behind a long
+    reader of the bus held every publisher of it until the reader ended or the lock timed
+    out. A day ahead is now a table attached (SHARE UPDATE EXCLUSIVE on the parent), and
+    publishers go on while maintenance waits."""
+    import threading
+    import time
+
+    from eventpush import partitions as parts
+
+    catalog.create_bus(conn, "orders", 1)
+    with conn, conn.cursor() as cur:
+        bid = bus_id(cur, "orders")
+    table, day = f"bus_event_{bid}", D0 + 10 * DAY
+    reader, maintainer = psycopg2.connect(db_url), psycopg2.connect(db_url)
+    writer = psycopg2.connect(db_url, options="-c lock_timeout=3s")
+    made, failed = [], []
+
+    def make_day() -> None:
+        try:
+            with maintainer, maintainer.cursor() as cur:
+                made.extend(parts.make_ahead(cur, table, day, days=0))
+        except psycopg2.Error as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=make_day)
+    try:
+        with reader.cursor() as cur:  # a long reader: its transaction is left open
+            cur.execute("SELECT count(*) FROM bus_event WHERE bus_id = %s", (bid,))
+        pid = maintainer.get_backend_pid()
+        thread.start()
+        deadline = time.monotonic() + 15
+        while not _waits_for_a_lock(conn, pid):
+            assert time.monotonic() < deadline and thread.is_alive(), failed
+            time.sleep(0.05)
+        with writer, writer.cursor() as cur:  # a publisher, routed to today's partition
+            add_event(cur, bid, 0, 0, NOW)
+        assert thread.is_alive()  # maintenance still waits for the reader
+    finally:
+        reader.rollback()
+        thread.join()
+        for c in (reader, maintainer, writer):
+            c.close()
+    assert failed == [] and made == [f"{table}_p{day:%Y%m%d}"]
+    with conn, conn.cursor() as cur:
+        [new] = [p for p in partitions(cur, table) if p.lo == day]
+        assert (new.hi, new.hot) == (day + DAY, True)
+        cur.execute(  # the CHECK that spared the attach its scan is gone with it
+            "SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'",
+            (new.name,),
+        )
+        assert cur.fetchone()[0] == 0
+        assert offsets(cur, bid) == [0]
+
+
+def test_a_bus_is_created_while_a_reader_holds_another_bus_events(conn, db_url):
+    """A bus's partition was made by CREATE TABLE ... PARTITION OF bus_event, which waits for
+    ACCESS EXCLUSIVE on all of ``bus_event``: behind any open reader of any bus, with every
+    publisher and reader of every bus queued behind it. It is now attached (SHARE UPDATE
+    EXCLUSIVE), and its events are stored and read as before."""
+    from eventpush.publish import publish
+
+    catalog.create_bus(conn, "orders", 1)
+    reader = psycopg2.connect(db_url)
+    creator = psycopg2.connect(db_url, options="-c lock_timeout=3s")
+    try:
+        with reader.cursor() as cur:  # a long reader of another bus: left open
+            cur.execute(
+                "SELECT count(*) FROM bus_event b JOIN event_bus e ON e.id = b.bus_id "
+                "WHERE e.name = 'orders'"
+            )
+        catalog.create_bus(creator, "billing", 2)
+    finally:
+        reader.rollback()
+        reader.close()
+        creator.close()
+    publish(conn, "billing", [BODY] * 4)
+    with conn, conn.cursor() as cur:
+        bid = bus_id(cur, "billing")
+        assert len(offsets(cur, bid)) == 4
+        assert {p.name for p in partitions(cur, f"bus_event_{bid}")} >= {
+            f"bus_event_{bid}_default",
+            f"bus_event_{bid}_p{D0:%Y%m%d}",
+        }
+        cur.execute(
+            "SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'",
+            (f"bus_event_{bid}",),
+        )
+        assert cur.fetchone()[0] == 0
+
+
+def _waits_for_a_lock(conn, pid: int) -> bool:
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted)", (pid,))
+        return cur.fetchone()[0]
+
+
 def test_queries_by_offset_use_an_index(conn, two_buses):
     short, long = two_buses
     with conn, conn.cursor() as cur:
