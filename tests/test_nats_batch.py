@@ -124,3 +124,31 @@ def test_replay_look_ups_read_the_positions_asked_not_the_span(conn, nats_server
 
 def _ack_seq(msg) -> int:
     return nats_source._ack_fields(msg.reply)[0]
+
+
+def test_an_archive_replay_of_a_bus_made_again_leaves_the_deleted_bus_events(
+    db_url,
+    conn,
+    spark,  # noqa: F811
+    nats_server,
+):
+    """A new bus of a deleted NATS bus's name adopts the stream the deleted one kept: an
+    archive replay (``what=all``) read it from position 0 and sent the deleted bus's events
+    to the new bus's targets as its own. It reads from where the new bus began."""
+    lines = [json.dumps({"source": "s", "detail-type": "d", "detail": {"n": i}}) for i in range(8)]
+    with Receiver(keep_bodies=True) as rx:
+        catalog.create_bus(conn, "orders", 2, source=nats_server.url)
+        publish(conn, "orders", lines[:5])
+        catalog.delete_bus(conn, "orders")
+        catalog.create_bus(conn, "orders", 2, source=nats_server.url)
+        catalog.create_rule(conn, "orders", "all", {"source": ["s"]})
+        catalog.create_target(conn, "orders", "all", catalog.TargetSpec(name="t", url=rx.url))
+        catalog.create_worker(conn, "w1")
+        catalog.assign(conn)
+        publish(conn, "orders", lines[5:])
+        assert run_worker("w1", until_idle=True, max_seconds=60).delivered == 3
+        before = len(rx.state.requests)
+        replay = run_replay(spark, db_url, ReplayRequest(what="all", bus="orders", everything=True))
+        assert (replay.selected, replay.delivered, replay.failed) == (3, 3, 0)
+        again = [json.loads(r.body)["detail"]["n"] for r in rx.state.requests[before:]]
+        assert sorted(again) == [5, 6, 7]

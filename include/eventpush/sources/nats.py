@@ -3,7 +3,10 @@
 the other queues' events take the sequences between).
 
 - **Bus creation** makes the stream (file storage, subjects ``NAME.*``) or adopts an existing
-  one whose subjects cover ``NAME.0`` … ``NAME.{N-1}``.
+  one whose subjects cover ``NAME.0`` … ``NAME.{N-1}``. Deleting a bus keeps its stream
+  (others may own or read it): a later bus of that name adopts it but begins at its end
+  (``event_bus_queue.first_offset``), so the deleted bus's events are not replayed, audited
+  or counted as its own (catalog.buses).
 - **Producers** that are not eventpush publish JSON events to ``NAME.i``. An event without a
   string ``id`` gets ``nats-NAME-SEQ`` (the same on every read) and one without ``time`` the
   time the stream stored it; a message that is not a JSON object is skipped with a warning
