@@ -148,6 +148,24 @@ def test_retention_drops_whole_days_of_its_bus_and_nothing_else(conn, two_buses)
     assert all(row["ahead"] >= 3 and row["behind"] == 0 for row in layout(conn, NOW))
 
 
+def test_an_archive_counts_the_events_kept_not_those_retention_dropped(conn, two_buses):
+    """DescribeArchive's EventCount summed the queues' heads: it went on counting the days
+    retention had dropped. It counts from each queue's first kept offset to its head (no
+    count(*) of the bus's events), and the plan reads by the position index."""
+    from eventpush.api.archives import _archive_figures
+    from eventpush.sources import postgres
+
+    short, long = two_buses
+    maintain(conn, now=NOW)
+    assert _archive_figures(conn, "short")[0] == 3  # offsets 2, 3 and 4 kept
+    assert _archive_figures(conn, "long")[0] == 5
+    with conn, conn.cursor() as cur:
+        cur.execute("SET LOCAL enable_seqscan = off")  # a plan that could only scan says so
+        cur.execute("EXPLAIN " + postgres._KEPT_COUNT, {"bus": short})
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    assert "Seq Scan on bus_event" not in plan and "Aggregate" in plan, plan
+
+
 def test_a_bus_held_by_a_reader_waits_alone_for_the_next_run(conn, db_url, two_buses):
     """A long reader of one bus holds its partitions: that bus's drop gives up after the lock
     timeout and waits for the next run, while the buses after it, the delivery log and the

@@ -125,6 +125,10 @@ class SourceKind:
       is read in runs of near positions through ``read_range`` (:func:`position_runs`).
     - ``position_at(conn, bus, queue_id, when)``: the first position of the queue whose event
       was stored at or after ``when`` (the batch jobs' time windows).
+    - ``count(conn, bus, firsts)``, optional: how many events the store holds of the bus's
+      queues at or after ``firsts[queue]`` (where the bus began: 0, or the end of a deleted
+      bus's store it took over), without reading them: the archive's ``EventCount``. A kind
+      without it gives no count.
     - ``set_retention(conn, bus, seconds)``: for a broker that ages events out itself (a
       JetStream stream's ``max_age``), apply the bus's retention; None where eventpush's
       own partition maintenance is the retention (the PostgreSQL store).
@@ -147,6 +151,7 @@ class SourceKind:
     ) = None
     set_retention: Callable[[Connection, Bus, int], None] | None = None
     read_positions: Callable[[Connection, Bus, int, list[int]], Iterator[Stored]] | None = None
+    count: Callable[[Connection, Bus, dict[int, int]], int] | None = None
 
 
 def position_runs(positions: list[int], gap: int) -> list[list[int]]:

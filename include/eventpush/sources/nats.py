@@ -666,6 +666,44 @@ def read_positions(
         yield from run(_with_nats, bus, lambda nc: _positions(nc, bus, queue_id, positions))
 
 
+async def _count(nc, bus: Bus, firsts: dict[int, int]) -> int:
+    """The messages of the bus's queues from where each began: the stream's per-subject counts
+    (one request; its total would count subjects not the bus's), or, for a queue whose
+    beginning is past the stream's first message (a deleted bus's messages still below it),
+    the pending count of a consumer started there."""
+    # Deferred: the nats client library is loaded only when a NATS bus is read.
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
+    info = await js.stream_info(bus.name, subjects_filter=f"{bus.name}.*")
+    held = info.state.subjects or {}
+
+    async def from_first(queue_id: int) -> int:
+        first = firsts.get(queue_id, 0)
+        if first <= info.state.first_seq:
+            return held.get(subject(bus, queue_id), 0)
+        consumer = await js.add_consumer(
+            bus.name,
+            ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=first,
+                ack_policy=AckPolicy.NONE,
+                filter_subject=subject(bus, queue_id),
+                inactive_threshold=CONSUMER_IDLE_S,
+                mem_storage=True,
+                num_replicas=1,
+            ),
+        )
+        await _quietly(js.delete_consumer(bus.name, consumer.name))
+        return consumer.num_pending or 0
+
+    return sum(await asyncio.gather(*(from_first(q) for q in range(bus.queues))))
+
+
+def count(conn: Connection, bus: Bus, firsts: dict[int, int]) -> int:
+    return run(_with_nats, bus, lambda nc: _count(nc, bus, firsts))
+
+
 def read_range(
     conn: Connection, bus: Bus, queue_id: int, start: int, stop: int
 ) -> Iterator[Stored]:
@@ -710,4 +748,5 @@ KIND = SourceKind(
     position_at=position_at,
     set_retention=set_retention,
     read_positions=read_positions,
+    count=count,
 )
