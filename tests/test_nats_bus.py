@@ -113,6 +113,54 @@ def test_bus_create_makes_the_stream_and_refuses_what_it_cannot_adopt(conn, nats
     ) == [(2,)]
 
 
+def test_a_bus_made_again_on_its_kept_stream_begins_at_the_stream_end(conn, nats_server):
+    """Deleting a NATS bus keeps its stream (others may own or read it), and a new bus of the
+    same name adopted it with the deleted bus's events as its own: an archive replay sent them
+    to the new bus's targets and an audit from the start judged them. It now begins where the
+    stream ended (``first_offset``); a stream that no deleted bus left (other producers') is
+    adopted whole, as before. The archive counts the stream's messages of the bus's queues
+    from where it began (it gave no count for a NATS bus before)."""
+    from eventpush.api.archives import _archive_figures
+
+    lines = [json.dumps(event(n, detail={"k": n})) for n in range(6)]
+    catalog.create_bus(conn, "orders", 2, source=nats_server.url)
+    publish(conn, "orders", lines, partition_key="detail.k")
+    assert _archive_figures(conn, "orders") == (6, 0)
+    old_heads = rows(conn, "SELECT queue_id, next_offset FROM event_bus_queue ORDER BY queue_id")
+    catalog.delete_bus(conn, "orders")
+    assert stream_info(nats_server.url, "orders").state.messages == 6  # the stream is kept
+
+    catalog.create_bus(conn, "orders", 2, source=nats_server.url)
+    live = (
+        "SELECT q.queue_id, q.first_offset, q.next_offset FROM event_bus_queue q "
+        "JOIN event_bus b ON b.id = q.bus_id WHERE b.deleted_at IS NULL ORDER BY q.queue_id"
+    )
+    assert rows(conn, live) == [(q, head, head) for q, head in old_heads]
+    assert _archive_figures(conn, "orders") == (0, 0)
+    publish(conn, "orders", [json.dumps(event(n)) for n in range(100, 103)])
+    raw_publish(nats_server.url, [("orders.1", json.dumps(event(200)).encode())])
+    assert _archive_figures(conn, "orders") == (4, 0)
+
+    # Other producers' stream, adopted by a name no bus had: its events are the bus's.
+    asyncio.run(_add_stream(nats_server.url, "billing"))
+    raw_publish(nats_server.url, [("billing.0", b"{}"), ("billing.0", b"{}")])
+    catalog.create_bus(conn, "billing", 1, source=nats_server.url)
+    assert rows(
+        conn,
+        "SELECT q.first_offset, q.next_offset FROM event_bus_queue q "
+        "JOIN event_bus b ON b.id = q.bus_id WHERE b.name = 'billing'",
+    ) == [(0, 3)]
+    assert _archive_figures(conn, "billing") == (2, 0)
+
+
+async def _add_stream(url: str, name: str) -> None:
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().add_stream(name=name, subjects=[f"{name}.*"])
+    finally:
+        await nc.close()
+
+
 @pytest.mark.parametrize(
     ("source", "why"),
     [

@@ -148,6 +148,24 @@ def test_retention_drops_whole_days_of_its_bus_and_nothing_else(conn, two_buses)
     assert all(row["ahead"] >= 3 and row["behind"] == 0 for row in layout(conn, NOW))
 
 
+def test_an_archive_counts_the_events_kept_not_those_retention_dropped(conn, two_buses):
+    """DescribeArchive's EventCount summed the queues' heads: it went on counting the days
+    retention had dropped. It counts from each queue's first kept offset to its head (no
+    count(*) of the bus's events), and the plan reads by the position index."""
+    from eventpush.api.archives import _archive_figures
+    from eventpush.sources import postgres
+
+    short, long = two_buses
+    maintain(conn, now=NOW)
+    assert _archive_figures(conn, "short")[0] == 3  # offsets 2, 3 and 4 kept
+    assert _archive_figures(conn, "long")[0] == 5
+    with conn, conn.cursor() as cur:
+        cur.execute("SET LOCAL enable_seqscan = off")  # a plan that could only scan says so
+        cur.execute("EXPLAIN " + postgres._KEPT_COUNT, {"bus": short})
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    assert "Seq Scan on bus_event" not in plan and "Aggregate" in plan, plan
+
+
 def test_a_bus_held_by_a_reader_waits_alone_for_the_next_run(conn, db_url, two_buses):
     """A long reader of one bus holds its partitions: that bus's drop gives up after the lock
     timeout and waits for the next run, while the buses after it, the delivery log and the
@@ -214,6 +232,27 @@ def test_a_bus_deleted_longer_ago_than_its_retention_leaves_no_table(conn):
     assert again.dropped == []
     assert not any(name.startswith(f"bus_event_{gone}_") for name in again.created)
     assert {row["table"] for row in layout(conn, NOW)} >= {f"bus_event_{recent}"}
+
+
+def test_a_deleted_bus_and_a_live_one_of_its_name_keep_their_own_horizons(conn):
+    """Horizons were keyed by bus name: a deleted bus still maintained (its events kept to
+    its retention) and the live bus of the same name collided, the later one's overwriting
+    the other's. By bus id, each keeps its own, and the JSON still names the bus."""
+    catalog.create_bus(conn, "orders", 1, retention="1d")
+    catalog.delete_bus(conn, "orders")
+    catalog.create_bus(conn, "orders", 1, retention="3d")
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT id, deleted_at IS NOT NULL FROM event_bus WHERE name = 'orders'")
+        ids = dict(cur.fetchall())
+    report = maintain(conn, now=NOW)
+    found = {bus_id: (h.bus, h.horizon, h.deleted) for bus_id, h in report.horizons.items()}
+    assert found == {
+        bus_id: ("orders", (NOW - (1 if deleted else 3) * DAY).isoformat(), deleted)
+        for bus_id, deleted in ids.items()
+    }
+    doc = json.loads(json.dumps(report.to_json()))
+    assert sorted(doc["horizons"]) == sorted(str(bus_id) for bus_id in ids)
+    assert {h["bus"] for h in doc["horizons"].values()} == {"orders"}
 
 
 def test_a_compaction_held_by_an_old_snapshot_waits_and_the_run_goes_on(conn, db_url):
@@ -402,6 +441,104 @@ def test_rows_published_while_their_day_is_moved_in_land_in_it(conn, db_url):
         assert cur.fetchone()[0] == 50_000 + len(written)
         cur.execute(f'SELECT count(*) FROM "bus_event_{bid}_default"')
         assert cur.fetchone()[0] == 0
+
+
+def test_a_day_made_ahead_lets_publishers_in_while_maintenance_waits(conn, db_url):
+    """A day was made by CREATE TABLE ... PARTITION OF, which locks the parent ACCESS
+    EXCLUSIVE (under SHARE ROW EXCLUSIVE besides): a maintenance run waiting behind a long
+    reader of the bus held every publisher of it until the reader ended or the lock timed
+    out. A day ahead is now a table attached (SHARE UPDATE EXCLUSIVE on the parent), and
+    publishers go on while maintenance waits."""
+    import threading
+    import time
+
+    from eventpush import partitions as parts
+
+    catalog.create_bus(conn, "orders", 1)
+    with conn, conn.cursor() as cur:
+        bid = bus_id(cur, "orders")
+    table, day = f"bus_event_{bid}", D0 + 10 * DAY
+    reader, maintainer = psycopg2.connect(db_url), psycopg2.connect(db_url)
+    writer = psycopg2.connect(db_url, options="-c lock_timeout=3s")
+    made, failed = [], []
+
+    def make_day() -> None:
+        try:
+            with maintainer, maintainer.cursor() as cur:
+                made.extend(parts.make_ahead(cur, table, day, days=0))
+        except psycopg2.Error as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=make_day)
+    try:
+        with reader.cursor() as cur:  # a long reader: its transaction is left open
+            cur.execute("SELECT count(*) FROM bus_event WHERE bus_id = %s", (bid,))
+        pid = maintainer.get_backend_pid()
+        thread.start()
+        deadline = time.monotonic() + 15
+        while not _waits_for_a_lock(conn, pid):
+            assert time.monotonic() < deadline and thread.is_alive(), failed
+            time.sleep(0.05)
+        with writer, writer.cursor() as cur:  # a publisher, routed to today's partition
+            add_event(cur, bid, 0, 0, NOW)
+        assert thread.is_alive()  # maintenance still waits for the reader
+    finally:
+        reader.rollback()
+        thread.join()
+        for c in (reader, maintainer, writer):
+            c.close()
+    assert failed == [] and made == [f"{table}_p{day:%Y%m%d}"]
+    with conn, conn.cursor() as cur:
+        [new] = [p for p in partitions(cur, table) if p.lo == day]
+        assert (new.hi, new.hot) == (day + DAY, True)
+        cur.execute(  # the CHECK that spared the attach its scan is gone with it
+            "SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'",
+            (new.name,),
+        )
+        assert cur.fetchone()[0] == 0
+        assert offsets(cur, bid) == [0]
+
+
+def test_a_bus_is_created_while_a_reader_holds_another_bus_events(conn, db_url):
+    """A bus's partition was made by CREATE TABLE ... PARTITION OF bus_event, which waits for
+    ACCESS EXCLUSIVE on all of ``bus_event``: behind any open reader of any bus, with every
+    publisher and reader of every bus queued behind it. It is now attached (SHARE UPDATE
+    EXCLUSIVE), and its events are stored and read as before."""
+    from eventpush.publish import publish
+
+    catalog.create_bus(conn, "orders", 1)
+    reader = psycopg2.connect(db_url)
+    creator = psycopg2.connect(db_url, options="-c lock_timeout=3s")
+    try:
+        with reader.cursor() as cur:  # a long reader of another bus: left open
+            cur.execute(
+                "SELECT count(*) FROM bus_event b JOIN event_bus e ON e.id = b.bus_id "
+                "WHERE e.name = 'orders'"
+            )
+        catalog.create_bus(creator, "billing", 2)
+    finally:
+        reader.rollback()
+        reader.close()
+        creator.close()
+    publish(conn, "billing", [BODY] * 4)
+    with conn, conn.cursor() as cur:
+        bid = bus_id(cur, "billing")
+        assert len(offsets(cur, bid)) == 4
+        assert {p.name for p in partitions(cur, f"bus_event_{bid}")} >= {
+            f"bus_event_{bid}_default",
+            f"bus_event_{bid}_p{D0:%Y%m%d}",
+        }
+        cur.execute(
+            "SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'",
+            (f"bus_event_{bid}",),
+        )
+        assert cur.fetchone()[0] == 0
+
+
+def _waits_for_a_lock(conn, pid: int) -> bool:
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted)", (pid,))
+        return cur.fetchone()[0]
 
 
 def test_queries_by_offset_use_an_index(conn, two_buses):

@@ -62,21 +62,35 @@ class Partition:
 
 
 @dataclass
+class BusHorizon:
+    """One bus's horizon in a maintenance report: the oldest time whose events are still all
+    kept (``deleted``: the bus is deleted, its events kept to their retention)."""
+
+    bus: str
+    horizon: str
+    deleted: bool = False
+
+
+@dataclass
 class MaintenanceReport:
     """What one maintenance run did: partitions made and dropped, failure rows deleted, and
-    the horizon per bus (the oldest time whose events are still all kept)."""
+    the horizon per bus, by bus id: a deleted bus and a live one of the same name are two
+    buses with two retentions (by name, the later overwrote the other)."""
 
     created: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     failures_deleted: int = 0
     compacted: list[str] = field(default_factory=list)
     vacuum_settled: list[str] = field(default_factory=list)  # autovacuum turned off or on
-    horizons: dict[str, str] = field(default_factory=dict)
+    horizons: dict[int, BusHorizon] = field(default_factory=dict)
     # Tables left for the next run: a lock on them waited past LOCK_TIMEOUT (readers).
     postponed: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        # JSON's keys are strings: said so here, not left to each encoder (Airflow's XCom).
+        doc = asdict(self)
+        doc["horizons"] = {str(bus_id): h for bus_id, h in doc["horizons"].items()}
+        return doc
 
 
 def day_start(when: datetime) -> datetime:
@@ -113,61 +127,83 @@ def partitions(cur, parent: str) -> list[Partition]:
     return sorted(found, key=lambda p: (p.hi is None, p.lo or epoch))
 
 
+# A day that begins this long after the database's clock gets no row while it is made (rows
+# take ctime = now(), and a run's lock waits are bounded by LOCK_TIMEOUT): unless rows of it
+# already wait in the default partition, writers are not held back while it is attached.
+AHEAD_MARGIN = timedelta(hours=1)
+
+
 def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> str | None:
     """The partition of ``parent`` for ``day`` unless a partition covers it already; rows of
-    that day waiting in the default partition move into it (same transaction)."""
+    that day waiting in the default partition move into it (same transaction).
+
+    Made as a plain table and attached: CREATE TABLE ... PARTITION OF locks the parent ACCESS
+    EXCLUSIVE, so every publisher (and, for the delivery log, every engine commit) queued
+    behind a maintenance run that waited for a long reader (an audit's scan). ATTACH locks
+    the parent SHARE UPDATE EXCLUSIVE, which writers and readers pass; it still locks the
+    default partition ACCESS EXCLUSIVE (its bound changes), so a reader that scans the
+    default partition waits behind it (at most LOCK_TIMEOUT). The table gets a CHECK matching
+    the bound first, so the attach takes it as proof instead of scanning the table."""
     hi = day + DAY
     for p in existing:
         if p.hi is not None and (p.lo is None or p.lo < hi) and day < p.hi:
             return None
     name = f"{parent}_p{day:%Y%m%d}"
     default = next((p.name for p in existing if p.hi is None), None)
-    if default is not None:
-        # Writers of ``parent`` wait to the commit (and are then routed to the new day): a
-        # row of the day routed to the default partition meanwhile failed the attach (or the
-        # create) with a CheckViolation, so a day that maintenance lapsed on was never made
-        # while it was being written. Readers are not held (SHARE ROW EXCLUSIVE).
+    cur.execute("SELECT clock_timestamp()")
+    ahead = cur.fetchone()[0] + AHEAD_MARGIN <= day
+    waiting = default is not None and _holds(cur, default, day, hi)
+    if default is not None and (waiting or not ahead):
+        # A day begun (or about to be) that maintenance lapsed on, or one whose rows came
+        # early: writers of ``parent`` wait to the commit (and are then routed to the new
+        # day): a row of the day routed to the default partition meanwhile failed the attach
+        # with a CheckViolation, so such a day was never made while it was being written.
+        # Readers are not held (SHARE ROW EXCLUSIVE).
         cur.execute(
             sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(sql.Identifier(parent))
         )
-        cur.execute(
-            sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE ctime >= %s AND ctime < %s)").format(
-                sql.Identifier(default)
-            ),
-            (day, hi),
-        )
-        waiting = cur.fetchone()[0]
-    else:
-        waiting = False
-    if not waiting:
-        cur.execute(
-            sql.SQL(
-                "CREATE TABLE {} PARTITION OF {} FOR VALUES FROM (%s) TO (%s) WITH ({} = false)"
-            ).format(sql.Identifier(name), sql.Identifier(parent), sql.Identifier(_AUTOVACUUM)),
-            (day, hi),
-        )
-        return name
-    # Rows of this day sit in the default partition: move them, then attach (the attach
-    # checks the default partition holds none of the day any more).
+        waiting = _holds(cur, default, day, hi)
+    bound = sql.Identifier(f"{name}_bound")
     cur.execute(
         sql.SQL(
             "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH ({} = false)"
         ).format(sql.Identifier(name), sql.Identifier(parent), sql.Identifier(_AUTOVACUUM))
     )
     cur.execute(
-        sql.SQL(
-            "WITH moved AS (DELETE FROM {d} WHERE ctime >= %s AND ctime < %s RETURNING *) "
-            "INSERT INTO {n} SELECT * FROM moved"
-        ).format(d=sql.Identifier(default), n=sql.Identifier(name)),
+        sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} CHECK (ctime >= %s AND ctime < %s)").format(
+            sql.Identifier(name), bound
+        ),
         (day, hi),
     )
+    if waiting:
+        # Rows of this day sit in the default partition: moved before the attach, which
+        # checks the default partition holds none of the day any more.
+        cur.execute(
+            sql.SQL(
+                "WITH moved AS (DELETE FROM {d} WHERE ctime >= %s AND ctime < %s RETURNING *) "
+                "INSERT INTO {n} SELECT * FROM moved"
+            ).format(d=sql.Identifier(default), n=sql.Identifier(name)),
+            (day, hi),
+        )
     cur.execute(
         sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM (%s) TO (%s)").format(
             sql.Identifier(parent), sql.Identifier(name)
         ),
         (day, hi),
     )
+    # The partition's bound holds from now on: the CHECK would only cost every insert.
+    cur.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(sql.Identifier(name), bound))
     return name
+
+
+def _holds(cur, table: str, lo: datetime, hi: datetime) -> bool:
+    cur.execute(
+        sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE ctime >= %s AND ctime < %s)").format(
+            sql.Identifier(table)
+        ),
+        (lo, hi),
+    )
+    return cur.fetchone()[0]
 
 
 def make_ahead(cur, parent: str, now: datetime, days: int | None = None) -> list[str]:
@@ -217,12 +253,18 @@ def settle_vacuum(cur, parent: str, now: datetime) -> list[str]:
 
 def create_bus_partition(cur, bus_id: int, now: datetime | None = None) -> None:
     """A new bus's partition of ``bus_event``, partitioned by day, with its default and the
-    days ahead made (inside the caller's transaction)."""
+    days ahead made (inside the caller's transaction). Made apart and attached, as a day is
+    (``_make_day``): CREATE TABLE ... PARTITION OF bus_event locked ``bus_event`` ACCESS
+    EXCLUSIVE, so creating a bus while any reader (an audit's scan) held it stopped every
+    publisher and reader of every bus until that reader ended. ``bus_event`` has no default
+    partition, so the attach locks nothing else that exists."""
     table = bus_table(bus_id)
+    bound = sql.Identifier(f"{table}_bound")
     cur.execute(
         sql.SQL(
-            "CREATE TABLE {} PARTITION OF bus_event FOR VALUES IN ({}) PARTITION BY RANGE (ctime)"
-        ).format(sql.Identifier(table), sql.Literal(bus_id))
+            "CREATE TABLE {} (LIKE bus_event INCLUDING DEFAULTS INCLUDING CONSTRAINTS) "
+            "PARTITION BY RANGE (ctime)"
+        ).format(sql.Identifier(table))
     )
     cur.execute(
         sql.SQL("CREATE TABLE {} PARTITION OF {} DEFAULT").format(
@@ -230,6 +272,19 @@ def create_bus_partition(cur, bus_id: int, now: datetime | None = None) -> None:
         )
     )
     make_ahead(cur, table, now or datetime.now(UTC))
+    cur.execute(
+        sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} CHECK (bus_id = %s)").format(
+            sql.Identifier(table), bound
+        ),
+        (bus_id,),
+    )
+    cur.execute(
+        sql.SQL("ALTER TABLE bus_event ATTACH PARTITION {} FOR VALUES IN (%s)").format(
+            sql.Identifier(table)
+        ),
+        (bus_id,),
+    )
+    cur.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(sql.Identifier(table), bound))
 
 
 def _drop_behind(cur, parent: str, horizon: datetime) -> list[str]:
@@ -327,7 +382,7 @@ def _maintain(conn: Connection, now: datetime) -> MaintenanceReport:
             report.dropped += dropped
             report.created += created
             report.vacuum_settled += settled
-        report.horizons[name] = edge.isoformat()
+        report.horizons[bus_id] = BusHorizon(name, edge.isoformat(), deleted_at is not None)
     with _unless_locked(report, DELIVERY), transaction(conn) as cur:
         cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         dropped = _drop_behind(cur, DELIVERY, horizon(longest, now))

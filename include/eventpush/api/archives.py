@@ -12,6 +12,7 @@ operation is refused with ``OperationDisabledException`` saying so.
 
 from __future__ import annotations
 
+import logging
 import re
 from datetime import UTC, datetime
 
@@ -28,6 +29,8 @@ from eventpush.api.shapes import (
     required,
     timestamp,
 )
+
+log = logging.getLogger("eventpush.api")
 
 DAG = "eventpush_replay"
 AIRFLOW_PAGE = 100  # Airflow's largest page of a list by default (maximum_page_limit)
@@ -53,17 +56,32 @@ STATES = {
 
 
 def _archive_figures(conn, name: str) -> tuple[int | None, int]:
-    """(events the bus holds, bytes its events take on disk). The count is the sum of the
-    queues' heads in the PostgreSQL store (gapless offsets; None for a broker's bus, whose
-    positions have gaps); the size is that of the bus's partitions of ``bus_event`` with
-    their indexes (0 for a broker's bus: the stream holds its events)."""
+    """(events the bus holds, bytes its events take on disk). The count is what the store
+    still holds from where the bus began (the source kind's ``count``: in PostgreSQL from
+    each queue's first kept offset to its head, on NATS the stream's count of the queues'
+    subjects); the sum of the heads counted the events retention had dropped. None when the
+    kind gives no count or its broker does not answer (AWS leaves out what it has not got).
+    The size is that of the bus's partitions of ``bus_event`` with their indexes (0 for a
+    broker's bus: the stream holds its events)."""
     from eventpush.partitions import bus_table
-    from eventpush.sources import bus_named, kind_for
+    from eventpush.sources import (
+        SourceError,
+        SourceUnavailableError,
+        bus_named,
+        first_positions,
+        kind_for,
+    )
 
     bus = bus_named(conn, name)
+    kind = kind_for(bus.source_url)
+    count = None
+    if kind.count is not None:
+        try:
+            count = kind.count(conn, bus, first_positions(conn, bus.id))
+        except (SourceError, SourceUnavailableError) as exc:
+            log.warning("archive %s: no event count: %s", name, exc)
     if bus.source_url is not None:
-        return None, 0
-    count = sum(kind_for(bus.source_url).heads(conn, bus).values())
+        return count, 0
     with conn.cursor() as cur:
         cur.execute(
             "SELECT coalesce(sum(pg_total_relation_size(relid)), 0) "

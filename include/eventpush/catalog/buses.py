@@ -101,10 +101,38 @@ def create_bus(
 
                 bus = Bus(bus_id, name, queues, source, retention_s=effective(retention_s))
                 kind.create(conn, bus)
-                write_heads(cur, bus_id, kind.heads(conn, bus))  # an adopted stream's ends
+                heads = kind.heads(conn, bus)
+                write_heads(cur, bus_id, heads)  # an adopted stream's ends
+                if _store_of_a_deleted_bus(cur, name, kind.scheme):
+                    _begin_at(cur, bus_id, heads)
     except psycopg2.errors.UniqueViolation:
         raise ConflictError(f"bus {name!r} already exists") from None
     return bus_id
+
+
+def _store_of_a_deleted_bus(cur, name: str, scheme: str) -> bool:
+    """Whether a deleted bus of this name had a source of the same kind: its store (a
+    JetStream stream is named after the bus) was kept when it was deleted, since others may
+    own or read it, and the new bus finds it. Any server of the kind counts: the same one
+    under another spelling of its address would otherwise hand the old events on."""
+    cur.execute(
+        "SELECT source_url FROM event_bus WHERE name = %s AND deleted_at IS NOT NULL "
+        "AND source_url IS NOT NULL",
+        (name,),
+    )
+    return any(sources.source_scheme(url) == scheme for (url,) in cur.fetchall())
+
+
+def _begin_at(cur, bus_id: int, heads: dict[int, int]) -> None:
+    """The bus begins at its store's end as it is now (``first_offset``): what lies below is
+    a deleted bus's, which an archive replay, an audit from the start and the archive's count
+    must not take as this bus's events. Its runners start at its end anyway."""
+    cur.execute(
+        "UPDATE event_bus_queue q SET first_offset = v.head "
+        "FROM unnest(%s::int[], %s::bigint[]) AS v(queue_id, head) "
+        "WHERE q.bus_id = %s AND q.queue_id = v.queue_id",
+        (list(heads), list(heads.values()), bus_id),
+    )
 
 
 BUS_SQL = """
@@ -188,7 +216,9 @@ def list_buses(conn: Connection, *, name_prefix: str | None = None) -> list[BusI
 
 def delete_bus(conn: Connection, name: str, *, force: bool = False) -> dict:
     """Delete a bus without rules; with ``force``, its rules and targets too (their runners
-    stop, their books stay). Returns how many rules and targets went with it."""
+    stop, their books stay). Returns how many rules and targets went with it. A bus on a
+    broker keeps its store (others may own or read it); a new bus of its name begins at the
+    store's end (``create_bus``)."""
     from eventpush.catalog.targets import mark_targets_deleted
 
     with transaction(conn) as cur:

@@ -119,8 +119,16 @@ class SourceKind:
     - ``heads(conn, bus)``: ``{queue_id: next position}`` (last position + 1, 0 when empty).
     - ``read_range(conn, bus, queue_id, start, stop)``: ``Stored`` events of one queue with
       ``start <= position < stop``, in order (the batch jobs' reader).
+    - ``read_positions(conn, bus, queue_id, positions)``, optional: ``Stored`` events of one
+      queue at ``positions`` (ascending; a position no event holds is left out), reading no
+      more of the queue than it must: replay's look-ups of scattered events. A kind without it
+      is read in runs of near positions through ``read_range`` (:func:`position_runs`).
     - ``position_at(conn, bus, queue_id, when)``: the first position of the queue whose event
       was stored at or after ``when`` (the batch jobs' time windows).
+    - ``count(conn, bus, firsts)``, optional: how many events the store holds of the bus's
+      queues at or after ``firsts[queue]`` (where the bus began: 0, or the end of a deleted
+      bus's store it took over), without reading them: the archive's ``EventCount``. A kind
+      without it gives no count.
     - ``set_retention(conn, bus, seconds)``: for a broker that ages events out itself (a
       JetStream stream's ``max_age``), apply the bus's retention; None where eventpush's
       own partition maintenance is the retention (the PostgreSQL store).
@@ -142,6 +150,21 @@ class SourceKind:
         | None
     ) = None
     set_retention: Callable[[Connection, Bus, int], None] | None = None
+    read_positions: Callable[[Connection, Bus, int, list[int]], Iterator[Stored]] | None = None
+    count: Callable[[Connection, Bus, dict[int, int]], int] | None = None
+
+
+def position_runs(positions: list[int], gap: int) -> list[list[int]]:
+    """``positions`` (ascending) cut wherever the next is more than ``gap`` past the last: a
+    read of each run's span holds at most ``gap`` unasked positions per one asked, however far
+    apart the runs are."""
+    runs: list[list[int]] = []
+    for position in positions:
+        if runs and position - runs[-1][-1] <= gap:
+            runs[-1].append(position)
+        else:
+            runs.append([position])
+    return runs
 
 
 def source_scheme(url: str | None) -> str:

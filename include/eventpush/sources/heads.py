@@ -23,3 +23,13 @@ def record_heads(conn: Connection, bus_id: int, heads: dict[int, int]) -> None:
     """``write_heads`` in a transaction of its own."""
     with transaction(conn) as cur:
         write_heads(cur, bus_id, heads)
+
+
+def first_positions(conn: Connection, bus_id: int) -> dict[int, int]:
+    """Where each queue of the bus begins (``first_offset``): 0, or the end of a deleted bus's
+    store that this bus took over (catalog.buses)."""
+    with transaction(conn) as cur:
+        cur.execute(
+            "SELECT queue_id, first_offset FROM event_bus_queue WHERE bus_id = %s", (bus_id,)
+        )
+        return dict(cur.fetchall())

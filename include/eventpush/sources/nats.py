@@ -3,7 +3,10 @@
 the other queues' events take the sequences between).
 
 - **Bus creation** makes the stream (file storage, subjects ``NAME.*``) or adopts an existing
-  one whose subjects cover ``NAME.0`` … ``NAME.{N-1}``.
+  one whose subjects cover ``NAME.0`` … ``NAME.{N-1}``. Deleting a bus keeps its stream
+  (others may own or read it): a later bus of that name adopts it but begins at its end
+  (``event_bus_queue.first_offset``), so the deleted bus's events are not replayed, audited
+  or counted as its own (catalog.buses).
 - **Producers** that are not eventpush publish JSON events to ``NAME.i``. An event without a
   string ``id`` gets ``nats-NAME-SEQ`` (the same on every read) and one without ``time`` the
   time the stream stored it; a message that is not a JSON object is skipped with a warning
@@ -48,6 +51,7 @@ from eventpush.sources.contract import (
     SourceKind,
     SourceUnavailableError,
     Stored,
+    position_runs,
 )
 from eventpush.sources.heads import record_heads
 
@@ -63,6 +67,10 @@ PUBLISH_ATTEMPTS = 5
 REQUEST_TIMEOUT_S = 5.0
 RANGE_STALL_S = 30.0  # a batch read that gets nothing this long while messages are pending fails
 WINDOW_PER_QUEUE = 256  # an engine window spans this many positions per queue of the bus
+# Replay's look-ups (read_positions): asked positions this close are read through one consumer
+# (the unasked between them are passed over, never kept); a position alone is one get.
+RUN_GAP = 64
+GETS_IN_FLIGHT = 64
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -577,29 +585,123 @@ def heads(conn: Connection, bus: Bus) -> dict[int, int]:
     return run(_with_nats, bus, lambda nc: _heads(nc, bus))
 
 
-async def _range(nc, bus: Bus, queue_id: int, start: int, stop: int) -> list[Stored]:
-    """Every event of the queue in [start, stop), through one throw-away consumer."""
+async def _range(
+    nc, bus: Bus, queue_id: int, start: int, stop: int, keep: Callable[[int], bool] | None = None
+) -> list[Stored]:
+    """Every event of the queue in [start, stop) (those whose position ``keep`` takes, if
+    given), through one throw-away consumer."""
     out: list[Stored] = []
     if stop <= start:
         return out
     puller = await Puller(nc, bus, queue_id).open(start)
+    at = start
     try:
         while True:
-            msgs = await puller.fetch(FETCH_BATCH, RANGE_STALL_S)
+            # The queue holds at most stop - at messages before stop: a batch asks no more, so
+            # a short range is not sent a whole batch past its end.
+            msgs = await puller.fetch(min(FETCH_BATCH, stop - at), RANGE_STALL_S)
             if not msgs:
                 return out
             for msg in msgs:
                 seq, ts_ns, pending = _ack_fields(msg.reply)
                 if seq >= stop:
                     return out
-                row = event_row(bus.name, seq, ts_ns, msg.data)
+                at = seq + 1
+                row = None
+                if keep is None or keep(seq):  # the others are passed over, never decoded
+                    row = event_row(bus.name, seq, ts_ns, msg.data)
                 if row is not None:
                     ctime = datetime.fromtimestamp(ts_ns / 1e9, UTC)
                     out.append(Stored(queue_id, seq, row[1], ctime, row[2]))
-                if pending == 0:
+                if pending == 0 or at >= stop:
                     return out
     finally:
         await puller.close()
+
+
+async def _get(js, bus: Bus, queue_id: int, seq: int) -> Stored | None:
+    """The event at one position of the queue, by one request (the stream's message get, no
+    consumer); None when the stream holds none there (aged out, deleted, another queue's, not
+    a JSON object)."""
+    # Deferred: the nats client library is loaded only when a NATS bus is read.
+    from nats.js.errors import NotFoundError
+
+    try:
+        msg = await js.get_msg(bus.name, seq)
+    except NotFoundError:
+        return None
+    if msg.subject != subject(bus, queue_id) or msg.time is None:
+        return None
+    ts_ns = round(msg.time.timestamp() * 1e6) * 1000
+    row = event_row(bus.name, seq, ts_ns, msg.data or b"")
+    return None if row is None else Stored(queue_id, seq, row[1], msg.time, row[2])
+
+
+async def _positions(nc, bus: Bus, queue_id: int, positions: list[int]) -> list[Stored]:
+    """The events at ``positions``: runs of near ones through a consumer each, keeping only
+    those asked; a position far from any other by a get of its own. What is held is what was
+    asked, however far apart (replay asked for the span between the first and the last)."""
+    wanted = set(positions)
+    js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
+    out: list[Stored] = []
+    alone: list[int] = []
+    for run in position_runs(sorted(wanted), RUN_GAP):
+        if len(run) == 1:
+            alone.append(run[0])
+        else:
+            out += await _range(nc, bus, queue_id, run[0], run[-1] + 1, wanted.__contains__)
+    for i in range(0, len(alone), GETS_IN_FLIGHT):
+        got = await asyncio.gather(
+            *(_get(js, bus, queue_id, p) for p in alone[i : i + GETS_IN_FLIGHT])
+        )
+        out += [event for event in got if event is not None]
+    out.sort(key=lambda event: event.position)
+    return out
+
+
+def read_positions(
+    conn: Connection, bus: Bus, queue_id: int, positions: list[int]
+) -> Iterator[Stored]:
+    if positions:
+        yield from run(_with_nats, bus, lambda nc: _positions(nc, bus, queue_id, positions))
+
+
+async def _count(nc, bus: Bus, firsts: dict[int, int]) -> int:
+    """The messages of the bus's queues from where each began: the stream's per-subject counts
+    (one request; its total would count subjects not the bus's), or, for a queue whose
+    beginning is past the stream's first message (a deleted bus's messages still below it),
+    the pending count of a consumer started there."""
+    # Deferred: the nats client library is loaded only when a NATS bus is read.
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
+    info = await js.stream_info(bus.name, subjects_filter=f"{bus.name}.*")
+    held = info.state.subjects or {}
+
+    async def from_first(queue_id: int) -> int:
+        first = firsts.get(queue_id, 0)
+        if first <= info.state.first_seq:
+            return held.get(subject(bus, queue_id), 0)
+        consumer = await js.add_consumer(
+            bus.name,
+            ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=first,
+                ack_policy=AckPolicy.NONE,
+                filter_subject=subject(bus, queue_id),
+                inactive_threshold=CONSUMER_IDLE_S,
+                mem_storage=True,
+                num_replicas=1,
+            ),
+        )
+        await _quietly(js.delete_consumer(bus.name, consumer.name))
+        return consumer.num_pending or 0
+
+    return sum(await asyncio.gather(*(from_first(q) for q in range(bus.queues))))
+
+
+def count(conn: Connection, bus: Bus, firsts: dict[int, int]) -> int:
+    return run(_with_nats, bus, lambda nc: _count(nc, bus, firsts))
 
 
 def read_range(
@@ -645,4 +747,6 @@ KIND = SourceKind(
     read_range=read_range,
     position_at=position_at,
     set_retention=set_retention,
+    read_positions=read_positions,
+    count=count,
 )

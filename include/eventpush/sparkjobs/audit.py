@@ -152,6 +152,9 @@ class AuditScope:
     patterns: dict[int, tuple[int, str]] = field(default_factory=dict)
     segments: list[VersionSegment] = field(default_factory=list)
     rollups: list[rollups.Rollup] = field(default_factory=list)  # rolled-up clean windows
+    # (bus id, queue id) -> where the bus's queue begins: below it, a deleted bus's events in
+    # the store this bus took over (event_bus_queue.first_offset); absent: 0.
+    firsts: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 def load_scope(
@@ -190,16 +193,18 @@ def load_scope(
     offsets = [tuple(row) for row in cur.fetchall()]
     # Per bus and queue: from the earliest start of any runner to the queue's end.
     cur.execute(
-        "SELECT q.bus_id, q.queue_id, min(o.start_offset), q.next_offset "
+        "SELECT q.bus_id, q.queue_id, min(o.start_offset), q.next_offset, q.first_offset "
         "FROM event_push_offset o JOIN event_target_runner r ON r.id = o.runner_id "
         "JOIN event_target t ON t.id = r.target_id JOIN event_rule ru ON ru.id = t.rule_id "
         "JOIN event_bus_queue q ON q.bus_id = ru.bus_id AND q.queue_id = o.queue_id "
-        "WHERE o.runner_id = ANY(%s) GROUP BY q.bus_id, q.queue_id, q.next_offset "
-        "ORDER BY q.bus_id, q.queue_id",
+        "WHERE o.runner_id = ANY(%s) GROUP BY q.bus_id, q.queue_id, q.next_offset, "
+        "q.first_offset ORDER BY q.bus_id, q.queue_id",
         (ids,),
     )
-    ranges = [jdbc.QueueRange(*row) for row in cur.fetchall()]
-    return AuditScope(runners, offsets, ranges, patterns, segments, rollups.load(cur, ids))
+    found = cur.fetchall()
+    ranges = [jdbc.QueueRange(*row[:4]) for row in found]
+    firsts = {(bus_id, q): first for bus_id, q, _, _, first in found if first}
+    return AuditScope(runners, offsets, ranges, patterns, segments, rollups.load(cur, ids), firsts)
 
 
 def _versions(
@@ -305,8 +310,13 @@ def classify(
 
     db = jdbc.jdbc_database(db_url)
     ranges = scope.ranges
-    if from_start:
-        ranges = [jdbc.QueueRange(r.bus_id, r.queue_id, 0, r.end) for r in ranges]
+    if from_start:  # from where the bus began: below it, a deleted bus's events
+        ranges = [
+            jdbc.QueueRange(
+                r.bus_id, r.queue_id, scope.firsts.get((r.bus_id, r.queue_id), 0), r.end
+            )
+            for r in ranges
+        ]
     # Deferred: bus_events imports PySpark at load.
     from eventpush.sparkjobs.bus_events import read_events
 

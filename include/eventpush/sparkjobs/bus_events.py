@@ -18,9 +18,12 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from eventpush.db import connection
 from eventpush.sources import Bus, kind_for, read_buses
+from eventpush.sources.contract import position_runs
 from eventpush.sparkjobs import jdbc
 
 FORMAT = "eventpush_bus"
+# A kind without read_positions is read over runs of asked positions this close (contract).
+RUN_GAP = 64
 SCHEMA = "bus_id INT, queue_id INT, offset BIGINT, message_id STRING, ctime TIMESTAMP, body STRING"
 
 
@@ -117,7 +120,8 @@ def read_events(
 def source_bodies(conn, keys: list[tuple[int, int, int, int]]) -> dict[tuple, str]:
     """Bodies of events on buses that are not in PostgreSQL, for replay's executors:
     ``keys`` are (runner_id, bus_id, queue_id, position); returns {(runner_id, queue_id,
-    position): body} for those found (each queue read once, over the positions asked)."""
+    position): body} for those found. Only the positions asked are read and kept (a queue
+    was read from the first to the last asked, everything between held in memory)."""
 
     buses = {b.id: b for b in read_buses(conn, {k[1] for k in keys}).values() if b.source_url}
     wanted: dict[tuple[int, int], dict[int, list[int]]] = {}
@@ -126,11 +130,17 @@ def source_bodies(conn, keys: list[tuple[int, int, int, int]]) -> dict[tuple, st
             wanted.setdefault((bus_id, queue_id), {}).setdefault(position, []).append(runner_id)
     bodies: dict[tuple, str] = {}
     for (bus_id, queue_id), positions in wanted.items():
-        bus = buses[bus_id]
-        events = kind_for(bus.source_url).read_range(
-            conn, bus, queue_id, min(positions), max(positions) + 1
-        )
-        for event in events:
+        for event in _read_positions(conn, buses[bus_id], queue_id, sorted(positions)):
             for runner_id in positions.get(event.position, ()):
                 bodies[(runner_id, queue_id, event.position)] = event.body
     return bodies
+
+
+def _read_positions(conn, bus: Bus, queue_id: int, positions: list[int]) -> Iterator:
+    """The kind's own look-up, else its ranges over runs of near positions."""
+    kind = kind_for(bus.source_url)
+    if kind.read_positions is not None:
+        yield from kind.read_positions(conn, bus, queue_id, positions)
+        return
+    for run in position_runs(positions, RUN_GAP):
+        yield from kind.read_range(conn, bus, queue_id, run[0], run[-1] + 1)
