@@ -180,3 +180,34 @@ def test_new_ids_are_random_version_4_uuids():
     # every variant digit and every other digit appears: the bits are random, not fixed
     assert {text[19] for text in ids} == set("89ab")
     assert {text[0] for text in ids} == set("0123456789abcdef")
+
+
+def test_a_big_file_shows_its_progress_on_a_terminal_only(tmp_path, monkeypatch):
+    """`eventpush publish FILE` draws a bar on a terminal's stderr while it reads (a big file
+    is minutes of COPY), passes every line through unchanged, and draws nothing when stderr
+    is not a terminal (a pipe, a log)."""
+    import io
+
+    from rich.console import Console
+
+    from eventpush.cli import publish as publish_cli
+
+    lines = [
+        json.dumps({"source": "s", "detail-type": "d", "detail": {"n": n}}) + "\n"
+        for n in range(10_000)
+    ]
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(lines))
+    for terminal in (True, False):
+        drawn = io.StringIO()
+        monkeypatch.setattr(
+            publish_cli, "err", Console(file=drawn, force_terminal=terminal, width=120)
+        )
+        with path.open() as file:
+            assert list(publish_cli._shown(publish_cli._read(file), file)) == lines
+        if terminal:
+            assert "reading events 8,192" in drawn.getvalue(), drawn.getvalue()[-300:]
+            size = f"/{path.stat().st_size / 1000:.1f} kB"  # known for a file: shown
+            assert size in drawn.getvalue()
+        else:
+            assert drawn.getvalue() == ""

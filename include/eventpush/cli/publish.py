@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import os
+import stat
+
 import click
 from rich.table import Table
 
-from eventpush.cli.common import handles_errors, out, print_json
+from eventpush.cli.common import err, handles_errors, out, print_json
 from eventpush.db import connection
 from eventpush.publish import publish
 
@@ -24,6 +28,38 @@ def _read(file):
         raise ValueError(f"{where} is not UTF-8 text") from None
 
 
+def _size(file) -> int | None:
+    """Bytes a regular FILE holds (None for a pipe or a terminal: no total to show)."""
+    try:
+        info = os.fstat(file.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
+
+
+def _shown(lines, file):
+    """FILE's lines, with a progress bar on a terminal's stderr while they are read and
+    sent (a big file is minutes of COPY); the bar is gone once the publish ends."""
+    if not err.is_terminal:
+        yield from lines
+        return
+    # Deferred: the bar's code is loaded only where it is drawn.
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    total = _size(file)
+    columns = [TextColumn("reading events {task.fields[events]:,}"), BarColumn()]
+    if total is not None:
+        columns += [DownloadColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=err, transient=True) as progress:
+        task = progress.add_task("publish", total=total, events=0)
+        done = 0
+        for events, line in enumerate(lines, 1):
+            yield line
+            done += len(line)  # characters: as bytes for the ASCII most events are
+            if events % 4096 == 0:  # the bar's own cost stays out of the loop
+                progress.update(task, completed=done, events=events)
+
+
 @click.command("publish")
 @click.option("--bus", "bus_name", required=True)
 @click.option("--partition-key", default=None, help="Dotted path of the key, e.g. detail.order")
@@ -34,7 +70,7 @@ def publish_cmd(bus_name: str, partition_key: str | None, as_json: bool, file) -
     """Publish JSON events, one a line, from FILE (stdin if none). All or nothing."""
 
     with connection() as conn:
-        result = publish(conn, bus_name, _read(file), partition_key)
+        result = publish(conn, bus_name, _shown(_read(file), file), partition_key)
     if as_json:
         print_json(
             {
