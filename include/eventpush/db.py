@@ -96,6 +96,14 @@ def transaction(conn: Connection) -> Iterator[psycopg2.extensions.cursor]:
         raise
 
 
+def read_only(conn: Connection) -> bool:
+    """True when this connection's transactions may not write: a hot standby, or a database
+    or role set ``default_transaction_read_only`` (as a failover's old primary may be)."""
+    with transaction(conn) as cur:
+        cur.execute("SHOW transaction_read_only")
+        return cur.fetchone()[0] == "on"
+
+
 @contextlib.contextmanager
 def connection(url: str | None = None) -> Iterator[Connection]:
     """A connection closed on exit."""
