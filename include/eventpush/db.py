@@ -22,6 +22,14 @@ Connection = psycopg2.extensions.connection
 if TYPE_CHECKING:  # psycopg 3 is imported where the API's group commit runs, not by every job
     from psycopg import AsyncConnection as LoopConnection
 CONNECT_TIMEOUT_S = 10
+# libpq parameters for a connection that must notice a dead peer (a host gone, a network cut:
+# a half-open connection) in about idle + interval x count seconds rather than wait forever.
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+}
 
 
 class StoreError(RuntimeError):
