@@ -5,8 +5,9 @@ Hourly over its data interval, and on demand for any window (the form's `since` 
 `until`; empty means the run's data interval, or the hour before the run when it was
 triggered without a logical date; a time without an offset is UTC).
 
-1. **window**: the window and bus to audit, checked (until after since, the bus exists, no
-   field the form does not have).
+1. **window**: the window and bus to audit, checked (until after since, at most
+   `EVENTPUSH_AUDIT_MAX_WINDOW_HOURS` long (168 by default; audit a longer stretch as several
+   windows), the bus exists, no field the form does not have).
 2. **audit_job**: `spark_jobs/audit.py` through SparkSubmitOperator (connection
    `spark_default`): per runner, the events its rule matches in the window against delivery
    rows, failure rows and committed offsets: expected, delivered, failed, pending, missing,

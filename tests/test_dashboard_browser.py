@@ -368,3 +368,52 @@ def test_a_rule_is_disabled_and_enabled_from_the_catalog_in_a_real_browser(
     label, alerted, state = viewer[0]
     assert label == "disable" and state == ("ENABLED", 3)
     assert "Forbidden" in alerted or "permission" in alerted.lower(), alerted
+
+
+def test_a_refusal_with_a_list_of_reasons_is_said_in_words_in_a_real_browser(
+    api_server, conn, airflow_conn_env
+):
+    """FastAPI's own refusals (422 of request validation) carry ``detail`` as a list of
+    objects: the page's alert says their messages, not "[object Object]"; eventpush's own
+    one-line refusals are shown as they were."""
+    import httpx
+
+    from eventpush.airflow import queries
+
+    queries._url_cache.clear()  # the plugin still knows the previous test's database
+    seed(conn, "http://127.0.0.1:9/ok")
+    token = httpx.post(
+        f"{api_server}/auth/token", json={"username": "editor", "password": PASSWORDS["editor"]}
+    ).json()["access_token"]
+
+    async def visit(call, events):
+        await call("Page.enable")
+        await call("Network.setCookie", name="_token", value=token, url=api_server, httpOnly=True)
+        await call("Page.navigate", url=f"{api_server}/eventpush/dashboard")
+        deadline = time.monotonic() + 20
+        ready = "document.readyState === 'complete' && typeof control === 'function'"
+        while not (await call("Runtime.evaluate", expression=ready))["result"]["value"]:
+            assert time.monotonic() < deadline, "the page did not load"
+            await asyncio.sleep(0.2)
+        said = []
+        # The page's own calls, as its buttons make them; alert() recorded, not a dialog.
+        for args in ("'pause', 'galaxy', 'w1'", "'pause', 'worker', 'nobody'"):
+            expression = (
+                "window.alerted = null; window.alert = m => { window.alerted = String(m) }; "
+                f"control({args}).then(() => window.alerted)"
+            )
+            result = await call(
+                "Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True
+            )
+            said.append(result["result"]["value"])
+        return said
+
+    with tempfile.TemporaryDirectory(prefix="eventpush-chromium-") as profile:
+        browser = Browser(profile)
+        try:
+            invalid, unknown = asyncio.run(browser.session(visit))
+        finally:
+            browser.close()
+    assert "[object Object]" not in invalid
+    assert invalid.startswith("scope: Input should be 'worker' or 'runner'"), invalid
+    assert unknown == "unknown worker 'nobody'"

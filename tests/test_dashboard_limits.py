@@ -121,3 +121,37 @@ def test_latest_metrics_read_one_row_per_runner(conn):
     (runner,) = queries.progress(conn)["runners"]
     assert runner["runner"] == name and runner["latest_metric"]["p99_ms"] == 0.0
     assert datetime.fromisoformat(runner["latest_metric"]["ts"]) == now
+
+
+def _nodes(plan: dict) -> list[dict]:
+    return [plan, *(n for p in plan.get("Plans", []) for n in _nodes(p))]
+
+
+def test_latest_failures_read_only_the_limit_through_an_index(conn):
+    """The latest open failures (``api/failures`` and every dashboard poll) come from the
+    open-failures-by-mtime index in order: the limit's rows read, no sort of every open
+    failure. Replayed and dead rows are not open and stay out."""
+    rid, _, _ = _runner(conn)
+    now = datetime.now(UTC)
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO event_push_failure (runner_id, consumer_group, topic_name, queue_id, "
+            '"offset", message_id, attempts, last_error, status, mtime) '
+            "VALUES (%s, 'g', 't', 0, %s, %s, 3, 'HTTP 500', %s, %s)",
+            [
+                (rid, i, f"m{i}", "failed" if i % 4 else "replayed", now - timedelta(seconds=i))
+                for i in range(5000)
+            ],
+        )
+        cur.execute("ANALYZE event_push_failure")
+        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + queries.FAILURES_SQL, (50,))
+        plan = cur.fetchone()[0][0]["Plan"]
+    conn.commit()
+    nodes = _nodes(plan)
+    assert not [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")], plan
+    assert [n.get("Index Name") for n in nodes if n.get("Relation Name")] == [
+        "event_push_failure_open_mtime"
+    ], plan
+    assert _rows_read(plan, "event_push_failure") <= 50
+    failures = queries.latest_failures(conn, 50)
+    assert [f["offset"] for f in failures] == [i for i in range(67) if i % 4][:50]

@@ -165,6 +165,30 @@ def test_audit_form_without_a_data_interval_audits_the_hour_before_now():
     assert (since, until) == (datetime(2026, 3, 1, tzinfo=UTC), now)
 
 
+def test_audit_window_is_bounded_as_the_replay_window_is(monkeypatch):
+    """An audit reads every event of its window, as a ``what=all`` replay does: a window
+    longer than EVENTPUSH_AUDIT_MAX_WINDOW_HOURS (168) is refused in one line."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    week = {"since": start.isoformat(), "until": (start + timedelta(hours=168)).isoformat()}
+    assert audit_window(week, None, None, None)[:2] == (start, start + timedelta(hours=168))
+    month = {"since": start.isoformat(), "until": (start + timedelta(days=30)).isoformat()}
+    with pytest.raises(FormError) as exc:
+        audit_window(month, None, None, None)
+    assert str(exc.value) == (
+        "the audit window spans 720 hours, over the limit of 168 "
+        "(EVENTPUSH_AUDIT_MAX_WINDOW_HOURS): audit it as shorter windows"
+    )
+    # an open end is bounded too: since far back, until the run's data interval end
+    with pytest.raises(FormError, match="spans 8761 hours"):
+        audit_window({"since": "2025-01-01T00:00:00"}, None, start, start + timedelta(hours=1))
+    monkeypatch.setenv("EVENTPUSH_AUDIT_MAX_WINDOW_HOURS", "1")
+    with pytest.raises(FormError, match=r"spans 2 hours, over the limit of 1 \("):
+        audit_window({"since": "2026-01-01T00:00:00"}, None, start, start + timedelta(hours=2))
+    monkeypatch.setenv("EVENTPUSH_AUDIT_MAX_WINDOW_HOURS", "0")
+    with pytest.raises(ConfigError, match="EVENTPUSH_AUDIT_MAX_WINDOW_HOURS must be at least 1"):
+        audit_window({}, None, start, start + timedelta(hours=1))
+
+
 def test_cli_replay_refuses_all_without_a_window_before_spark(cli):
     r = cli("replay", "--what", "all", env={"EVENTPUSH_DATABASE_URL": ""})
     assert r.returncode == 2, r.stderr
@@ -210,7 +234,7 @@ def test_replay_dag_refuses_in_its_first_task(bag, airflow_conn_env, conf):
     assert got["replay_job"] != "success"
 
 
-def test_audit_dag_window_task(bag, airflow_conn_env):
+def test_audit_dag_window_task(bag, airflow_conn_env, capfd):
     """The audit's first task alone: a naive since is UTC, an unknown field is refused."""
     dag = bag.dags["eventpush_audit"].partial_subset("window", include_downstream=False)
     # A naive since against the run's (aware) data interval end: the TypeError of old.
@@ -224,6 +248,14 @@ def test_audit_dag_window_task(bag, airflow_conn_env):
     assert spec["args"][:4] == ["--since", spec["since"], "--until", spec["until"]]
     run = dag.test(run_conf={"frobnicate": 1})
     assert str(run.state) == "failed", json.dumps(_states(run))
+    # a window longer than EVENTPUSH_AUDIT_MAX_WINDOW_HOURS: refused before any Spark job
+    since = datetime.now(UTC) - timedelta(days=30)
+    capfd.readouterr()
+    run = dag.test(run_conf={"since": since.isoformat()})
+    assert str(run.state) == "failed", json.dumps(_states(run))
+    said = capfd.readouterr().out
+    assert "AirflowFailException: audit request refused: the audit window spans " in said
+    assert "over the limit of 168 (EVENTPUSH_AUDIT_MAX_WINDOW_HOURS)" in said
 
 
 def test_rebalance_form_refuses_unknown_fields_and_odd_windows():

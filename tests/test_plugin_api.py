@@ -407,6 +407,64 @@ def test_a_database_read_only_or_down_answers_one_line_not_a_traceback(
     queries._url_cache.clear()
 
 
+def test_status_of_a_nats_bus_reads_on_a_read_only_database(api, conn, nats_server):
+    """Status asks a NATS bus for its heads and records them; on a read-only database (a
+    standby) it still answers, lag counted to the heads it just asked, and writes nothing.
+    Before, the heads' UPDATE made ``api/status`` and the dashboard a 503."""
+    import asyncio
+
+    import nats
+
+    from eventpush import catalog
+
+    catalog.create_bus(conn, "orders", 2, source=nats_server.url)
+    catalog.create_rule(conn, "orders", "r", {"source": ["shop"]})
+    catalog.create_target(
+        conn, "orders", "r", catalog.TargetSpec(name="t", url="http://127.0.0.1:9/")
+    )
+    catalog.create_worker(conn, "w1")
+    catalog.assign(conn)
+
+    async def outside_producer() -> None:
+        nc = await nats.connect(nats_server.url)
+        try:
+            for q in (0, 1, 0, 1, 0):  # stream sequences 1-5: heads 6 (queue 0) and 5 (queue 1)
+                await nc.jetstream().publish(f"orders.{q}", b'{"source": "shop"}')
+        finally:
+            await nc.close()
+
+    asyncio.run(outside_producer())
+
+    def recorded() -> list[int]:
+        with conn.cursor() as cur:
+            cur.execute("SELECT next_offset FROM event_bus_queue ORDER BY queue_id")
+            out = [n for (n,) in cur.fetchall()]
+        conn.rollback()
+        return out
+
+    assert recorded() == [0, 0]
+    dbname = conn.get_dsn_parameters()["dbname"]
+    with conn.cursor() as cur:  # the test's own database: new connections are read-only
+        cur.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on')
+    conn.commit()
+    try:
+        r = api("GET", "status")
+        assert r.status_code == 200, r.text
+        [runner] = r.json()["runners"]
+        assert (runner["lag"], runner["waiting"]) == (11, 11)
+        r = api("GET", "dashboard")
+        assert r.status_code == 200 and "orders/r/t" in r.text, r.text
+        assert api("GET", "dashboard?minutes=5").status_code == 200
+        assert recorded() == [0, 0]  # nothing written
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f'ALTER DATABASE "{dbname}" RESET default_transaction_read_only')
+        conn.commit()
+    r = api("GET", "status")
+    assert r.status_code == 200 and r.json()["runners"][0]["lag"] == 11
+    assert recorded() == [6, 5]  # writable again: the heads are recorded
+
+
 def test_a_key_that_does_not_open_the_secrets_is_one_line_not_a_500(
     api, conn, tmp_path, monkeypatch
 ):

@@ -4,12 +4,15 @@ on loopback, the real engine, trigger, asset events and GX check."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
+import psycopg2
+import psycopg2.errors
 import pytest
 
 from eventpush.demo.receiver import Receiver
@@ -291,6 +294,94 @@ def test_trigger_wakes_on_publish_and_ends_quietly_without_work(conn, airflow_co
     # the notification wakes it long before the 30 s poll interval
     assert woke["status"] == "work" and time.monotonic() - started < 5
     assert worker_has_work(airflow_conn_env, "w1")
+
+
+async def _first_event(trigger) -> dict:
+    """The trigger's first event; then its run is closed, as the triggerer closes it."""
+    async with contextlib.aclosing(trigger.run()) as events:
+        async for event in events:
+            return event.payload
+
+
+async def within(seconds: float, awaitable):
+    async with asyncio.timeout(seconds):
+        return await awaitable
+
+
+def _spy_connections(monkeypatch, triggers) -> tuple[list, list[dict]]:
+    """Every connection the trigger's module opens, and the parameters it was opened with."""
+    opened, params = [], []
+    real = triggers.connect
+
+    def spy(url, **libpq):
+        opened.append(real(url, **libpq))
+        params.append(opened[-1].get_dsn_parameters())
+        return opened[-1]
+
+    monkeypatch.setattr(triggers, "connect", spy)
+    return opened, params
+
+
+def test_a_database_that_stops_answering_does_not_hold_the_trigger(
+    conn, airflow_conn_env, monkeypatch
+):
+    """A check that gets no answer (here it waits behind a table lock; a half-open connection
+    after a failover is the same wait, without a server to end it) ends the trigger at its
+    timeout, not when the database answers; the check's statement is cancelled by the server
+    soon after and its connection closed, and every connection carries TCP keepalives and a
+    user timeout for a peer that went silent."""
+    from eventpush.airflow import triggers
+
+    seed(conn, "http://127.0.0.1:9/ok", workers=("w1",))
+    monkeypatch.setattr(triggers, "QUERY_TIMEOUT_S", 2)
+    opened, params = _spy_connections(monkeypatch, triggers)
+
+    def lock_waits() -> int:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            n = cur.fetchone()[0]
+        conn.rollback()
+        return n
+
+    locker = psycopg2.connect(airflow_conn_env)
+    loop = asyncio.new_event_loop()
+    try:
+        with locker.cursor() as cur:
+            cur.execute("LOCK TABLE event_push_worker IN ACCESS EXCLUSIVE MODE")
+        trigger = triggers.WorkerWorkTrigger("w1", timeout=1, poll_interval=30)
+        started = time.monotonic()
+        event = loop.run_until_complete(within(8, _first_event(trigger)))
+        assert event["status"] == "timeout" and time.monotonic() - started < 3
+        assert lock_waits() == 1  # the check still waits: the trigger did not wait for it
+        # the lock still held: the server ends the check's wait (statement_timeout)
+        wait_for(lambda: lock_waits() == 0, timeout=6, what="the check's statement cancelled")
+        wait_for(lambda: all(c.closed for c in opened), timeout=2, what="connections closed")
+    finally:
+        locker.rollback()
+        locker.close()
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+    assert len(opened) == 2  # the listener and one check
+    for p in params:
+        assert (p["keepalives"], p["keepalives_idle"], p["tcp_user_timeout"]) == ("1", "5", "10000")
+
+
+def test_a_listen_that_fails_leaves_no_connection_open(conn, airflow_conn_env, monkeypatch):
+    """LISTEN refused: the listener's connection is closed, and the trigger waits by polling."""
+    from eventpush.airflow import triggers
+
+    seed(conn, "http://127.0.0.1:9/ok", workers=("w1",))
+    monkeypatch.setattr(triggers, "NOTIFY_CHANNEL", "not a channel")  # LISTEN: syntax error
+    opened, _ = _spy_connections(monkeypatch, triggers)
+    with pytest.raises(psycopg2.errors.SyntaxError):
+        triggers._listen(airflow_conn_env)
+    assert len(opened) == 1 and opened[0].closed
+    quiet = asyncio.run(_first_event(triggers.WorkerWorkTrigger("w1", timeout=1)))
+    assert quiet["status"] == "timeout"
+    assert len(opened) >= 3 and all(c.closed for c in opened)
 
 
 def test_without_work_the_push_tasks_defer_and_the_run_ends_quietly(

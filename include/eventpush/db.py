@@ -22,6 +22,14 @@ Connection = psycopg2.extensions.connection
 if TYPE_CHECKING:  # psycopg 3 is imported where the API's group commit runs, not by every job
     from psycopg import AsyncConnection as LoopConnection
 CONNECT_TIMEOUT_S = 10
+# libpq parameters for a connection that must notice a dead peer (a host gone, a network cut:
+# a half-open connection) in about idle + interval x count seconds rather than wait forever.
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+}
 
 
 class StoreError(RuntimeError):
@@ -94,6 +102,14 @@ def transaction(conn: Connection) -> Iterator[psycopg2.extensions.cursor]:
     except BaseException:
         conn.rollback()
         raise
+
+
+def read_only(conn: Connection) -> bool:
+    """True when this connection's transactions may not write: a hot standby, or a database
+    or role set ``default_transaction_read_only`` (as a failover's old primary may be)."""
+    with transaction(conn) as cur:
+        cur.execute("SHOW transaction_read_only")
+        return cur.fetchone()[0] == "on"
 
 
 @contextlib.contextmanager

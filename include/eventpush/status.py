@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from eventpush.db import Connection, transaction
-from eventpush.sources import sync_heads
+from eventpush.db import Connection, read_only, transaction
+from eventpush.sources import ask_heads, record_heads, sync_heads
 
 HEARTBEAT_STALE_S = 30
 
@@ -38,7 +38,14 @@ JOIN event_rule ru ON ru.id = t.rule_id
 JOIN event_bus b ON b.id = ru.bus_id
 LEFT JOIN event_push_worker w ON w.id = r.worker_id
 LEFT JOIN event_push_offset o ON o.runner_id = r.id
-LEFT JOIN event_bus_queue q ON q.bus_id = b.id AND q.queue_id = o.queue_id
+LEFT JOIN (
+    -- The heads just asked of a broker, where they are ahead of those recorded: on a
+    -- read-only database they cannot be recorded first.
+    SELECT q.bus_id, q.queue_id, greatest(q.next_offset, h.head) AS next_offset
+    FROM event_bus_queue q
+    LEFT JOIN unnest(%(bus_ids)s::int[], %(queue_ids)s::int[], %(heads)s::bigint[])
+        AS h(bus_id, queue_id, head) ON h.bus_id = q.bus_id AND h.queue_id = q.queue_id
+) q ON q.bus_id = b.id AND q.queue_id = o.queue_id
 WHERE r.deleted_at IS NULL
 GROUP BY r.id, w.name, b.name
 ORDER BY r.name
@@ -61,12 +68,25 @@ def _iso(ts: datetime | None) -> str | None:
 def read_status(conn: Connection) -> dict:
     """``{"workers": [...], "runners": [...]}`` as the CLI's ``status --json`` prints it.
     Buses on a broker have their heads asked first (a broker that does not answer leaves the
-    last heads seen, and the lag figures are that old)."""
-    sync_heads(conn)
+    last heads seen, and the lag figures are that old). They are recorded when the database
+    takes writes; on a read-only one (a standby, a failover's old primary) status is still
+    read, the lag counted to the heads just asked, and nothing written."""
+    found, _ = ask_heads(conn)
+    if found and not read_only(conn):
+        for bus_id, heads in found.items():
+            record_heads(conn, bus_id, heads)
+    asked = [(bus_id, q, head) for bus_id, heads in found.items() for q, head in heads.items()]
     with transaction(conn) as cur:
         cur.execute(WORKERS_SQL)
         worker_rows = cur.fetchall()
-        cur.execute(RUNNERS_SQL)
+        cur.execute(
+            RUNNERS_SQL,
+            {
+                "bus_ids": [a[0] for a in asked],
+                "queue_ids": [a[1] for a in asked],
+                "heads": [a[2] for a in asked],
+            },
+        )
         runner_rows = cur.fetchall()
     now = datetime.now(UTC)
     workers = [

@@ -75,6 +75,8 @@ CROSS JOIN LATERAL (
 WHERE r.deleted_at IS NULL
 """
 
+# Newest first through the open failures' (mtime, id) index (migration 0014), read backwards:
+# the limit's rows, not a sort of every open failure on each poll.
 FAILURES_SQL = """
 SELECT consumer_group, queue_id, "offset", message_id, attempts, http_status, last_error, mtime
 FROM event_push_failure WHERE status = 'failed' ORDER BY mtime DESC, id DESC LIMIT %s

@@ -20,20 +20,28 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, TypeVar
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from eventpush.airflow.connection import CONN_ID, adatabase_url
-from eventpush.db import connect, connection
+from eventpush.db import KEEPALIVES, Connection, connect, transaction
 from eventpush.status import has_work
 
 NOTIFY_CHANNEL = "eventpush_publish"
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_POLL_S = 5.0
+# A database that stops answering (a half-open connection after a failover or a network cut,
+# a lock held for long) must not hold a check, a triggerer thread or the trigger past its
+# timeout: the server cancels a check's statement after QUERY_TIMEOUT_S, the socket gives up
+# on a silent peer (keepalives while waiting for an answer, tcp_user_timeout for a request
+# never acknowledged), and the trigger stops waiting for a check at its own deadline.
+QUERY_TIMEOUT_S = 10
+DEADLINES = {**KEEPALIVES, "tcp_user_timeout": QUERY_TIMEOUT_S * 1000}
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 WORK = "work"  # the worker has events to push or retries due
@@ -41,21 +49,33 @@ HAND_OVER = "hand-over"  # a slice of the DAG pushes it: the next one takes over
 ELSEWHERE = "elsewhere"  # another process (a standalone worker) holds its lease
 
 
+@contextlib.contextmanager
+def _bounded(url: str) -> Iterator[Connection]:
+    """A connection whose statements and socket waits all have a deadline, closed on exit."""
+    conn = connect(url, **DEADLINES)
+    try:
+        with transaction(conn) as cur:
+            cur.execute(
+                "SELECT set_config('statement_timeout', %s, false)", (f"{QUERY_TIMEOUT_S}s",)
+            )
+        yield conn
+    finally:
+        conn.close()
+
+
 def worker_has_work(url: str, worker: str) -> bool:
     """Whether a running runner of ``worker`` has events past its committed offset or retries
     due (one query)."""
-    with connection(url) as conn:
+    with _bounded(url) as conn:
         return has_work(conn, worker)
 
 
 def slice_due(url: str, worker: str) -> str | None:
     """Why a slice of ``worker`` should run now (``HAND_OVER``, ``WORK``), ``ELSEWHERE`` when
     a process other than a push slice holds its lease, or None when nothing is to be done."""
-    from eventpush.db import connection
     from eventpush.push.store import SLICE_APP, lease_holder, worker_id
-    from eventpush.status import has_work
 
-    with connection(url) as conn:
+    with _bounded(url) as conn:
         holder = lease_holder(conn, worker_id(conn, worker))
         if holder == SLICE_APP:
             return HAND_OVER
@@ -64,12 +84,38 @@ def slice_due(url: str, worker: str) -> str | None:
         return WORK if has_work(conn, worker) else None
 
 
-def _listen(url: str):
-    conn = connect(url)
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute(f"LISTEN {NOTIFY_CHANNEL}")
+def _listen(url: str) -> Connection:
+    conn = connect(url, **DEADLINES)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f"LISTEN {NOTIFY_CHANNEL}")
+    except BaseException:
+        conn.close()
+        raise
     return conn
+
+
+async def _in_thread(deadline: float, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a thread, waited for until ``deadline`` (``time.monotonic()``), then
+    TimeoutError. A thread cannot be stopped: one given up on ends at its connection's own
+    deadlines, and a connection it opens after all is closed, as nobody will use it."""
+    if deadline <= time.monotonic():
+        raise TimeoutError  # not even started: a thread left hanging helps nobody
+    job = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+            return await asyncio.shield(job)
+    except BaseException:
+        job.add_done_callback(_discard)
+        raise
+
+
+def _discard(job: asyncio.Future) -> None:
+    if job.cancelled() or job.exception() is not None:  # retrieved: nobody waits for it
+        return
+    if isinstance(job.result(), Connection):
+        job.result().close()
 
 
 class WorkerWorkTrigger(BaseTrigger):
@@ -108,7 +154,7 @@ class WorkerWorkTrigger(BaseTrigger):
         woken = asyncio.Event()
         listener = None
         try:
-            listener = await asyncio.to_thread(_listen, url)
+            listener = await _in_thread(deadline, _listen, url)
 
             def on_readable() -> None:
                 try:
@@ -120,11 +166,20 @@ class WorkerWorkTrigger(BaseTrigger):
 
             loop.add_reader(listener.fileno(), on_readable)
         except Exception as exc:
-            log.warning("no publish notifications (%s): polling every %ss", exc, self.poll_interval)
+            why = str(exc) or "no answer in time"  # a TimeoutError says nothing itself
+            log.warning("no publish notifications (%s): polling every %ss", why, self.poll_interval)
         try:
             while True:
                 woken.clear()
-                due = await asyncio.to_thread(slice_due, url, self.worker)
+                try:
+                    due = await _in_thread(deadline, slice_due, url, self.worker)
+                except TimeoutError:
+                    log.warning(
+                        "worker %s: no answer from the database by the trigger's timeout (%ss)",
+                        self.worker,
+                        self.timeout,
+                    )
+                    due = None
                 if due is not None:
                     yield TriggerEvent(
                         {

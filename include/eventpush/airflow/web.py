@@ -43,10 +43,27 @@ td.err{text-align:left;max-width:420px;overflow:hidden;text-overflow:ellipsis;wh
 """
 
 SCRIPT = """
+// A refusal's words: ours are a string; FastAPI's own (a 422 of request validation) a list
+// of {loc, msg}, which alert() would show as "[object Object]".
+function refusal(detail) {
+  if (Array.isArray(detail)) {
+    return detail.map(d => {
+      if (!d || typeof d.msg !== 'string') return JSON.stringify(d);
+      const where = Array.isArray(d.loc) ? d.loc.filter(p => p !== 'body').join('.') : '';
+      return where ? where + ': ' + d.msg : d.msg;
+    }).join('\\n');
+  }
+  return detail && typeof detail === 'object' ? JSON.stringify(detail) : detail;
+}
 async function post(path, body) {
   const r = await fetch('api/' + path, {method: 'POST',
     headers: {'Content-Type': 'application/json'}, body: JSON.stringify(body)});
-  if (!r.ok) { alert((await r.json()).detail || r.statusText); return; }
+  if (!r.ok) {
+    let detail = null;
+    try { detail = (await r.json()).detail; } catch (e) { /* not JSON: a proxy's page */ }
+    alert(refusal(detail) || r.statusText || 'HTTP ' + r.status);
+    return;
+  }
   refresh();
 }
 function control(action, scope, name) { return post(action, {scope, name}); }

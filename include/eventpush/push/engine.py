@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from eventpush import metrics as metrics_mod
 from eventpush import sealed, sinks, sources
 from eventpush.config import database_url
-from eventpush.db import is_transient
+from eventpush.db import KEEPALIVES, is_transient
 from eventpush.dbslot import DbSlot
 from eventpush.errors import first_line
 from eventpush.metrics import WorkerMetrics, metrics_host
@@ -63,14 +63,6 @@ COMMITTER_STOP_S = 5.0
 # A moved runner's tasks end within a step of their cancel; any still running after this long
 # would hold the runner's claim for good, so the worker stops instead (its claims go with it).
 HAND_OFF_GIVE_UP_S = 10.0
-# The lease connection notices a dead peer in about idle + interval x count seconds, so a
-# worker cut off from the database loses its lease (and runner claims) promptly.
-LEASE_KEEPALIVE = {
-    "keepalives": 1,
-    "keepalives_idle": 5,
-    "keepalives_interval": 2,
-    "keepalives_count": 3,
-}
 LOOP_SAMPLE_S = 0.25
 LOOP_SAMPLES_KEPT = 240  # a minute of samples, should heartbeats stall
 CACHE_SHARE = 8  # the window cache may hold 1/CACHE_SHARE of a worker's buffer_bytes
@@ -242,8 +234,10 @@ class Engine:
             if hand_over.on_lease is not None:
                 hand_over.on_lease()
 
+        # Keepalives: a worker cut off from the database notices and loses its lease (and
+        # runner claims) promptly.
         self.lease = DbSlot(
-            self.url, take, application_name=hand_over.application_name, **LEASE_KEEPALIVE
+            self.url, take, application_name=hand_over.application_name, **KEEPALIVES
         )
         self.sinks = sinks.Sinks()
         settings = WorkerSettings()

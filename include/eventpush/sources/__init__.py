@@ -119,10 +119,12 @@ def broker_name(source_url: str | None) -> str:
     return "eventpush" if source_url is None else source_scheme(source_url)
 
 
-def sync_heads(conn: Connection, *, worker: str | None = None) -> list[str]:
-    """Ask every bus on another source (or only those of ``worker``'s runners) for its heads
-    and record them. A source that does not answer keeps its last heads; the one-line reasons
-    are returned (and logged)."""
+def ask_heads(
+    conn: Connection, *, worker: str | None = None
+) -> tuple[dict[int, dict[int, int]], list[str]]:
+    """Ask every bus on another source (or only those of ``worker``'s runners) for its heads,
+    recording nothing: ``({bus id: {queue: head}}, problems)``, the buses that answered and
+    the one-line reasons of those that did not (also logged)."""
     with transaction(conn) as cur:
         cur.execute(
             "SELECT DISTINCT b.id, b.name, b.queues, b.source_url FROM event_bus b "
@@ -135,14 +137,22 @@ def sync_heads(conn: Connection, *, worker: str | None = None) -> list[str]:
             (worker, worker),
         )
         buses = [Bus(*row) for row in cur.fetchall()]
+    found: dict[int, dict[int, int]] = {}
     problems = []
     for bus in buses:
         try:
-            heads = kind_for(bus.source_url).heads(conn, bus)
+            found[bus.id] = kind_for(bus.source_url).heads(conn, bus)
         except Exception as exc:
             why = redact(f"bus {bus.name}: source not read: {exc}", bus.source_url)
             log.warning("%s", why)
             problems.append(why.splitlines()[0])
-            continue
-        record_heads(conn, bus.id, heads)
+    return found, problems
+
+
+def sync_heads(conn: Connection, *, worker: str | None = None) -> list[str]:
+    """:func:`ask_heads`, and record the heads of the buses that answered. A source that does
+    not answer keeps its last heads; the one-line reasons are returned (and logged)."""
+    found, problems = ask_heads(conn, worker=worker)
+    for bus_id, heads in found.items():
+        record_heads(conn, bus_id, heads)
     return problems

@@ -31,6 +31,17 @@ class ReplayLimits:
     timeout: timedelta  # the replay job task's execution timeout
 
 
+def span_hours(span: timedelta) -> str:
+    """A span in hours, as the refusals of a window too long say it."""
+    return f"{span.total_seconds() / 3600:.4g}"
+
+
+def audit_max_window() -> timedelta:
+    """The longest window one audit run reads: it classifies every event of the window
+    against the books, as a ``what=all`` replay selects them."""
+    return timedelta(hours=setting("EVENTPUSH_AUDIT_MAX_WINDOW_HOURS", 168))
+
+
 def replay_limits() -> ReplayLimits:
     return ReplayLimits(
         max_window=timedelta(hours=setting("EVENTPUSH_REPLAY_MAX_WINDOW_HOURS", 168)),
@@ -336,7 +347,8 @@ def audit_window(
 ) -> tuple[datetime, datetime, str | None]:
     """The audit's window and bus: the form's ``since``/``until`` (naive times are UTC), else
     the run's data interval, else (a run triggered without a logical date has none) the hour
-    before ``now``; refused when ``until`` is not after ``since``."""
+    before ``now``; refused when ``until`` is not after ``since`` or the window is longer than
+    ``EVENTPUSH_AUDIT_MAX_WINDOW_HOURS``."""
     check_form_keys(params, conf, known=AUDIT_FORM_FIELDS)
     if interval_start is None or interval_end is None:
         interval_end = now or datetime.now(UTC)
@@ -345,4 +357,10 @@ def audit_window(
     until = parse_time("until", params["until"]) if params.get("until") else interval_end
     if until <= since:
         raise FormError(f"until ({until.isoformat()}) must be after since ({since.isoformat()})")
+    limit = audit_max_window()
+    if until - since > limit:
+        raise FormError(
+            f"the audit window spans {span_hours(until - since)} hours, over the limit of "
+            f"{span_hours(limit)} (EVENTPUSH_AUDIT_MAX_WINDOW_HOURS): audit it as shorter windows"
+        )
     return since, until, (str(params.get("bus") or "").strip() or None)

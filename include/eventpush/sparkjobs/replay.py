@@ -54,6 +54,7 @@ from eventpush.sparkjobs.forms import (
     ReplayRequest,
     job_args,
     replay_limits,
+    span_hours,
 )
 from eventpush.sparkjobs.replay_push import (
     ordered_runners,
@@ -104,8 +105,8 @@ def check_bounds(req: ReplayRequest, limits: ReplayLimits | None = None) -> None
         span = (req.until or datetime.now(UTC)) - req.since
         if span > limits.max_window:
             raise ReplayRequestError(
-                f"the window of what=all spans {_hours(span)} hours, over the limit of "
-                f"{_hours(limits.max_window)} (EVENTPUSH_REPLAY_MAX_WINDOW_HOURS)"
+                f"the window of what=all spans {span_hours(span)} hours, over the limit of "
+                f"{span_hours(limits.max_window)} (EVENTPUSH_REPLAY_MAX_WINDOW_HOURS)"
             )
     if req.max_count is not None and req.max_count <= 0:
         raise ReplayRequestError(f"max count must be a positive number, got {req.max_count}")
@@ -133,8 +134,8 @@ def check_bounds(req: ReplayRequest, limits: ReplayLimits | None = None) -> None
         if needs > limits.timeout:
             raise ReplayRequestError(
                 f"{req.max_count} records at {req.rate_limit:g} per second take "
-                f"{_hours(needs)} hours, longer than the job's timeout of "
-                f"{_hours(limits.timeout)} (EVENTPUSH_REPLAY_TIMEOUT_MINUTES)"
+                f"{span_hours(needs)} hours, longer than the job's timeout of "
+                f"{span_hours(limits.timeout)} (EVENTPUSH_REPLAY_TIMEOUT_MINUTES)"
             )
     if len(req.message_ids) > MAX_MESSAGE_IDS:
         raise ReplayRequestError(
@@ -148,10 +149,6 @@ def check_bounds(req: ReplayRequest, limits: ReplayLimits | None = None) -> None
                 f"message id {i} is {len(message_id)} characters long, over the limit of "
                 f"{MAX_MESSAGE_ID_LENGTH}"
             )
-
-
-def _hours(span: timedelta) -> str:
-    return f"{span.total_seconds() / 3600:.4g}"
 
 
 def check_request(req: ReplayRequest, cur) -> list[int]:
