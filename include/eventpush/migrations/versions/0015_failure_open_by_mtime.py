@@ -4,14 +4,14 @@ of every open dashboard and ``api/failures``) ordered by ``mtime DESC, id DESC``
 sorted every open failure to return the newest few. Scanned backwards, this index hands them
 over already in order, the limit's rows and no more.
 
-Revision ID: 0014_failure_open_by_mtime
-Revises: 0013_retry_attempts_186
+Revision ID: 0015_failure_open_by_mtime
+Revises: 0014_bus_queue_first_offset
 """
 
 from alembic import op
 
-revision = "0014_failure_open_by_mtime"
-down_revision = "0013_retry_attempts_186"
+revision = "0015_failure_open_by_mtime"
+down_revision = "0014_bus_queue_first_offset"
 branch_labels = None
 depends_on = None
 
