@@ -843,6 +843,82 @@ def test_a_replay_of_another_accounts_archive_is_refused(events):
             assert code_of(denied) == "AccessDeniedException", (source, destination)
 
 
+def test_airflow_down_or_not_airflow_is_one_line_for_every_replay_operation(
+    api_env, admin, tmp_path
+):
+    """The replay operations depend on Airflow, which can be down while the API is up, or be
+    something else at that address (a proxy's HTML page). Each operation answers
+    InternalException saying which, in one line, and the server logs one line: no
+    traceback, no token."""
+    from http.server import BaseHTTPRequestHandler
+
+    from ports import free_port
+
+    class NotAirflow(BaseHTTPRequestHandler):
+        def answer(self):
+            body = b"<html><body>502 Bad Gateway</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PATCH = answer
+
+        def log_message(self, *args):
+            pass
+
+    def each_operation_says(api: ApiServer, said: str, logged: str) -> None:
+        events = api.client(admin)
+        for call in (
+            events.list_replays,
+            lambda: events.describe_replay(ReplayName="r1"),
+            lambda: events.cancel_replay(ReplayName="r1"),
+            lambda: events.start_replay(
+                ReplayName="r1",
+                EventSourceArn=f"arn:aws:events:us-east-1:{ACCOUNT}:archive/default",
+                EventStartTime=0,
+                EventEndTime=1,
+                Destination={"Arn": f"arn:aws:events:us-east-1:{ACCOUNT}:event-bus/default"},
+            ),
+        ):
+            with pytest.raises(ClientError) as failed:
+                call()
+            assert code_of(failed) == "InternalException"
+            message = failed.value.response["Error"]["Message"]
+            assert message.startswith(said) and "\n" not in message, message
+        api.log.seek(0)
+        log = api.log.read()
+        assert "Traceback" not in log and "t0ken" not in log, log[-2000:]
+        assert log.count(logged) == 4, log[-2000:]
+
+    not_airflow, server = _served_with_airflow(api_env, tmp_path, NotAirflow)
+    try:
+        each_operation_says(
+            server,
+            "Airflow answered 200 to the replay request with no JSON",
+            "Airflow answered a replay request with no JSON object",
+        )
+    finally:
+        server.stop()
+        not_airflow.shutdown()
+    down = ApiServer(  # nothing listens at the address: Airflow is down
+        api_env,
+        "--airflow-url",
+        f"http://127.0.0.1:{free_port()}",
+        "--airflow-token-file",
+        str(tmp_path / "airflow-token"),
+    )
+    try:
+        each_operation_says(
+            down,
+            "Airflow did not answer the replay request: ",
+            "Airflow did not answer a replay request: ",
+        )
+    finally:
+        down.stop()
+
+
 def test_a_replay_name_never_reaches_elsewhere_in_airflow(api_env, admin, tmp_path):
     """A ReplayName is part of the Airflow URL (``dagRuns/replay-NAME``): one outside AWS's
     pattern (``[.-_A-Za-z0-9]{1,64}``) such as ``x/../../other/dagRuns/run`` would have the

@@ -12,8 +12,10 @@ operation is refused with ``OperationDisabledException`` saying so.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 from eventpush.api.errors import ApiError, not_found, validation
@@ -29,6 +31,8 @@ from eventpush.api.shapes import (
     required,
     timestamp,
 )
+from eventpush.config import redact
+from eventpush.errors import first_line
 
 log = logging.getLogger("eventpush.api")
 
@@ -144,8 +148,25 @@ async def list_archives(call: Call, body: dict) -> dict:
 # --- replays through Airflow -------------------------------------------------------------------
 
 
-def _airflow(call: Call):
-    """An httpx client on Airflow's REST API, or the refusal when the server has none."""
+@contextlib.asynccontextmanager
+async def _airflow(call: Call) -> AsyncIterator:
+    """An httpx client on Airflow's REST API, or the refusal when the server has none. Airflow
+    not answering (refused, reset, timed out) is one line, in the answer and the log, never a
+    traceback: the replay operations depend on it, and it can be down while the API is up."""
+    import httpx
+
+    async with _airflow_client(call) as client:
+        try:
+            yield client
+        except httpx.HTTPError as exc:  # no answer; an answer's status is _check's
+            why = redact(first_line(exc) or type(exc).__name__, call.settings.airflow_url)
+            log.warning("Airflow did not answer a replay request: %s", why)
+            raise ApiError(
+                "InternalException", f"Airflow did not answer the replay request: {why}"
+            ) from None
+
+
+def _airflow_client(call: Call):
     import httpx
 
     settings = call.settings
@@ -189,7 +210,7 @@ def _run_shape(call: Call, run: dict) -> dict:
     state = STATES.get(run.get("state") or "", "STARTING")
     if state == "FAILED" and run.get("note") == CANCELLED_NOTE:
         state = "CANCELLED"
-    name = run["dag_run_id"].removeprefix(RUN_PREFIX)
+    name = str(run.get("dag_run_id") or "").removeprefix(RUN_PREFIX)
     account, region = call.settings.account, call.settings.region
     shape = {
         "ReplayName": name,
@@ -224,8 +245,7 @@ async def _get_run(client, name: str) -> dict:
     answer = await client.get(f"/dags/{DAG}/dagRuns/{RUN_PREFIX}{name}")
     if answer.status_code == 404:
         raise not_found(f"Replay {name} does not exist.")
-    _check(answer)
-    return answer.json()
+    return _doc(answer)
 
 
 def _check(answer) -> None:
@@ -233,6 +253,24 @@ def _check(answer) -> None:
         raise ApiError(
             "InternalException", f"Airflow answered {answer.status_code} to the replay request"
         )
+
+
+def _doc(answer) -> dict:
+    """Airflow's answer as the JSON object its REST API gives, or one line saying it was not
+    (a proxy's error page, a wrong URL that answers HTML)."""
+    _check(answer)
+    try:
+        doc = answer.json()
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        log.warning("Airflow answered a replay request with no JSON object")
+        raise ApiError(
+            "InternalException",
+            f"Airflow answered {answer.status_code} to the replay request with no JSON object: "
+            "is --airflow-url Airflow's own address?",
+        )
+    return doc
 
 
 async def start_replay(call: Call, body: dict) -> dict:
@@ -271,8 +309,7 @@ async def start_replay(call: Call, body: dict) -> dict:
         )
         if answer.status_code == 409:
             raise ApiError("ResourceAlreadyExistsException", f"Replay {name} already exists.")
-        _check(answer)
-        run = answer.json()
+        run = _doc(answer)
     shape = _run_shape(call, run)
     return {
         "ReplayArn": replay_arn(bus.account, bus.region, name),
@@ -303,9 +340,8 @@ async def list_replays(call: Call, body: dict) -> dict:
                     "offset": len(runs),
                 },
             )
-            _check(answer)
-            doc = answer.json()
-            found = doc.get("dag_runs", [])
+            doc = _doc(answer)
+            found = [run for run in doc.get("dag_runs") or [] if isinstance(run, dict)]
             runs += found
             if not found or len(runs) >= doc.get("total_entries", 0):
                 break
