@@ -856,12 +856,7 @@ def test_airflow_down_or_not_airflow_is_one_line_for_every_replay_operation(
 
     class NotAirflow(BaseHTTPRequestHandler):
         def answer(self):
-            body = b"<html><body>502 Bad Gateway</body></html>"
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            _reply(self, b"<html><body>502 Bad Gateway</body></html>", "text/html")
 
         do_GET = do_POST = do_PATCH = answer
 
@@ -940,12 +935,7 @@ def test_a_replay_name_never_reaches_elsewhere_in_airflow(api_env, admin, tmp_pa
                     "until": "2026-01-02T00:00:00+00:00",
                 },
             }
-            body = json.dumps(run).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            _reply(self, json.dumps(run).encode())
 
         do_GET = do_POST = do_PATCH = answer
 
@@ -1086,12 +1076,7 @@ def test_list_replays_reads_every_page_of_airflows_runs(api_env, admin, tmp_path
             one = urlsplit(self.path).path.partition("/dagRuns/")[2]
             if one:
                 doc = {"dag_run_id": one, "state": "running", "conf": conf_of(one)}
-            body = json.dumps(doc).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            _reply(self, json.dumps(doc).encode())
 
         def log_message(self, *args):
             pass
@@ -1537,6 +1522,15 @@ def _detail_of(length: int, indent: int | None) -> str:
     """A Detail of exactly ``length`` characters; over several lines with ``indent``."""
     text = json.dumps({"x": ""}, indent=indent)
     return text.replace('""', '"' + "y" * (length - len(text)) + '"')
+
+
+def _reply(handler, body: bytes, content_type: str = "application/json") -> None:
+    """A stand-in Airflow's 200 answer of ``body``."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
 
 
 def _served_with_airflow(api_env, tmp_path, handler):
