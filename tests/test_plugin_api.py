@@ -416,6 +416,7 @@ def test_status_of_a_nats_bus_reads_on_a_read_only_database(api, conn, nats_serv
     import nats
 
     from eventpush import catalog
+    from eventpush.airflow.triggers import WORK, slice_due
 
     catalog.create_bus(conn, "orders", 2, source=nats_server.url)
     catalog.create_rule(conn, "orders", "r", {"source": ["shop"]})
@@ -455,6 +456,8 @@ def test_status_of_a_nats_bus_reads_on_a_read_only_database(api, conn, nats_serv
         r = api("GET", "dashboard")
         assert r.status_code == 200 and "orders/r/t" in r.text, r.text
         assert api("GET", "dashboard?minutes=5").status_code == 200
+        # The push trigger's check reads too: no slice could commit before writes come back.
+        assert slice_due(conn.dsn, "w1") is None
         assert recorded() == [0, 0]  # nothing written
     finally:
         with conn.cursor() as cur:
@@ -463,6 +466,7 @@ def test_status_of_a_nats_bus_reads_on_a_read_only_database(api, conn, nats_serv
     r = api("GET", "status")
     assert r.status_code == 200 and r.json()["runners"][0]["lag"] == 11
     assert recorded() == [6, 5]  # writable again: the heads are recorded
+    assert slice_due(conn.dsn, "w1") == WORK
 
 
 def test_a_key_that_does_not_open_the_secrets_is_one_line_not_a_500(
