@@ -127,9 +127,12 @@ def test_a_replay_waits_for_the_one_pushing_and_takes_only_what_it_left(
     with holder.cursor() as cur:
         cur.execute("SELECT pg_advisory_lock(%s)", (REPLAY_LOCK_KEY,))
     results: list = []
+    # A database URL with its own short timeouts (as an Airflow connection's options may
+    # give) bounds the work, not the wait for the replay before.
+    timed = db_url + ("&" if "?" in db_url else "?") + "options=-c%20statement_timeout%3D1s"
     waiting = threading.Thread(
         target=lambda: results.append(
-            run_replay(spark, db_url, ReplayRequest(what="failed", bus="orders"))
+            run_replay(spark, timed, ReplayRequest(what="failed", bus="orders"))
         )
     )
     try:

@@ -367,6 +367,9 @@ def one_replay_at_a_time(db_url: str, dry_run: bool) -> Iterator[float]:
             cur.execute("SELECT pg_try_advisory_lock(%s)", (REPLAY_LOCK_KEY,))
             if not cur.fetchone()[0]:
                 log.warning("another replay is pushing: this one waits for it to finish")
+                # As long as it takes: a statement or lock timeout in the database URL's
+                # options is for the work, not for this wait (the caller's own timeout is).
+                cur.execute("SET statement_timeout = 0; SET lock_timeout = 0")
                 cur.execute("SELECT pg_advisory_lock(%s)", (REPLAY_LOCK_KEY,))
         yield time.monotonic() - started
     finally:
