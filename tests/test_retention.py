@@ -317,6 +317,41 @@ def test_two_maintenance_runs_at_once_take_turns(conn, db_url):
     assert len(made) == len(set(made)) == 4 * 4  # three buses and the delivery log, 4 days
 
 
+def test_a_run_waits_its_turn_past_the_urls_own_timeouts(conn, db_url):
+    """A database URL whose options time statements and lock waits out (as an Airflow
+    connection's extras may) bounds maintenance's work, not its wait for the run before."""
+    import threading
+
+    from eventpush.partitions import MAINTAIN_LOCK_KEY
+
+    catalog.create_bus(conn, "a", 1)
+    holder = psycopg2.connect(db_url)
+    holder.autocommit = True
+    with holder.cursor() as cur:  # a run in progress
+        cur.execute("SELECT pg_advisory_lock(%s)", (MAINTAIN_LOCK_KEY,))
+    results: list = []
+
+    def run() -> None:
+        c = psycopg2.connect(db_url, options="-c statement_timeout=1s -c lock_timeout=1s")
+        try:
+            results.append(maintain(c, now=D0 + 10 * DAY))
+        except Exception as exc:
+            results.append(exc)
+        finally:
+            c.close()
+
+    waiting = threading.Thread(target=run)
+    waiting.start()
+    try:
+        waiting.join(2.5)
+        assert waiting.is_alive() and results == [], results
+    finally:
+        holder.close()  # the run before ends
+    waiting.join(60)
+    [report] = results
+    assert isinstance(report, MaintenanceReport) and report.created, report
+
+
 def test_days_still_written_are_left_alone_by_autovacuum_until_over(conn, two_buses):
     """Today's partition and the ones ahead are made with autovacuum off; maintenance gives
     each day back to autovacuum once that day is over (the delivery log's too), and turns it

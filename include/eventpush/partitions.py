@@ -334,6 +334,9 @@ def maintain(conn: Connection, now: datetime | None = None) -> MaintenanceReport
     Delivery days are kept for the longest bus retention, and failure rows for the longer of
     their own retention and that: an audit of any window a bus still holds finds its books."""
     with transaction(conn) as cur:
+        # The wait for a run before is as long as that run (the URL's options may time out
+        # statements or lock waits: those are for the work, not for this turn).
+        cur.execute("SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0")
         cur.execute("SELECT pg_advisory_lock(%s)", (MAINTAIN_LOCK_KEY,))
     try:
         return _maintain(conn, (now or datetime.now(UTC)).astimezone(UTC))
