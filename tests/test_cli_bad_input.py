@@ -379,3 +379,29 @@ def test_api_on_a_port_taken_is_one_line_exit_3(cli, db_url, workers):
         port = taken.getsockname()[1]
         r = cli("api", "--port", str(port), "--workers", workers)
     one_line(r, 3, f"cannot listen on 127.0.0.1:{port}: Address already in use")
+
+
+@pytest.mark.parametrize(
+    ("args", "starts", "where"),
+    [
+        (
+            ("replay", "--what", "nonsense"),
+            "Invalid value for '--what': 'nonsense' is not one of",
+            "eventpush replay",
+        ),
+        (("status", "--worker", "w1"), "No such option '--worker'", "eventpush status"),
+        (("bus", "create"), "Missing argument 'NAME'", "eventpush bus create"),
+        (
+            ("rebalance", "--window-minutes", "0"),
+            "Invalid value for '--window-minutes'",
+            "eventpush rebalance",
+        ),
+        (("nosuch",), "No such command 'nosuch'", "eventpush"),
+    ],
+)
+def test_a_usage_mistake_is_one_line_naming_the_help_to_read(cli, args, starts, where):
+    """An unknown option, a value of the wrong kind, a missing argument: one line like every
+    other refusal (click's usage block was four), exit 2, and where to read more."""
+    r = cli(*args)
+    one_line(r, 2, starts)
+    assert r.stderr.rstrip().endswith(f"(see '{where} --help')"), r.stderr

@@ -7,6 +7,8 @@ database or configuration is unusable.
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from eventpush.cli import changes  # noqa: F401  (adds list, show, update, delete commands)
@@ -21,7 +23,30 @@ from eventpush.cli.status import status_cmd
 from eventpush.cli.workers import runner, worker
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Command(click.Group):
+    """The top group. A usage error (an unknown option, a value of the wrong kind, a missing
+    argument) is one line on stderr like every other refusal, exit 2, instead of click's usage
+    block; ``--help`` shows the usage."""
+
+    def main(self, *args, **kwargs):
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:  # a group alone: its help, as asked
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else self.name
+            click.echo(f"error: {exc.format_message()} (see '{where} --help')", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Command, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """eventpush: push events from buses to HTTP targets, matched by EventBridge patterns."""
 
