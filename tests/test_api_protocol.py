@@ -4,9 +4,11 @@ connections' socket transports are wrapped to record each write the protocol mak
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 import uvicorn
@@ -15,6 +17,7 @@ from ports import free_port
 from eventpush.api.protocol import OneWriteProtocol
 
 BIG = 16 << 20  # past both sockets' buffers: the transport's own buffer and flow control work
+KEEP_ALIVE = 1  # seconds: impatient_port's timeout_keep_alive
 
 writes: list[bytes] = []
 
@@ -43,6 +46,8 @@ async def _app(scope, receive, send) -> None:
         return
     while (await receive()).get("more_body"):
         pass
+    if scope["path"] == "/slow":
+        await asyncio.sleep(KEEP_ALIVE * 1.5)
     body = b"x" * (BIG if scope["path"] == "/big" else 64)
     await send(
         {
@@ -54,11 +59,11 @@ async def _app(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-@pytest.fixture(scope="module")
-def port():
+@contextlib.contextmanager
+def _serving(**options) -> Iterator[int]:
     port = free_port()
     config = uvicorn.Config(
-        _app, host="127.0.0.1", port=port, http=_RecordedProtocol, log_level="warning"
+        _app, host="127.0.0.1", port=port, http=_RecordedProtocol, log_level="warning", **options
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -70,6 +75,19 @@ def port():
     yield port
     server.should_exit = True
     thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def port():
+    with _serving() as port:
+        yield port
+
+
+@pytest.fixture(scope="module")
+def impatient_port():
+    """A server whose keep-alive timeout is KEEP_ALIVE seconds."""
+    with _serving(timeout_keep_alive=KEEP_ALIVE) as port:
+        yield port
 
 
 def _read_response(sock: socket.socket, pending: bytes = b"") -> tuple[bytes, bytes, bytes]:
@@ -157,5 +175,37 @@ def test_a_large_response_to_a_slow_reader_arrives_whole(port):
         head, body, rest = _read_response(sock)
         assert head.startswith(b"HTTP/1.1 200") and body == b"x" * BIG and rest == b""
         sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        head, body, _ = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200") and body == b"x" * 64
+
+
+def test_a_connection_that_does_not_send_a_request_whole_is_closed(impatient_port):
+    """The keep-alive timeout also bounds how long a request may take to arrive: a connection
+    that sends nothing, stops inside its request line or headers, or sends less body than its
+    Content-Length is closed (uvicorn held each for ever, and ``limit_concurrency`` of them
+    shut every other client out). A request that arrived whole is not cut while it is served,
+    however long that takes."""
+    stalls = (
+        b"",
+        b"PO",
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Le",
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n",
+    )
+    started = time.monotonic()
+    socks = [socket.create_connection(("127.0.0.1", impatient_port), timeout=10) for _ in stalls]
+    try:
+        for sock, sent in zip(socks, stalls, strict=True):
+            if sent:
+                sock.sendall(sent)
+        for sock, sent in zip(socks, stalls, strict=True):
+            answer = _read_to_close(sock)  # the socket's 10 s timeout fails a connection held
+            assert answer == b"", (sent, answer[:80])
+        assert time.monotonic() - started < KEEP_ALIVE + 5
+    finally:
+        for sock in socks:
+            sock.close()
+    with socket.create_connection(("127.0.0.1", impatient_port), timeout=10) as sock:
+        sock.sendall(b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
         head, body, _ = _read_response(sock)
         assert head.startswith(b"HTTP/1.1 200") and body == b"x" * 64

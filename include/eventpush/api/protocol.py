@@ -8,12 +8,20 @@ Here the connection's transport holds what is written during one turn of the eve
 sends it in one write at the end of the turn, which is when the body has followed the headers
 (uvicorn's ``send`` does not wait between them unless the client stopped reading, and then the
 socket's own buffer holds it anyway). Nothing waits longer than the turn it was written in.
+
+uvicorn's keep-alive timeout (``timeout_keep_alive``) is also how long a connection may take
+to send a request whole: uvicorn arms it only after a response and cancels it on the first
+byte that arrives, so a connection that never sends anything, or stops in the middle of its
+headers or body, was held for ever (2,048 of them, ``limit_concurrency``, and every other
+client got 503). Here it is armed when the connection is made and cancelled only when a
+request has arrived whole: no timer more per request than uvicorn's own.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
@@ -57,3 +65,25 @@ class OneWriteProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_TurnTransport(transport, self.loop))  # type: ignore[arg-type]
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
+
+    def data_received(self, data: bytes) -> None:
+        # uvicorn's cancels the timeout here, on any byte: left armed until the request is whole.
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+
+    def on_message_complete(self) -> None:
+        if not self.cycle.response_complete:  # else the rest of a body answered early (413)
+            self._unset_keepalive_if_required()
+        super().on_message_complete()
