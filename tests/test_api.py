@@ -476,6 +476,21 @@ def test_bad_input_is_refused_with_aws_codes_and_nothing_written(server, admin, 
         assert "\n" not in r.json()["message"]
 
 
+def test_a_body_that_is_not_utf8_is_a_serialization_error_not_a_traceback(server, admin):
+    """A body that is not UTF-8 is SerializationException, in every operation, and the log
+    has no traceback for it (msgspec raised UnicodeDecodeError: an InternalException)."""
+    logged = server.log.seek(0, os.SEEK_END)
+    for operation, body in (
+        ("CreateEventBus", b'{"Name": "\xff"}'),
+        ("PutEvents", b'{"Entries": [{"Source": "a\xe9", "DetailType": "t", "Detail": "{}"}]}'),
+        ("ListEventBuses", b"\xfe\xff{}"),
+    ):
+        refused = send(signed_request(server.url, operation, body, admin))
+        assert error_code(refused) == "SerializationException", (operation, refused.text)
+    server.log.seek(logged)
+    assert "Traceback" not in server.log.read()
+
+
 def test_a_body_past_the_limit_without_a_length_is_refused_while_it_is_sent(server, api_env):
     """A chunked body (no Content-Length to refuse it by) gets its 413 once it passes the
     limit (4 MiB), while the client is still sending: the server does not wait for the

@@ -192,7 +192,7 @@ def _operation(headers: dict[str, str]) -> str:
 def _document(body: bytes) -> dict:
     try:
         doc = _decode(body) if body.strip() else {}
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):  # the last: not UTF-8
         raise ApiError("SerializationException", "the request body is not valid JSON") from None
     if not isinstance(doc, dict):
         raise ApiError("SerializationException", "the request body must be a JSON object")
