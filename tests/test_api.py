@@ -491,6 +491,29 @@ def test_a_body_that_is_not_utf8_is_a_serialization_error_not_a_traceback(server
     assert "Traceback" not in server.log.read()
 
 
+def test_a_host_header_that_makes_no_url_is_a_signature_error_not_a_traceback(server, admin):
+    """With a query string the signature is botocore's, which splits the URL made of the Host
+    header: a Host such as '[' made urlsplit raise ValueError, an InternalException and a
+    traceback in the log. It is InvalidSignatureException, in one line."""
+    logged = server.log.seek(0, os.SEEK_END)
+    signed = signed_request(server.url, "ListEventBuses", b"{}", admin)
+    head = "".join(f"{k}: {v}\r\n" for k, v in signed_headers(signed).items())
+    for host in ("[", "]", "[::1"):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(
+                f"POST /?a=b HTTP/1.1\r\nHost: {host}\r\n{head}Content-Length: 2\r\n"
+                "Connection: close\r\n\r\n{}".encode()
+            )
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        head_, _, body = answer.partition(b"\r\n\r\n")
+        assert head_.startswith(b"HTTP/1.1 400 "), (host, answer[:300])
+        assert json.loads(body)["__type"] == "InvalidSignatureException", (host, body)
+    server.log.seek(logged)
+    assert "Traceback" not in server.log.read()
+
+
 def test_a_body_past_the_limit_without_a_length_is_refused_while_it_is_sent(server, api_env):
     """A chunked body (no Content-Length to refuse it by) gets its 413 once it passes the
     limit (4 MiB), while the client is still sending: the server does not wait for the
