@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import socket
 import threading
 import time
@@ -14,7 +15,7 @@ import pytest
 import uvicorn
 from ports import free_port
 
-from eventpush.api.protocol import OneWriteProtocol
+from eventpush.api.protocol import MAX_HEAD, OneWriteProtocol
 
 BIG = 16 << 20  # past both sockets' buffers: the transport's own buffer and flow control work
 KEEP_ALIVE = 1  # seconds: impatient_port's timeout_keep_alive
@@ -209,3 +210,46 @@ def test_a_connection_that_does_not_send_a_request_whole_is_closed(impatient_por
         sock.sendall(b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
         head, body, _ = _read_response(sock)
         assert head.startswith(b"HTTP/1.1 200") and body == b"x" * 64
+
+
+@pytest.mark.parametrize(
+    ("start", "piece"),
+    [
+        (b"POST / HTTP/1.1\r\nHost: x\r\nX-Big: ", b"a" * 65536),
+        (b"POST / HTTP/1.1\r\nHost: x\r\n", b"X-Many: a\r\n" * 6000),
+        (b"POST /", b"a" * 65536),
+    ],
+    ids=["one-endless-header", "many-headers", "endless-url"],
+)
+def test_a_request_head_past_the_limit_is_refused_while_it_is_sent(port, start, piece):
+    """A request line and headers past MAX_HEAD bytes get a 400 and the connection closed
+    while they are still arriving (uvicorn held them, however long, and went on reading).
+    The close may reset the connection under bytes still in flight, before its 400 is read."""
+    offered, sent, answer = 64 << 20, 0, b""  # past both sockets' buffers
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        try:
+            sock.sendall(start)
+            while sent < offered:
+                if select.select([sock], [], [], 0)[0]:
+                    answer = _read_to_close(sock)
+                    break
+                sock.sendall(piece)  # never ends: no blank line
+                sent += len(piece)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+    assert sent < offered // 2, f"still reading after {sent:,} bytes of head"
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer[:80]
+
+
+def test_a_request_head_under_the_limit_and_a_large_body_are_served(port):
+    """The limit counts only the head: a request whose headers are nearly MAX_HEAD bytes,
+    or whose body comes in the same writes as its head, is served as any other."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        rest = b""
+        for extra, body in ((MAX_HEAD - 1024, b"hi"), (0, b"y" * (4 * MAX_HEAD))):
+            sock.sendall(
+                b"POST / HTTP/1.1\r\nHost: x\r\nX-Pad: %s\r\nContent-Length: %d\r\n\r\n%s"
+                % (b"p" * extra, len(body), body)
+            )
+            head, answer, rest = _read_response(sock, rest)
+            assert head.startswith(b"HTTP/1.1 200") and answer == b"x" * 64
