@@ -476,6 +476,68 @@ def test_bad_input_is_refused_with_aws_codes_and_nothing_written(server, admin, 
         assert "\n" not in r.json()["message"]
 
 
+def test_a_body_that_is_not_utf8_is_a_serialization_error_not_a_traceback(server, admin):
+    """A body that is not UTF-8 is SerializationException, in every operation, and the log
+    has no traceback for it (msgspec raised UnicodeDecodeError: an InternalException)."""
+    logged = server.log.seek(0, os.SEEK_END)
+    for operation, body in (
+        ("CreateEventBus", b'{"Name": "\xff"}'),
+        ("PutEvents", b'{"Entries": [{"Source": "a\xe9", "DetailType": "t", "Detail": "{}"}]}'),
+        ("ListEventBuses", b"\xfe\xff{}"),
+    ):
+        refused = send(signed_request(server.url, operation, body, admin))
+        assert error_code(refused) == "SerializationException", (operation, refused.text)
+    server.log.seek(logged)
+    assert "Traceback" not in server.log.read()
+
+
+def _raw_listing(server, admin, target: str, host: str, extra: str = "") -> tuple[bytes, dict]:
+    """The status line and JSON answer of a ListEventBuses signed for ``/``, sent on a socket
+    of its own to ``target`` (a path) with ``Host: host``, the signed headers, then ``extra``
+    (header lines, each ending in CRLF)."""
+    signed = signed_request(server.url, "ListEventBuses", b"{}", admin)
+    head = "".join(f"{k}: {v}\r\n" for k, v in signed_headers(signed).items())
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(
+            f"POST {target} HTTP/1.1\r\nHost: {host}\r\n{head}{extra}Content-Length: 2\r\n"
+            "Connection: close\r\n\r\n{}".encode()
+        )
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    status, _, rest = answer.partition(b"\r\n")
+    return status, json.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+def test_a_host_header_that_makes_no_url_is_a_signature_error_not_a_traceback(server, admin):
+    """With a query string the signature is botocore's, which splits the URL made of the Host
+    header: a Host such as '[' made urlsplit raise ValueError, an InternalException and a
+    traceback in the log. It is InvalidSignatureException, in one line."""
+    logged = server.log.seek(0, os.SEEK_END)
+    for host in ("[", "]", "[::1"):
+        status, got = _raw_listing(server, admin, "/?a=b", host)
+        assert status.startswith(b"HTTP/1.1 400 "), (host, status, got)
+        assert got["__type"] == "InvalidSignatureException", (host, got)
+    server.log.seek(logged)
+    assert "Traceback" not in server.log.read()
+
+
+def test_a_repeated_header_is_signed_with_all_its_values(server, admin):
+    """SigV4 signs a repeated header's values joined with commas: a second X-Amz-Target,
+    X-Amz-Date or Authorization added to a signed request fails it (the server read only the
+    first and ran the signed operation, the other unseen by it and seen by anything between
+    that reads the last)."""
+    for extra, code in (
+        ("X-Amz-Target: AWSEvents.DeleteEventBus", "InvalidSignatureException"),
+        ("X-Amz-Date: 20000101T000000Z", "IncompleteSignatureException"),
+        ("Authorization: AWS4-HMAC-SHA256 x", "IncompleteSignatureException"),
+        ("Host: 127.0.0.2", "InvalidSignatureException"),
+        ("User-Agent: unsigned\r\nUser-Agent: so it may repeat", None),
+    ):
+        status, got = _raw_listing(server, admin, "/", f"127.0.0.1:{server.port}", f"{extra}\r\n")
+        assert got.get("__type") == code, (extra, status, got)
+
+
 def test_a_body_past_the_limit_without_a_length_is_refused_while_it_is_sent(server, api_env):
     """A chunked body (no Content-Length to refuse it by) gets its 413 once it passes the
     limit (4 MiB), while the client is still sending: the server does not wait for the

@@ -4,17 +4,21 @@ connections' socket transports are wrapped to record each write the protocol mak
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import select
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 import uvicorn
 from ports import free_port
 
-from eventpush.api.protocol import OneWriteProtocol
+from eventpush.api.protocol import MAX_HEAD, OneWriteProtocol
 
 BIG = 16 << 20  # past both sockets' buffers: the transport's own buffer and flow control work
+KEEP_ALIVE = 1  # seconds: impatient_port's timeout_keep_alive
 
 writes: list[bytes] = []
 
@@ -43,6 +47,8 @@ async def _app(scope, receive, send) -> None:
         return
     while (await receive()).get("more_body"):
         pass
+    if scope["path"] == "/slow":
+        await asyncio.sleep(KEEP_ALIVE * 1.5)
     body = b"x" * (BIG if scope["path"] == "/big" else 64)
     await send(
         {
@@ -54,11 +60,11 @@ async def _app(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-@pytest.fixture(scope="module")
-def port():
+@contextlib.contextmanager
+def _serving(**options) -> Iterator[int]:
     port = free_port()
     config = uvicorn.Config(
-        _app, host="127.0.0.1", port=port, http=_RecordedProtocol, log_level="warning"
+        _app, host="127.0.0.1", port=port, http=_RecordedProtocol, log_level="warning", **options
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -70,6 +76,19 @@ def port():
     yield port
     server.should_exit = True
     thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def port():
+    with _serving() as port:
+        yield port
+
+
+@pytest.fixture(scope="module")
+def impatient_port():
+    """A server whose keep-alive timeout is KEEP_ALIVE seconds."""
+    with _serving(timeout_keep_alive=KEEP_ALIVE) as port:
+        yield port
 
 
 def _read_response(sock: socket.socket, pending: bytes = b"") -> tuple[bytes, bytes, bytes]:
@@ -159,3 +178,78 @@ def test_a_large_response_to_a_slow_reader_arrives_whole(port):
         sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
         head, body, _ = _read_response(sock)
         assert head.startswith(b"HTTP/1.1 200") and body == b"x" * 64
+
+
+def test_a_connection_that_does_not_send_a_request_whole_is_closed(impatient_port):
+    """The keep-alive timeout also bounds how long a request may take to arrive: a connection
+    that sends nothing, stops inside its request line or headers, or sends less body than its
+    Content-Length is closed (uvicorn held each for ever, and ``limit_concurrency`` of them
+    shut every other client out). A request that arrived whole is not cut while it is served,
+    however long that takes."""
+    stalls = (
+        b"",
+        b"PO",
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Le",
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n",
+    )
+    started = time.monotonic()
+    socks = [socket.create_connection(("127.0.0.1", impatient_port), timeout=10) for _ in stalls]
+    try:
+        for sock, sent in zip(socks, stalls, strict=True):
+            if sent:
+                sock.sendall(sent)
+        for sock, sent in zip(socks, stalls, strict=True):
+            answer = _read_to_close(sock)  # the socket's 10 s timeout fails a connection held
+            assert answer == b"", (sent, answer[:80])
+        assert time.monotonic() - started < KEEP_ALIVE + 5
+    finally:
+        for sock in socks:
+            sock.close()
+    with socket.create_connection(("127.0.0.1", impatient_port), timeout=10) as sock:
+        sock.sendall(b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        head, body, _ = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200") and body == b"x" * 64
+
+
+@pytest.mark.parametrize(
+    ("start", "piece"),
+    [
+        (b"POST / HTTP/1.1\r\nHost: x\r\nX-Big: ", b"a" * 65536),
+        (b"POST / HTTP/1.1\r\nHost: x\r\n", b"X-Many: a\r\n" * 6000),
+        (b"POST /", b"a" * 65536),
+    ],
+    ids=["one-endless-header", "many-headers", "endless-url"],
+)
+def test_a_request_head_past_the_limit_is_refused_while_it_is_sent(port, start, piece):
+    """A request line and headers past MAX_HEAD bytes get a 400 and the connection closed
+    while they are still arriving (uvicorn held them, however long, and went on reading).
+    The close may reset the connection under bytes still in flight, before its 400 is read."""
+    offered, sent, answer = 64 << 20, 0, b""  # past both sockets' buffers
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        try:
+            sock.sendall(start)
+            while sent < offered:
+                if select.select([sock], [], [], 0)[0]:
+                    answer = _read_to_close(sock)
+                    break
+                sock.sendall(piece)  # never ends: no blank line
+                sent += len(piece)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+    assert sent < offered // 2, f"still reading after {sent:,} bytes of head"
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer[:80]
+
+
+def test_a_request_head_under_the_limit_and_a_large_body_are_served(port):
+    """The limit counts only the head: a request whose headers are nearly MAX_HEAD bytes,
+    or whose body comes in the same writes as its head, is served as any other."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        rest = b""
+        for extra, body in ((MAX_HEAD - 1024, b"hi"), (0, b"y" * (4 * MAX_HEAD))):
+            sock.sendall(
+                b"POST / HTTP/1.1\r\nHost: x\r\nX-Pad: %s\r\nContent-Length: %d\r\n\r\n%s"
+                % (b"p" * extra, len(body), body)
+            )
+            head, answer, rest = _read_response(sock, rest)
+            assert head.startswith(b"HTTP/1.1 200") and answer == b"x" * 64

@@ -107,8 +107,10 @@ class _GroupCommitCollector:
 
 
 class _Http:
-    """One ``POST /`` as ASGI hands it: headers with lower-case names (the first of repeated
-    ones, as Starlette's ``Headers.get``), and the pieces of the URL the signature covers."""
+    """One ``POST /`` as ASGI hands it: headers with lower-case names (a repeated one's values
+    joined with commas, as SigV4 signs them: a second ``X-Amz-Target`` or ``X-Amz-Date`` left
+    out of the signature is no longer dropped unseen, it fails the signature), and the pieces
+    of the URL the signature covers."""
 
     __slots__ = ("headers", "url")
 
@@ -118,6 +120,8 @@ class _Http:
             key = name.decode("latin-1")
             if key not in headers:
                 headers[key] = value.decode("latin-1")
+            else:
+                headers[key] += "," + value.decode("latin-1")
         self.headers = headers
         query = scope.get("query_string", b"").decode("latin-1")
         self.url = f"{scope.get('scheme', 'http')}://{headers.get('host', '')}{scope['path']}" + (
@@ -192,7 +196,7 @@ def _operation(headers: dict[str, str]) -> str:
 def _document(body: bytes) -> dict:
     try:
         doc = _decode(body) if body.strip() else {}
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):  # the last: not UTF-8
         raise ApiError("SerializationException", "the request body is not valid JSON") from None
     if not isinstance(doc, dict):
         raise ApiError("SerializationException", "the request body must be a JSON object")

@@ -242,7 +242,14 @@ def botocore_signature(
     signed = _SignedHeaders(_signed_values(request, claim))
     again = _ToSign(request.method, request.url, signed, request.body, amz_date)
     signer = SigV4Auth(Credentials(claim.access_key_id, secret), SERVICE, region)
-    canonical = signer.canonical_request(again)
+    try:
+        canonical = signer.canonical_request(again)
+    except ValueError:  # urlsplit's: a Host header such as '[' makes no URL
+        raise ApiError(
+            "InvalidSignatureException",
+            f"the Host header {request.headers.get('host')!r:.100} "
+            "and the path make no URL to sign",
+        ) from None
     return signer.signature(signer.string_to_sign(again, canonical), again)
 
 

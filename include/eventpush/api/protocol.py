@@ -8,13 +8,29 @@ Here the connection's transport holds what is written during one turn of the eve
 sends it in one write at the end of the turn, which is when the body has followed the headers
 (uvicorn's ``send`` does not wait between them unless the client stopped reading, and then the
 socket's own buffer holds it anyway). Nothing waits longer than the turn it was written in.
+
+uvicorn's keep-alive timeout (``timeout_keep_alive``) is also how long a connection may take
+to send a request whole: uvicorn arms it only after a response and cancels it on the first
+byte that arrives, so a connection that never sends anything, or stops in the middle of its
+headers or body, was held for ever (2,048 of them, ``limit_concurrency``, and every other
+client got 503). Here it is armed when the connection is made and cancelled only when a
+request has arrived whole: no timer more per request than uvicorn's own.
+
+Nor does uvicorn (or httptools) bound a request's line and headers: a client sending one
+endless header grew the worker by its size, and httptools, adding each piece to the bytes
+before, spent CPU on the square of it (200 MiB: 300 MiB held, 50 s of the event loop). Here a
+request whose head passes :data:`MAX_HEAD` bytes is answered uvicorn's 400 and its connection
+closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+MAX_HEAD = 64 * 1024  # bytes of request line and headers; an SDK's are under 2 KiB
 
 
 class _TurnTransport:
@@ -55,5 +71,46 @@ class _TurnTransport:
 class OneWriteProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol on a :class:`_TurnTransport`."""
 
+    # Bytes received since the last request ended (or the connection began) while no request
+    # has its headers whole: None while a request's body is read.
+    _head_bytes: int | None = 0
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_TurnTransport(transport, self.loop))  # type: ignore[arg-type]
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
+
+    def data_received(self, data: bytes) -> None:
+        # uvicorn's cancels the timeout here, on any byte: left armed until the request is whole.
+        head = self._head_bytes
+        if head is not None:
+            self._head_bytes = head + len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        # Counted before the parser ran, reset by it when a request's headers were whole.
+        if self._head_bytes is not None and self._head_bytes > MAX_HEAD:
+            msg = f"Request line and headers over {MAX_HEAD} bytes."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+
+    def on_headers_complete(self) -> None:
+        self._head_bytes = None
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._head_bytes = 0
+        if not self.cycle.response_complete:  # else the rest of a body answered early (413)
+            self._unset_keepalive_if_required()
+        super().on_message_complete()
