@@ -106,6 +106,22 @@ def test_changes_and_refusals(cli, shop):
     ok(cli("worker", "delete", "w1"))
 
 
+def test_a_missing_key_file_names_a_section_the_operations_page_has(cli, shop):
+    """Exit 3 in one line, and the section it sends the operator to is one OPERATIONS has."""
+    import re
+    from pathlib import Path
+
+    from eventpush import sealed
+
+    show = ("target", "show", "--bus", "shop", "--rule", "r", "--name", "t")
+    r = cli(*show, env={sealed.KEY_FILE_ENV: ""})
+    assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"{sealed.KEY_FILE_ENV} is not set" in r.stderr
+    section = re.search(r"docs/OPERATIONS\.md, '([^']+)'", r.stderr).group(1)
+    page = (Path(__file__).parents[1] / "docs" / "OPERATIONS.md").read_text()
+    assert f"## {section}\n" in page, section
+
+
 def test_rotate_key_through_the_cli(cli, shop, tmp_path):
     from eventpush import sealed
 

@@ -43,7 +43,7 @@ def key_path() -> Path:
     if not path:
         raise SecretKeyError(
             f"{KEY_FILE_ENV} is not set: point it at the file holding the secret key "
-            "(scripts/setup.sh makes one; docs/OPERATIONS.md, 'Secrets')"
+            "(scripts/setup.sh makes one; docs/OPERATIONS.md, 'Security')"
         )
     return Path(path)
 
