@@ -161,3 +161,19 @@ def test_an_absent_record_the_stream_still_holds_fails_as_not_restored():
     every = Outcome(DELIVERED, None, None, 1.0, held=[0], held_by="stream SINK")
     not_restored([{"absent": True}], every)
     assert every.kind == FINAL and "replay it again once the window has passed" in every.error
+
+
+def test_a_deleted_runner_of_the_same_name_does_not_show_the_live_ones_absent_records():
+    """The absent records are listed by runner name; a deleted target's runner named like
+    the live one (bus delete --force, then the same names again) has none of its own."""
+    from eventpush.sparkjobs.audit import AuditResult, RunnerAudit
+
+    def runner(deleted: bool, absent: int) -> RunnerAudit:
+        return RunnerAudit("b/r/t", 2, 2, 0, 0, 0, 0, deleted, absent, 0, "verified: stream S")
+
+    result = AuditResult(
+        [runner(True, 0), runner(False, 1)], 1, None, None, {"b/r/t": [(5, 6, "m1")]}
+    )
+    old, live = result.to_json()["runners"]
+    assert old["deleted"] and old["absent_records"] == []
+    assert live["absent_records"] == [{"queue_id": 5, "offset": 6, "message_id": "m1"}]

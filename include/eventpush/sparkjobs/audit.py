@@ -116,6 +116,8 @@ class AuditResult:
         return self.totals()["missing"] + self.totals()["absent"] + unread
 
     def to_json(self) -> dict:
+        # Listed by runner name: a deleted target's runner may share its name with a live
+        # one, so a runner gets the list only when it has absent records of its own.
         listed = self.absent_records
         return {
             "runners": [
@@ -124,7 +126,7 @@ class AuditResult:
                     {
                         "absent_records": [
                             {"queue_id": q, "offset": o, "message_id": m}
-                            for q, o, m in listed.get(r.runner, [])
+                            for q, o, m in (listed.get(r.runner, []) if r.absent else [])
                         ]
                     }
                     if r.sink is not None
