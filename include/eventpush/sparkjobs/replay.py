@@ -63,6 +63,8 @@ from eventpush.sparkjobs.replay_push import (
     spread,
 )
 
+log = logging.getLogger(__name__)
+
 
 class ReplayRequestError(ValueError):
     """A replay request that cannot be run; the message names the field."""
@@ -342,8 +344,6 @@ def finish_run(db_url: str, result: ReplayResult, error: str | None = None) -> N
             ),
         )
 
-
-log = logging.getLogger(__name__)
 
 # The session lock a pushing replay holds from its selection to its last write: two at once
 # (a form submitted twice, the CLI beside the DAG, the gap DAG beside either) both selected
