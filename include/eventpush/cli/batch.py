@@ -16,7 +16,12 @@ from rich.table import Table
 from eventpush.cli.common import EXIT_MISSING, err, fail, handles_errors, out, print_json
 from eventpush.config import database_url
 from eventpush.quality.batch import CheckFailed
-from eventpush.sparkjobs.forms import REQUEST_ARGS, ReplayRequest, flag_of
+from eventpush.sparkjobs.forms import (
+    MAX_LOAD_WINDOW_MINUTES,
+    REQUEST_ARGS,
+    ReplayRequest,
+    flag_of,
+)
 
 
 class IsoTime(click.ParamType):
@@ -122,7 +127,7 @@ def audit(bus, since, until, verify_sinks, roll_up, as_json) -> None:
 @click.command("rebalance")
 @click.option(
     "--window-minutes",
-    type=click.IntRange(1, 24 * 60),
+    type=click.IntRange(1, MAX_LOAD_WINDOW_MINUTES),
     default=15,
     show_default=True,
     help="How far back the delivery log is read for each runner's load.",
