@@ -68,20 +68,14 @@ def _archive_figures(conn, name: str) -> tuple[int | None, int]:
     The size is that of the bus's partitions of ``bus_event`` with their indexes (0 for a
     broker's bus: the stream holds its events)."""
     from eventpush.partitions import bus_table
-    from eventpush.sources import (
-        SourceError,
-        SourceUnavailableError,
-        bus_named,
-        first_positions,
-        kind_for,
-    )
+    from eventpush.sources import SourceError, SourceUnavailableError, bus_named, kind_for
 
     bus = bus_named(conn, name)
     kind = kind_for(bus.source_url)
     count = None
     if kind.count is not None:
         try:
-            count = kind.count(conn, bus, first_positions(conn, bus.id))
+            count = kind.count(conn, bus)
         except (SourceError, SourceUnavailableError) as exc:
             log.warning("archive %s: no event count: %s", name, exc)
     if bus.source_url is not None:

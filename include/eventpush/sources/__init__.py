@@ -39,7 +39,7 @@ from eventpush.sources.contract import (
     Stored,
     source_scheme,
 )
-from eventpush.sources.heads import HEADS_SQL, first_positions, record_heads, write_heads
+from eventpush.sources.heads import HEADS_SQL, record_heads, write_heads
 
 __all__ = [
     "POSTGRES",
@@ -51,7 +51,6 @@ __all__ = [
     "SourceUnavailableError",
     "Stored",
     "HEADS_SQL",
-    "first_positions",
     "record_heads",
     "source_scheme",
     "write_heads",

@@ -125,8 +125,8 @@ class SourceKind:
       is read in runs of near positions through ``read_range`` (:func:`position_runs`).
     - ``position_at(conn, bus, queue_id, when)``: the first position of the queue whose event
       was stored at or after ``when`` (the batch jobs' time windows).
-    - ``count(conn, bus, firsts)``, optional: how many events the store holds of the bus's
-      queues at or after ``firsts[queue]`` (where the bus began: 0, or the end of a deleted
+    - ``count(conn, bus)``, optional: how many events the store holds of the bus's queues
+      from where each began (``event_bus_queue.first_offset``: 0, or the end of a deleted
       bus's store it took over), without reading them: the archive's ``EventCount``. A kind
       without it gives no count.
     - ``set_retention(conn, bus, seconds)``: for a broker that ages events out itself (a
@@ -151,10 +151,15 @@ class SourceKind:
     ) = None
     set_retention: Callable[[Connection, Bus, int], None] | None = None
     read_positions: Callable[[Connection, Bus, int, list[int]], Iterator[Stored]] | None = None
-    count: Callable[[Connection, Bus, dict[int, int]], int] | None = None
+    count: Callable[[Connection, Bus], int] | None = None
 
 
-def position_runs(positions: list[int], gap: int) -> list[list[int]]:
+# Scattered positions this close are read as one span (replay's look-ups): at most this many
+# unasked positions are passed over per one asked.
+RUN_GAP = 64
+
+
+def position_runs(positions: list[int], gap: int = RUN_GAP) -> list[list[int]]:
     """``positions`` (ascending) cut wherever the next is more than ``gap`` past the last: a
     read of each run's span holds at most ``gap`` unasked positions per one asked, however far
     apart the runs are."""

@@ -53,7 +53,7 @@ from eventpush.sources.contract import (
     Stored,
     position_runs,
 )
-from eventpush.sources.heads import record_heads
+from eventpush.sources.heads import first_positions, record_heads
 
 log = logging.getLogger("eventpush.sources")
 
@@ -67,9 +67,8 @@ PUBLISH_ATTEMPTS = 5
 REQUEST_TIMEOUT_S = 5.0
 RANGE_STALL_S = 30.0  # a batch read that gets nothing this long while messages are pending fails
 WINDOW_PER_QUEUE = 256  # an engine window spans this many positions per queue of the bus
-# Replay's look-ups (read_positions): asked positions this close are read through one consumer
-# (the unasked between them are passed over, never kept); a position alone is one get.
-RUN_GAP = 64
+# Replay's look-ups (read_positions): a position alone is one get, this many at once; runs
+# of near ones (contract.position_runs) are read through one consumer each.
 GETS_IN_FLIGHT = 64
 
 _decode = msgspec.json.Decoder().decode
@@ -645,7 +644,7 @@ async def _positions(nc, bus: Bus, queue_id: int, positions: list[int]) -> list[
     js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
     out: list[Stored] = []
     alone: list[int] = []
-    for run in position_runs(sorted(wanted), RUN_GAP):
+    for run in position_runs(sorted(wanted)):
         if len(run) == 1:
             alone.append(run[0])
         else:
@@ -700,7 +699,8 @@ async def _count(nc, bus: Bus, firsts: dict[int, int]) -> int:
     return sum(await asyncio.gather(*(from_first(q) for q in range(bus.queues))))
 
 
-def count(conn: Connection, bus: Bus, firsts: dict[int, int]) -> int:
+def count(conn: Connection, bus: Bus) -> int:
+    firsts = first_positions(conn, bus.id)
     return run(_with_nats, bus, lambda nc: _count(nc, bus, firsts))
 
 

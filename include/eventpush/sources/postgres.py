@@ -374,8 +374,8 @@ _KEPT_COUNT = (
 )
 
 
-def count(conn: Connection, bus: Bus, firsts: dict[int, int]) -> int:
-    """Events kept (``firsts`` is the queues' ``first_offset``, which the query reads itself)."""
+def count(conn: Connection, bus: Bus) -> int:
+    """Events kept, each queue from its first kept offset at or past its ``first_offset``."""
     with transaction(conn) as cur:
         cur.execute(_KEPT_COUNT, {"bus": bus.id})
         return int(cur.fetchone()[0])

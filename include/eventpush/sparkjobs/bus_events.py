@@ -22,8 +22,6 @@ from eventpush.sources.contract import position_runs
 from eventpush.sparkjobs import jdbc
 
 FORMAT = "eventpush_bus"
-# A kind without read_positions is read over runs of asked positions this close (contract).
-RUN_GAP = 64
 SCHEMA = "bus_id INT, queue_id INT, offset BIGINT, message_id STRING, ctime TIMESTAMP, body STRING"
 
 
@@ -142,5 +140,5 @@ def _read_positions(conn, bus: Bus, queue_id: int, positions: list[int]) -> Iter
     if kind.read_positions is not None:
         yield from kind.read_positions(conn, bus, queue_id, positions)
         return
-    for run in position_runs(positions, RUN_GAP):
+    for run in position_runs(positions):
         yield from kind.read_range(conn, bus, queue_id, run[0], run[-1] + 1)
