@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from eventpush.db import Connection, read_only, transaction
-from eventpush.sources import ask_heads, record_heads
+from eventpush.db import Connection, transaction
+from eventpush.sources import sync_heads
 
 HEARTBEAT_STALE_S = 30
 
@@ -61,17 +61,6 @@ ORDER BY w.name
 """
 
 
-def _asked_heads(conn: Connection, worker: str | None = None) -> dict[int, dict[int, int]]:
-    """The heads of the buses on a broker (all, or ``worker``'s), asked now and recorded when
-    the database takes writes: a read-only one (a standby, a failover's old primary) is read,
-    never written, by status and the push trigger alike."""
-    found, _ = ask_heads(conn, worker=worker)
-    if found and not read_only(conn):
-        for bus_id, heads in found.items():
-            record_heads(conn, bus_id, heads)
-    return found
-
-
 def _iso(ts: datetime | None) -> str | None:
     return ts.isoformat() if ts else None
 
@@ -82,7 +71,7 @@ def read_status(conn: Connection) -> dict:
     last heads seen, and the lag figures are that old). They are recorded when the database
     takes writes; on a read-only one (a standby, a failover's old primary) status is still
     read, the lag counted to the heads just asked, and nothing written."""
-    found = _asked_heads(conn)
+    found = sync_heads(conn)
     asked = [(bus_id, q, head) for bus_id, heads in found.items() for q, head in heads.items()]
     with transaction(conn) as cur:
         cur.execute(WORKERS_SQL)
@@ -169,7 +158,7 @@ def has_work(conn: Connection, worker: str) -> bool:
     events, or ones a previous slice handed back before finishing their retries). On a
     read-only database a broker's new events wait to be recorded: no slice could commit them
     before the database takes writes again."""
-    _asked_heads(conn, worker=worker)
+    sync_heads(conn, worker=worker)
     with transaction(conn) as cur:
         cur.execute(HAS_WORK_SQL, (worker,))
         return cur.fetchone()[0]

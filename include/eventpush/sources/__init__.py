@@ -25,7 +25,7 @@ import logging
 from collections.abc import Iterable
 
 from eventpush.config import redact
-from eventpush.db import Connection, transaction
+from eventpush.db import Connection, read_only, transaction
 from eventpush.errors import CatalogError
 from eventpush.plugins import Registry
 from eventpush.sources.contract import (
@@ -118,12 +118,10 @@ def broker_name(source_url: str | None) -> str:
     return "eventpush" if source_url is None else source_scheme(source_url)
 
 
-def ask_heads(
-    conn: Connection, *, worker: str | None = None
-) -> tuple[dict[int, dict[int, int]], list[str]]:
-    """Ask every bus on another source (or only those of ``worker``'s runners) for its heads,
-    recording nothing: ``({bus id: {queue: head}}, problems)``, the buses that answered and
-    the one-line reasons of those that did not (also logged)."""
+def _ask_heads(conn: Connection, worker: str | None) -> dict[int, dict[int, int]]:
+    """Every bus on another source (or only those of ``worker``'s runners) asked for its
+    heads: ``{bus id: {queue: head}}`` of those that answered (one that did not is logged in
+    one line and keeps its last heads)."""
     with transaction(conn) as cur:
         cur.execute(
             "SELECT DISTINCT b.id, b.name, b.queues, b.source_url FROM event_bus b "
@@ -137,21 +135,22 @@ def ask_heads(
         )
         buses = [Bus(*row) for row in cur.fetchall()]
     found: dict[int, dict[int, int]] = {}
-    problems = []
     for bus in buses:
         try:
             found[bus.id] = kind_for(bus.source_url).heads(conn, bus)
         except Exception as exc:
-            why = redact(f"bus {bus.name}: source not read: {exc}", bus.source_url)
-            log.warning("%s", why)
-            problems.append(why.splitlines()[0])
-    return found, problems
+            log.warning("%s", redact(f"bus {bus.name}: source not read: {exc}", bus.source_url))
+    return found
 
 
-def sync_heads(conn: Connection, *, worker: str | None = None) -> list[str]:
-    """:func:`ask_heads`, and record the heads of the buses that answered. A source that does
-    not answer keeps its last heads; the one-line reasons are returned (and logged)."""
-    found, problems = ask_heads(conn, worker=worker)
-    for bus_id, heads in found.items():
-        record_heads(conn, bus_id, heads)
-    return problems
+def sync_heads(conn: Connection, *, worker: str | None = None) -> dict[int, dict[int, int]]:
+    """Ask every bus on another source (or only those of ``worker``'s runners) for its heads
+    and record them where the database takes writes; on a read-only one (a standby, a
+    failover's old primary) nothing is written. Returns the heads asked, ``{bus id: {queue:
+    head}}``, for a reader that cannot have them recorded first. A source that does not
+    answer keeps its last heads (logged, one line)."""
+    found = _ask_heads(conn, worker)
+    if found and not read_only(conn):
+        for bus_id, heads in found.items():
+            record_heads(conn, bus_id, heads)
+    return found
