@@ -163,17 +163,10 @@ def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> str
             sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(sql.Identifier(parent))
         )
         waiting = _holds(cur, default, day, hi)
-    bound = sql.Identifier(f"{name}_bound")
     cur.execute(
         sql.SQL(
             "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH ({} = false)"
         ).format(sql.Identifier(name), sql.Identifier(parent), sql.Identifier(_AUTOVACUUM))
-    )
-    cur.execute(
-        sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} CHECK (ctime >= %s AND ctime < %s)").format(
-            sql.Identifier(name), bound
-        ),
-        (day, hi),
     )
     if waiting:
         # Rows of this day sit in the default partition: moved before the attach, which
@@ -185,15 +178,30 @@ def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> str
             ).format(d=sql.Identifier(default), n=sql.Identifier(name)),
             (day, hi),
         )
-    cur.execute(
-        sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM (%s) TO (%s)").format(
-            sql.Identifier(parent), sql.Identifier(name)
-        ),
-        (day, hi),
-    )
-    # The partition's bound holds from now on: the CHECK would only cost every insert.
-    cur.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(sql.Identifier(name), bound))
+    _attach(cur, parent, name, "ctime >= %s AND ctime < %s", "FROM (%s) TO (%s)", (day, hi))
     return name
+
+
+def _attach(cur, parent: str, table: str, proof: str, bound: str, values: tuple) -> None:
+    """``table`` attached to ``parent`` ``FOR VALUES`` ``bound``, a CHECK of ``proof`` (what
+    the bound says) added first so that the attach takes it as proof instead of scanning
+    ``table``, and dropped after: the bound holds from then on, and the CHECK would only cost
+    every insert. ``proof`` and ``bound`` are fixed SQL from this module; ``values`` fill the
+    ``%s`` of each."""
+    check = sql.Identifier(f"{table}_bound")
+    cur.execute(
+        sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} CHECK (" + proof + ")").format(
+            sql.Identifier(table), check
+        ),
+        values,
+    )
+    cur.execute(
+        sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES " + bound).format(
+            sql.Identifier(parent), sql.Identifier(table)
+        ),
+        values,
+    )
+    cur.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(sql.Identifier(table), check))
 
 
 def _holds(cur, table: str, lo: datetime, hi: datetime) -> bool:
@@ -259,7 +267,6 @@ def create_bus_partition(cur, bus_id: int, now: datetime | None = None) -> None:
     publisher and reader of every bus until that reader ended. ``bus_event`` has no default
     partition, so the attach locks nothing else that exists."""
     table = bus_table(bus_id)
-    bound = sql.Identifier(f"{table}_bound")
     cur.execute(
         sql.SQL(
             "CREATE TABLE {} (LIKE bus_event INCLUDING DEFAULTS INCLUDING CONSTRAINTS) "
@@ -272,19 +279,7 @@ def create_bus_partition(cur, bus_id: int, now: datetime | None = None) -> None:
         )
     )
     make_ahead(cur, table, now or datetime.now(UTC))
-    cur.execute(
-        sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} CHECK (bus_id = %s)").format(
-            sql.Identifier(table), bound
-        ),
-        (bus_id,),
-    )
-    cur.execute(
-        sql.SQL("ALTER TABLE bus_event ATTACH PARTITION {} FOR VALUES IN (%s)").format(
-            sql.Identifier(table)
-        ),
-        (bus_id,),
-    )
-    cur.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(sql.Identifier(table), bound))
+    _attach(cur, "bus_event", table, "bus_id = %s", "IN (%s)", (bus_id,))
 
 
 def _drop_behind(cur, parent: str, horizon: datetime) -> list[str]:
