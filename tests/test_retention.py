@@ -285,6 +285,20 @@ def test_a_compaction_held_by_an_old_snapshot_waits_and_the_run_goes_on(conn, db
         assert cur.fetchone()[0] == 0
 
 
+def _maintain_into(results: list, db_url: str, now: datetime, before=None, **libpq) -> None:
+    """One maintenance run on a connection of its own (``libpq`` its options), its report or
+    its exception appended to ``results``; ``before`` is called once it is connected."""
+    c = psycopg2.connect(db_url, **libpq)
+    try:
+        if before is not None:
+            before()
+        results.append(maintain(c, now=now))
+    except Exception as exc:
+        results.append(exc)
+    finally:
+        c.close()
+
+
 def test_two_maintenance_runs_at_once_take_turns(conn, db_url):
     """The DAG and a cron'd ``db maintain`` at once: one waits for the other, and the second
     finds nothing left to do. Both used to drop and make the same partitions, and the later
@@ -298,14 +312,7 @@ def test_two_maintenance_runs_at_once_take_turns(conn, db_url):
     start = threading.Barrier(2)
 
     def run() -> None:
-        c = psycopg2.connect(db_url)
-        try:
-            start.wait()
-            results.append(maintain(c, now=far))
-        except Exception as exc:
-            results.append(exc)
-        finally:
-            c.close()
+        _maintain_into(results, db_url, far, before=start.wait)
 
     threads = [threading.Thread(target=run) for _ in range(2)]
     for thread in threads:
@@ -332,13 +339,8 @@ def test_a_run_waits_its_turn_past_the_urls_own_timeouts(conn, db_url):
     results: list = []
 
     def run() -> None:
-        c = psycopg2.connect(db_url, options="-c statement_timeout=1s -c lock_timeout=1s")
-        try:
-            results.append(maintain(c, now=D0 + 10 * DAY))
-        except Exception as exc:
-            results.append(exc)
-        finally:
-            c.close()
+        timeouts = "-c statement_timeout=1s -c lock_timeout=1s"
+        _maintain_into(results, db_url, D0 + 10 * DAY, options=timeouts)
 
     waiting = threading.Thread(target=run)
     waiting.start()
