@@ -9,8 +9,10 @@ Daily (just after midnight UTC), and on demand. It takes no configuration: a run
    (`EVENTPUSH_PARTITIONS_AHEAD_DAYS`, 3 by default), the days behind each bus's retention
    (`bus create|update --retention`, else `EVENTPUSH_RETENTION`, 7d) dropped whole, no row
    deleted; failure rows (the dead-letter store) deleted after their own retention
-   (`EVENTPUSH_FAILURE_RETENTION`, 30d, and never before their bus's events). A drop that
-   waits more than 5 s for a lock is left to the next run (`postponed`), that bus alone.
+   (`EVENTPUSH_FAILURE_RETENTION`, 30d, and never before their bus's events). A drop waits
+   for its locks in short tries (150 ms, retried up to 5 s, publishers let through between
+   them); a table a reader held past that is left to the next run (`postponed`), that bus
+   alone.
 2. **check**: a Great Expectations suite over the partition layout: every partitioned table
    has its days ahead made and no partition left behind its retention. Fails the run
    otherwise.

@@ -185,7 +185,7 @@ def test_a_bus_held_by_a_reader_waits_alone_for_the_next_run(conn, db_url, two_b
         with reader.cursor() as cur:  # a transaction left open on the short bus's events
             cur.execute("SELECT count(*) FROM bus_event WHERE bus_id = %s", (short,))
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(parts, "LOCK_TIMEOUT", "200ms")
+            mp.setattr(parts, "LOCK_PATIENCE_S", 1.0)
             report = maintain(conn, now=NOW)
     finally:
         reader.close()
@@ -199,6 +199,68 @@ def test_a_bus_held_by_a_reader_waits_alone_for_the_next_run(conn, db_url, two_b
         assert offsets(cur, short) == [0, 1, 2, 3, 4]  # the next run drops them
     again = maintain(conn, now=NOW)
     assert again.postponed == [] and len(again.dropped) == 2
+
+
+def test_a_publisher_gets_in_while_a_drop_waits_for_a_long_reader(conn, db_url, two_buses):
+    """Dropping a day locks the bus's table ACCESS EXCLUSIVE, and every publisher of the bus
+    queues behind that lock while it waits for a long reader (an audit's scan): under one 5 s
+    lock timeout, each publisher stalled up to 5 s. Each try now waits a moment, and is tried
+    again after a pause that lets the publishers through; once the reader ends, the day is
+    dropped whole and the days kept lose no event."""
+    import threading
+    import time
+
+    from eventpush.publish import publish
+
+    short, long = two_buses
+    table = f"bus_event_{short}"
+    expired = [f"{table}_p{D0 - 4 * DAY:%Y%m%d}", f"{table}_p{D0 - 3 * DAY:%Y%m%d}"]
+    reader, publisher = psycopg2.connect(db_url), psycopg2.connect(db_url)
+    results: list = []
+    thread = threading.Thread(target=_maintain_into, args=(results, db_url, NOW))
+    try:
+        with reader.cursor() as cur:  # a long reader: its transaction is left open
+            cur.execute("SELECT count(*) FROM bus_event WHERE bus_id = %s", (short,))
+        thread.start()
+        deadline = time.monotonic() + 15
+        while not _drop_waits(conn, table):
+            assert time.monotonic() < deadline and thread.is_alive(), results
+            time.sleep(0.005)
+        began = time.monotonic()
+        publish(publisher, "short", [BODY])  # routed to today's partition
+        took = time.monotonic() - began
+    finally:
+        reader.rollback()  # the reader ends
+        thread.join()
+        reader.close()
+        publisher.close()
+    assert took < 2, f"the publisher waited {took:.1f} s behind the drop"
+    [report] = results
+    assert isinstance(report, MaintenanceReport), report
+    if table in report.postponed:  # the reader outlasted this run's tries: the next drops
+        report = maintain(conn, now=NOW)
+    assert report.postponed == [] and sorted(report.dropped) == expired, report
+    with conn, conn.cursor() as cur:
+        assert offsets(cur, short) == [2, 3, 4, 5]  # the days kept, and the one published
+        assert offsets(cur, long) == [0, 1, 2, 3, 4]
+        cur.execute(  # every table of the bus's days is one of its partitions: none half gone
+            "SELECT relname FROM pg_class WHERE relkind = 'r' AND starts_with(relname, %s)",
+            (f"{table}_",),
+        )
+        tables = {row[0] for row in cur.fetchall()}
+        assert tables == {p.name for p in partitions(cur, table)}
+        assert not tables & set(expired)
+
+
+def _drop_waits(conn, table: str) -> bool:
+    """Some session waits for ACCESS EXCLUSIVE on ``table`` (by name: it may be gone)."""
+    with conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+            "WHERE c.relname = %s AND l.mode = 'AccessExclusiveLock' AND NOT l.granted)",
+            (table,),
+        )
+        return cur.fetchone()[0]
 
 
 def test_a_bus_deleted_longer_ago_than_its_retention_leaves_no_table(conn):

@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from psycopg2 import errors, sql
 
@@ -41,8 +43,22 @@ from eventpush.db import Connection, transaction
 
 DAY = timedelta(days=1)
 DELIVERY = "event_push_delivery"
-# A DROP waits for readers of the partition; past this it gives up until the next run
-# rather than queueing every publisher behind it.
+# The strong locks maintenance takes on a table that is written (a drop's ACCESS EXCLUSIVE
+# on the partitioned parent, a missed day's SHARE ROW EXCLUSIVE) wait behind a long reader
+# (an audit's scan, a replay), and every publisher of the table queues behind the waiting
+# lock: under the single 5 s wait of before, each publisher then stalled for up to 5 s. So a
+# try waits this long at most (a commit's worth, not a stall), and is tried again after a
+# pause that lets the queued publishers through.
+LOCK_TRY_TIMEOUT = "150ms"
+# The pause after a try that gave up, doubling from the first to the longest: a short reader
+# is outwaited by the first tries, a long one is not hammered.
+LOCK_RETRY_FIRST_S = 0.05
+LOCK_RETRY_MAX_S = 1.0
+# A table's tries, all its steps together, go on this long; then it is left to the next run
+# (``postponed``), as a reader longer than this (a backup, a long audit) is not outwaited.
+LOCK_PATIENCE_S = 5.0
+# REINDEX CONCURRENTLY (compaction) waits for every older snapshot, then gives up until the
+# next run. No writer queues behind that wait (it locks SHARE UPDATE EXCLUSIVE only).
 LOCK_TIMEOUT = "5s"
 _BOUND = re.compile(r"FROM \((?P<lo>[^)]*)\) TO \((?P<hi>[^)]*)\)")
 
@@ -83,7 +99,8 @@ class MaintenanceReport:
     compacted: list[str] = field(default_factory=list)
     vacuum_settled: list[str] = field(default_factory=list)  # autovacuum turned off or on
     horizons: dict[int, BusHorizon] = field(default_factory=dict)
-    # Tables left for the next run: a lock on them waited past LOCK_TIMEOUT (readers).
+    # Tables left for the next run: a reader held their locks through every try (within
+    # LOCK_PATIENCE_S), or a compaction's wait for older snapshots passed LOCK_TIMEOUT.
     postponed: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -128,8 +145,9 @@ def partitions(cur, parent: str) -> list[Partition]:
 
 
 # A day that begins this long after the database's clock gets no row while it is made (rows
-# take ctime = now(), and a run's lock waits are bounded by LOCK_TIMEOUT): unless rows of it
-# already wait in the default partition, writers are not held back while it is attached.
+# take ctime = now(), and a try's lock waits are each bounded by LOCK_TRY_TIMEOUT): unless
+# rows of it already wait in the default partition, writers are not held back while it is
+# attached.
 AHEAD_MARGIN = timedelta(hours=1)
 
 
@@ -142,8 +160,9 @@ def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> str
     behind a maintenance run that waited for a long reader (an audit's scan). ATTACH locks
     the parent SHARE UPDATE EXCLUSIVE, which writers and readers pass; it still locks the
     default partition ACCESS EXCLUSIVE (its bound changes), so a reader that scans the
-    default partition waits behind it (at most LOCK_TIMEOUT). The table gets a CHECK matching
-    the bound first, so the attach takes it as proof instead of scanning the table."""
+    default partition waits behind it (at most LOCK_TRY_TIMEOUT, a try). The table gets a
+    CHECK matching the bound first, so the attach takes it as proof instead of scanning the
+    table."""
     hi = day + DAY
     for p in existing:
         if p.hi is not None and (p.lo is None or p.lo < hi) and day < p.hi:
@@ -321,10 +340,11 @@ MAINTAIN_LOCK_KEY = 0x6570_6D61_696E  # "epmain"
 
 def maintain(conn: Connection, now: datetime | None = None) -> MaintenanceReport:
     """Make partitions ahead and drop the ones behind retention, per bus and for the
-    delivery log; delete failure rows past their retention. Each bus in a transaction of its
-    own, so a bus whose drop times out (LOCK_TIMEOUT) waits for the next run alone
-    (``postponed``). A bus deleted longer ago than its retention (and a day) goes whole.
-    One run at a time: another waits for it, then finds what it left.
+    delivery log; delete failure rows past their retention. Each step that locks a table in
+    a transaction of its own, its lock waits short tries retried (``_locked_step``), so a
+    table whose reader outlasts them waits for the next run alone (``postponed``). A bus
+    deleted longer ago than its retention (and a day) goes whole. One run at a time: another
+    waits for it, then finds what it left.
 
     Delivery days are kept for the longest bus retention, and failure rows for the longer of
     their own retention and that: an audit of any window a bus still holds finds its books."""
@@ -355,41 +375,32 @@ def _maintain(conn: Connection, now: datetime) -> MaintenanceReport:
     for bus_id, name, retention_s, deleted_at in buses:
         edge = horizon(retention_s, now)
         table = bus_table(bus_id)
+        patience = _Patience(report, table)
         if deleted_at is not None and deleted_at + DAY <= edge:
             # Deleted longer ago than its retention (and a day): every event it took is past
             # it, so its partition goes whole. Kept, it had days made (and dropped) for it
-            # every day, for ever: a few tables per bus ever deleted.
-            with _unless_locked(report, table), transaction(conn) as cur:
-                cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-                cur.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(table)))
+            # every day, for ever: a few tables per bus ever deleted. The drop locks all of
+            # bus_event ACCESS EXCLUSIVE: every bus's publishers queue behind its wait.
+            if _locked_step(conn, patience, _drop_whole, table):
                 report.dropped.append(table)
             continue
-        # A lock that waits past LOCK_TIMEOUT (a long reader of the bus) rolls this bus's
-        # transaction back and leaves it to the next run; the other buses go on.
-        with _unless_locked(report, table), transaction(conn) as cur:
-            cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-            dropped = _drop_behind(cur, table, edge)
-            if dropped:
-                kept = [p.lo for p in partitions(cur, table) if p.hi is not None and p.lo]
-                cur.execute(
-                    "UPDATE event_bus SET events_kept_since = %s WHERE id = %s",
-                    (min(kept, default=day_start(edge)), bus_id),
-                )
-            created = make_ahead(cur, table, now)
-            settled = settle_vacuum(cur, table, now)
-            report.dropped += dropped
-            report.created += created
-            report.vacuum_settled += settled
+        # The drop apart from the days made: its ACCESS EXCLUSIVE on the bus's table holds
+        # every publisher of the bus until its commit, not also through the attaches (and a
+        # missed day's rows moved) after it.
+        dropped = _locked_step(conn, patience, _drop_bus_days, bus_id, edge)
+        made = _locked_step(conn, patience, _make_days, table, now)
+        report.dropped += dropped or []
+        if made is not None:
+            report.created += made[0]
+            report.vacuum_settled += made[1]
         report.horizons[bus_id] = BusHorizon(name, edge.isoformat(), deleted_at is not None)
-    with _unless_locked(report, DELIVERY), transaction(conn) as cur:
-        cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-        dropped = _drop_behind(cur, DELIVERY, horizon(longest, now))
-        rollups.prune(cur, horizon(longest, now))
-        created = make_ahead(cur, DELIVERY, now)
-        settled = settle_vacuum(cur, DELIVERY, now)
-        report.dropped += dropped
-        report.created += created
-        report.vacuum_settled += settled
+    patience = _Patience(report, DELIVERY)
+    edge = horizon(longest, now)
+    report.dropped += _locked_step(conn, patience, _drop_delivery_days, edge) or []
+    made = _locked_step(conn, patience, _make_days, DELIVERY, now)
+    if made is not None:
+        report.created += made[0]
+        report.vacuum_settled += made[1]
     report.compacted = compact(conn, day_start(now), postponed=report.postponed)
     with transaction(conn) as cur:
         failure_s = max(config.failure_retention_s(), longest)
@@ -398,13 +409,73 @@ def _maintain(conn: Connection, now: datetime) -> MaintenanceReport:
     return report
 
 
-@contextlib.contextmanager
-def _unless_locked(report: MaintenanceReport, table: str) -> Iterator[None]:
-    """A lock timeout inside (its transaction rolled back) noted as ``table`` postponed."""
-    try:
-        yield
-    except errors.LockNotAvailable:
-        report.postponed.append(table)
+def _drop_whole(cur, table: str) -> bool:
+    cur.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(table)))
+    return True
+
+
+def _drop_bus_days(cur, bus_id: int, edge: datetime) -> list[str]:
+    """The bus's days behind ``edge`` dropped, and where its kept events begin moved."""
+    table = bus_table(bus_id)
+    dropped = _drop_behind(cur, table, edge)
+    if dropped:
+        kept = [p.lo for p in partitions(cur, table) if p.hi is not None and p.lo]
+        cur.execute(
+            "UPDATE event_bus SET events_kept_since = %s WHERE id = %s",
+            (min(kept, default=day_start(edge)), bus_id),
+        )
+    return dropped
+
+
+def _drop_delivery_days(cur, edge: datetime) -> list[str]:
+    """The delivery log's days behind ``edge`` dropped, and the roll-ups of their windows."""
+    dropped = _drop_behind(cur, DELIVERY, edge)
+    rollups.prune(cur, edge)
+    return dropped
+
+
+def _make_days(cur, parent: str, now: datetime) -> tuple[list[str], list[str]]:
+    """The days of ``parent`` made ahead and autovacuum settled: (made, settled)."""
+    return make_ahead(cur, parent, now), settle_vacuum(cur, parent, now)
+
+
+@dataclass
+class _Patience:
+    """One table's tries: its steps together wait for locks until ``deadline`` (monotonic
+    clock); the table is listed in the report's ``postponed`` once, whichever step gave up."""
+
+    report: MaintenanceReport
+    table: str
+    deadline: float = field(default_factory=lambda: time.monotonic() + LOCK_PATIENCE_S)
+
+    def give_up(self) -> None:
+        if self.table not in self.report.postponed:
+            self.report.postponed.append(self.table)
+
+
+_T = TypeVar("_T")
+
+
+def _locked_step(
+    conn: Connection, patience: _Patience, step: Callable[..., _T], *args: object
+) -> _T | None:
+    """``step(cur, *args)`` in a transaction of its own whose every lock wait is one short
+    try (LOCK_TRY_TIMEOUT): a wait that times out rolls the whole step back (no table is left
+    half dropped, no day half made), and the step is tried again after a pause, doubling,
+    until the table's patience runs out; then the table is postponed and None returned.
+    Each step gets one try however little patience is left. Its value otherwise."""
+    pause = LOCK_RETRY_FIRST_S
+    while True:
+        try:
+            with transaction(conn) as cur:
+                cur.execute("SELECT set_config('lock_timeout', %s, true)", (LOCK_TRY_TIMEOUT,))
+                return step(cur, *args)
+        except errors.LockNotAvailable:
+            if time.monotonic() + pause >= patience.deadline:
+                patience.give_up()
+                return None
+        time.sleep(pause)
+        pause = min(2 * pause, LOCK_RETRY_MAX_S)
 
 
 # Past days' delivery partitions are compacted when their indexes hold this many times the

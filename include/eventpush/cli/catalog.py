@@ -67,7 +67,7 @@ def db_maintain(as_json: bool) -> None:
     for name in report.dropped:
         out.print(f"dropped {name}")
     for name in report.postponed:
-        out.print(f"{name} left for the next run: a reader held it past the lock timeout")
+        out.print(f"{name} left for the next run: a reader held it through every lock try")
 
 
 DEFAULT_BUS = "default"  # as on AWS: PutEvents entries without EventBusName go there
