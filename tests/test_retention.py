@@ -223,7 +223,7 @@ def test_a_publisher_gets_in_while_a_drop_waits_for_a_long_reader(conn, db_url, 
             cur.execute("SELECT count(*) FROM bus_event WHERE bus_id = %s", (short,))
         thread.start()
         deadline = time.monotonic() + 15
-        while not _drop_waits(conn, table):
+        while not _lock_waits(conn, table, "AccessExclusiveLock"):
             assert time.monotonic() < deadline and thread.is_alive(), results
             time.sleep(0.005)
         began = time.monotonic()
@@ -252,15 +252,65 @@ def test_a_publisher_gets_in_while_a_drop_waits_for_a_long_reader(conn, db_url, 
         assert not tables & set(expired)
 
 
-def _drop_waits(conn, table: str) -> bool:
-    """Some session waits for ACCESS EXCLUSIVE on ``table`` (by name: it may be gone)."""
+def _lock_waits(conn, table: str, mode: str) -> bool:
+    """Some session waits for ``mode`` on ``table`` (by name: it may be gone meanwhile)."""
     with conn, conn.cursor() as cur:
         cur.execute(
             "SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
-            "WHERE c.relname = %s AND l.mode = 'AccessExclusiveLock' AND NOT l.granted)",
-            (table,),
+            "WHERE c.relname = %s AND l.mode = %s AND NOT l.granted)",
+            (table, mode),
         )
         return cur.fetchone()[0]
+
+
+def test_a_publisher_gets_in_while_a_missed_day_waits_for_a_long_writer(conn, db_url):
+    """A day whose rows wait in the default partition is made under SHARE ROW EXCLUSIVE on
+    the bus's table, which waits for every open writer of the bus (a big batch still being
+    written), and every publisher queues behind it: up to 5 s under one lock timeout. It
+    waits in short tries too, and the day is made once the writer commits."""
+    import threading
+    import time
+
+    from eventpush.publish import publish
+
+    catalog.create_bus(conn, "late", 1, retention="30d")  # nothing to drop
+    far = D0 + 10 * DAY
+    with conn, conn.cursor() as cur:
+        bid = bus_id(cur, "late")
+        add_event(cur, bid, 0, 0, far + timedelta(hours=2))  # lands in the default partition
+        cur.execute("UPDATE event_bus_queue SET next_offset = 10 WHERE bus_id = %s", (bid,))
+    table = f"bus_event_{bid}"
+    writer, publisher = psycopg2.connect(db_url), psycopg2.connect(db_url)
+    results: list = []
+    thread = threading.Thread(target=_maintain_into, args=(results, db_url, NOW))
+    try:
+        with writer.cursor() as cur:  # a long writer: its transaction is left open
+            add_event(cur, bid, 0, 1, NOW)
+        thread.start()
+        deadline = time.monotonic() + 15
+        while not _lock_waits(conn, table, "ShareRowExclusiveLock"):
+            assert time.monotonic() < deadline and thread.is_alive(), results
+            time.sleep(0.005)
+        began = time.monotonic()
+        publish(publisher, "late", [BODY])
+        took = time.monotonic() - began
+    finally:
+        writer.commit()  # the writer ends
+        thread.join()
+        writer.close()
+        publisher.close()
+    assert took < 2, f"the publisher waited {took:.1f} s behind the missed day"
+    [report] = results
+    assert isinstance(report, MaintenanceReport), report
+    if table in report.postponed:  # the writer outlasted this run's tries: the next makes it
+        report = maintain(conn, now=NOW)
+    assert report.postponed == [] and f"{table}_p{far:%Y%m%d}" in report.created, report
+    with conn, conn.cursor() as cur:
+        assert offsets(cur, bid) == [0, 1, 10]
+        cur.execute(f'SELECT "offset" FROM "{table}_p{far:%Y%m%d}"')
+        assert cur.fetchall() == [(0,)]
+        cur.execute(f'SELECT count(*) FROM "{table}_default"')
+        assert cur.fetchone()[0] == 0
 
 
 def test_a_bus_deleted_longer_ago_than_its_retention_leaves_no_table(conn):
