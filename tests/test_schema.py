@@ -102,3 +102,167 @@ def test_an_event_is_stored_only_for_a_bus_that_exists(conn):
     with conn.cursor() as cur:
         cur.execute(row, (known,))
     conn.commit()
+
+
+FAILURES_INDEX = "event_push_failure_open_mtime"  # migration 0015's
+BEFORE_0015 = "0014_bus_queue_first_offset"
+
+
+def _runner_before_0015(conn, db_url: str) -> int:
+    """A runner to write failure rows for, and the database downgraded to before 0015 (its
+    index gone with it: the downgrade undoes the upgrade)."""
+    from alembic import command
+    from batch_support import make_runner
+
+    from eventpush.schema import _alembic_config
+
+    name = make_runner(conn, "orders", "r", "t", '{"source": ["app"]}')
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT id FROM event_target_runner WHERE name = %s", (name,))
+        (runner,) = cur.fetchone()
+    command.downgrade(_alembic_config(db_url), BEFORE_0015)
+    assert current_revision(db_url) == BEFORE_0015
+    assert _index_valid(conn) is None
+    return runner
+
+
+def _fail(cur, runner: int, offset: int) -> None:
+    """A worker's failure row of the event at ``offset``."""
+    cur.execute(
+        "INSERT INTO event_push_failure (runner_id, consumer_group, topic_name, queue_id, "
+        "\"offset\", message_id, attempts, last_error) VALUES (%s, 'g', 'orders', 0, %s, 'm', "
+        "1, 'boom')",
+        (runner, offset),
+    )
+
+
+def _index_valid(conn) -> bool | None:
+    """Whether 0015's index is valid; None when there is none."""
+    with conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)",
+            (FAILURES_INDEX,),
+        )
+        row = cur.fetchone()
+    return None if row is None else row[0]
+
+
+def _index_build_waits(conn) -> bool:
+    with conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query ILIKE 'CREATE INDEX%%' AND wait_event_type = 'Lock')"
+        )
+        return cur.fetchone()[0]
+
+
+def _asks_for_its_turn(conn) -> bool:
+    """A session asks for the migration lock, or did last (a transaction each: a
+    transaction's reads of pg_stat_activity are one snapshot of it)."""
+    with conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query ILIKE 'SELECT pg%advisory_lock(%')"
+        )
+        return cur.fetchone()[0]
+
+
+def _migrate_into(results: list, url: str) -> None:
+    """One ``migrate`` (in a thread: Alembic's context is the process's, one run at a time)."""
+    try:
+        results.append(migrate(url))
+    except Exception as exc:
+        results.append(exc)
+
+
+def test_the_failures_index_is_built_while_workers_write_failures(conn, db_url):
+    """Migration 0015 built its index on the failures table with a plain CREATE INDEX, which
+    holds the table SHARE until built: behind a worker's open transaction, and every other
+    worker's failure row queued behind it. Built CONCURRENTLY, the rows go in meanwhile."""
+    import threading
+    import time
+
+    runner = _runner_before_0015(conn, db_url)
+    slow, worker = psycopg2.connect(db_url), psycopg2.connect(db_url, options="-c lock_timeout=3s")
+    results: list = []
+    thread = threading.Thread(target=_migrate_into, args=(results, db_url))
+    try:
+        with slow.cursor() as cur:  # a worker's transaction that wrote a failure row, open
+            _fail(cur, runner, 0)
+        thread.start()
+        deadline = time.monotonic() + 15
+        while not _index_build_waits(conn):
+            assert time.monotonic() < deadline and thread.is_alive(), results
+            time.sleep(0.01)
+        try:
+            with worker, worker.cursor() as cur:  # another worker's failure row
+                _fail(cur, runner, 1)
+        except psycopg2.errors.LockNotAvailable:
+            pytest.fail("a failure row waited for the index build")
+    finally:
+        slow.commit()
+        thread.join(60)
+        slow.close()
+        worker.close()
+    assert results == [(BEFORE_0015, head_revision())]
+    assert _index_valid(conn) is True
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM event_push_failure")
+        assert cur.fetchone()[0] == 2
+
+
+def test_an_interrupted_build_of_the_failures_index_is_built_again(conn, db_url):
+    """A concurrent build that fails leaves an invalid index of its name behind, unused: the
+    migration run again drops it and builds the index, not keeping the invalid one."""
+    runner = _runner_before_0015(conn, db_url)
+    with conn, conn.cursor() as cur:
+        _fail(cur, runner, 2)
+        _fail(cur, runner, 3)
+    conn.autocommit = True
+    with conn.cursor() as cur, pytest.raises(psycopg2.errors.UniqueViolation):
+        cur.execute(  # fails on its last step, as a cancelled build would: left invalid
+            f"CREATE UNIQUE INDEX CONCURRENTLY {FAILURES_INDEX} ON event_push_failure "
+            "(runner_id) WHERE status = 'failed'"
+        )
+    conn.autocommit = False
+    assert _index_valid(conn) is False
+    assert migrate(db_url) == (BEFORE_0015, head_revision())
+    assert _index_valid(conn) is True
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT pg_get_indexdef(to_regclass(%s))", (FAILURES_INDEX,))
+        assert "(mtime, id) WHERE (status = 'failed'::text)" in cur.fetchone()[0]
+
+
+def test_a_migration_waiting_its_turn_lets_a_concurrent_index_build_finish(conn, db_url):
+    """Every service runs ``db migrate`` on start. One waiting for the run before in
+    pg_advisory_lock held that statement's snapshot, which the run's concurrent index build
+    waits for, while it waited for the build's run: a deadlock, and one of the two failed.
+    A waiting run now asks again and again with no statement open; both succeed."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    runner = _runner_before_0015(conn, db_url)
+    exe = [str(Path(sys.executable).with_name("eventpush")), "db", "migrate"]
+    slow = psycopg2.connect(db_url)
+    runs = []
+    try:
+        with slow.cursor() as cur:  # holds the first run's build in its first wait
+            _fail(cur, runner, 4)
+        runs.append(subprocess.Popen(exe, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        deadline = time.monotonic() + 30
+        while not _index_build_waits(conn):
+            assert time.monotonic() < deadline and runs[0].poll() is None
+            time.sleep(0.01)
+        runs.append(subprocess.Popen(exe, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        while not _asks_for_its_turn(conn):  # the second run
+            assert time.monotonic() < deadline and runs[1].poll() is None
+            time.sleep(0.01)
+    finally:
+        slow.commit()
+        slow.close()
+        outcomes = [(run.wait(60), run.communicate()) for run in runs]
+    assert [code for code, _ in outcomes] == [0, 0], outcomes
+    assert current_revision(db_url) == head_revision()
+    assert _index_valid(conn) is True
