@@ -167,8 +167,8 @@ def test_an_archive_counts_the_events_kept_not_those_retention_dropped(conn, two
 
 
 def test_a_bus_held_by_a_reader_waits_alone_for_the_next_run(conn, db_url, two_buses):
-    """A long reader of one bus holds its partitions: that bus's drop gives up after the lock
-    timeout and waits for the next run, while the buses after it, the delivery log and the
+    """A long reader of one bus holds its partitions: that bus's drop gives up after its lock
+    tries and waits for the next run, while the buses after it, the delivery log and the
     failure rows are maintained. The timeout used to abort the whole run."""
     from eventpush import partitions as parts
 
