@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import psutil
 import pytest
 import uvicorn
 from ports import free_port
@@ -19,6 +20,7 @@ from eventpush.api.protocol import MAX_HEAD, OneWriteProtocol
 
 BIG = 16 << 20  # past both sockets' buffers: the transport's own buffer and flow control work
 KEEP_ALIVE = 1  # seconds: impatient_port's timeout_keep_alive
+MID = 48 << 10  # under the transport's high-water mark (64 KiB)
 
 writes: list[bytes] = []
 
@@ -42,6 +44,15 @@ class _RecordedProtocol(OneWriteProtocol):
         super().connection_made(_Recorded(transport))  # type: ignore[arg-type]
 
 
+class _SmallBufferProtocol(_RecordedProtocol):
+    """Its sockets' send buffers are small (not grown by the kernel): what a client leaves
+    unread soon waits in the transport."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        super().connection_made(transport)
+
+
 async def _app(scope, receive, send) -> None:
     if scope["type"] != "http":
         return
@@ -49,7 +60,7 @@ async def _app(scope, receive, send) -> None:
         pass
     if scope["path"] == "/slow":
         await asyncio.sleep(KEEP_ALIVE * 1.5)
-    body = b"x" * (BIG if scope["path"] == "/big" else 64)
+    body = b"x" * {"/big": BIG, "/mid": MID}.get(scope["path"], 64)
     await send(
         {
             "type": "http.response.start",
@@ -61,10 +72,10 @@ async def _app(scope, receive, send) -> None:
 
 
 @contextlib.contextmanager
-def _serving(**options) -> Iterator[int]:
+def _serving(protocol: type = _RecordedProtocol, **options) -> Iterator[int]:
     port = free_port()
     config = uvicorn.Config(
-        _app, host="127.0.0.1", port=port, http=_RecordedProtocol, log_level="warning", **options
+        _app, host="127.0.0.1", port=port, http=protocol, log_level="warning", **options
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -88,6 +99,14 @@ def port():
 def impatient_port():
     """A server whose keep-alive timeout is KEEP_ALIVE seconds."""
     with _serving(timeout_keep_alive=KEEP_ALIVE) as port:
+        yield port
+
+
+@pytest.fixture(scope="module")
+def stalling_port():
+    """A server whose keep-alive timeout is KEEP_ALIVE seconds and whose sockets' send buffers
+    are small."""
+    with _serving(_SmallBufferProtocol, timeout_keep_alive=KEEP_ALIVE) as port:
         yield port
 
 
@@ -253,3 +272,47 @@ def test_a_request_head_under_the_limit_and_a_large_body_are_served(port):
             )
             head, answer, rest = _read_response(sock, rest)
             assert head.startswith(b"HTTP/1.1 200") and answer == b"x" * 64
+
+
+def _served(port: int, sock: socket.socket) -> bool:
+    """Whether the server (this process) still holds its end of ``sock``'s connection."""
+    mine = sock.getsockname()
+    return any(
+        c.laddr.port == port and c.raddr and tuple(c.raddr) == mine
+        for c in psutil.Process().net_connections(kind="tcp")
+    )
+
+
+def test_a_client_that_never_reads_its_answers_is_let_go(stalling_port):
+    """A client that sends requests and reads none of the answers: the server's writes stall
+    (past the high-water mark, uvicorn's next answer waits on them; under it, a close waits to
+    send what is left). uvicorn held each such connection for ever, and ``limit_concurrency``
+    of them shut every other client out; the keep-alive timeout bounds the stall, the
+    connection is aborted."""
+    posts = {
+        "one-big-answer": b"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+        "pipelined": b"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n" * 3,
+        "closed-with-bytes-left": b"POST /mid HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Content-Length: 0\r\n\r\n",
+    }
+    socks = {}
+    try:
+        for name, sent in posts.items():
+            sock = socks[name] = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting
+            sock.connect(("127.0.0.1", stalling_port))
+            sock.sendall(sent)
+        deadline = time.monotonic() + KEEP_ALIVE + 5
+        while held := [n for n, sock in socks.items() if _served(stalling_port, sock)]:
+            assert time.monotonic() < deadline, f"still held: {held}"
+            time.sleep(0.1)
+    finally:
+        for sock in socks.values():
+            sock.close()
+    with socket.create_connection(("127.0.0.1", stalling_port), timeout=10) as sock:
+        sock.sendall(b"POST /mid HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n" * 3)
+        time.sleep(KEEP_ALIVE / 2)  # a client that reads within the bound is served
+        rest = b""
+        for _ in range(3):
+            head, body, rest = _read_response(sock, rest)
+            assert head.startswith(b"HTTP/1.1 200") and body == b"x" * MID

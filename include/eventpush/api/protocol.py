@@ -21,6 +21,15 @@ endless header grew the worker by its size, and httptools, adding each piece to 
 before, spent CPU on the square of it (200 MiB: 300 MiB held, 50 s of the event loop). Here a
 request whose head passes :data:`MAX_HEAD` bytes is answered uvicorn's 400 and its connection
 closed.
+
+Nor does uvicorn bound how long an answer may wait for the client to read it: a client that
+sends requests (pipelined, or with a small receive buffer) and never reads the answers
+stalls the server's writes, and uvicorn's ``send`` waits for them to drain, and a close for
+its last bytes to go, for ever (a ListRules pipelined 200 times: still held long after the
+keep-alive timeout). Here a connection whose writes are held up longer than the keep-alive
+timeout, or whose close still waits on unread bytes that long, is aborted, its request's task
+and buffers freed. The timers are armed only when the transport's buffer passes its
+high-water mark or a close finds bytes still unsent: none on a connection whose client reads.
 """
 
 from __future__ import annotations
@@ -37,12 +46,15 @@ class _TurnTransport:
     """A connection's transport whose writes of one loop turn go out as one: everything but
     ``write``, ``close`` and ``abort`` is the transport's own."""
 
-    __slots__ = ("_transport", "_loop", "_held")
+    __slots__ = ("_transport", "_loop", "_held", "_patience")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, patience: float
+    ) -> None:
         self._transport = transport
         self._loop = loop
         self._held: list[bytes] | None = None
+        self._patience = patience  # seconds a close may wait for the client to read the rest
 
     def write(self, data: bytes) -> None:
         if self._held is None:
@@ -59,6 +71,8 @@ class _TurnTransport:
     def close(self) -> None:
         self._flush()  # a response written just before (Connection: close) goes first
         self._transport.close()
+        if self._transport.get_write_buffer_size():  # closed only once the client reads it
+            self._loop.call_later(self._patience, self._transport.abort)
 
     def abort(self) -> None:
         self._held = None
@@ -74,12 +88,31 @@ class OneWriteProtocol(HttpToolsProtocol):
     # Bytes received since the last request ended (or the connection began) while no request
     # has its headers whole: None while a request's body is read.
     _head_bytes: int | None = 0
+    # Armed while the transport's buffer is past its high-water mark (the client not reading).
+    _write_stalled: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(_TurnTransport(transport, self.loop))  # type: ignore[arg-type]
+        turn = _TurnTransport(transport, self.loop, self.timeout_keep_alive)
+        super().connection_made(turn)  # type: ignore[arg-type]
         self.timeout_keep_alive_task = self.loop.call_later(
             self.timeout_keep_alive, self.timeout_keep_alive_handler
         )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.resume_writing()  # the stall's timer goes with the connection
+        super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_stalled is None:
+            patience = self.timeout_keep_alive
+            self._write_stalled = self.loop.call_later(patience, self.transport.abort)
+
+    def resume_writing(self) -> None:
+        if self._write_stalled is not None:
+            self._write_stalled.cancel()
+            self._write_stalled = None
+        super().resume_writing()
 
     def data_received(self, data: bytes) -> None:
         # uvicorn's cancels the timeout here, on any byte: left armed until the request is whole.
