@@ -580,6 +580,32 @@ def test_a_body_past_the_limit_without_a_length_is_refused_while_it_is_sent(serv
     assert stored_events() == before
 
 
+def test_a_body_refused_by_its_length_is_not_read_on_for_ever(server):
+    """A Content-Length past the limit is answered 413 at once; the server reads and drops
+    what follows only up to MAX_DROPPED bytes, then closes the connection (it read on for as
+    long as the client sent: 10 GB in 5 s)."""
+    offered, sent = 2**30, 0
+    chunk = b"x" * 2**20
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n"
+            b"X-Amz-Target: AWSEvents.PutEvents\r\n\r\n" % offered
+        )
+        answer = b""
+        while not answer.endswith(b'limit"}'):
+            more = sock.recv(65536)
+            assert more, f"closed without an answer: {answer!r}"
+            answer += more
+        assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+        try:
+            while sent < offered:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+    assert sent < offered // 4, f"read and dropped {sent:,} bytes after the 413"
+
+
 def test_put_targets_leaves_nothing_written_by_a_refused_request(server, admin, events):
     """A PutTargets entry that is not a target (not a structure, no Id) refuses the request
     whole, so no target before it may be left written; an unknown API destination fails its

@@ -22,6 +22,11 @@ before, spent CPU on the square of it (200 MiB: 300 MiB held, 50 s of the event 
 request whose head passes :data:`MAX_HEAD` bytes is answered uvicorn's 400 and its connection
 closed.
 
+A request answered before its body arrived (413, a body over the limit) leaves the rest of
+the body to be read and dropped, and uvicorn read on for as long as the client sent (10 GB
+in 5 s on loopback, bounded only by the keep-alive timeout). Here the connection is closed
+once :data:`MAX_DROPPED` bytes of it were dropped.
+
 Nor does uvicorn bound how long an answer may wait for the client to read it: a client that
 sends requests (pipelined, or with a small receive buffer) and never reads the answers
 stalls the server's writes, and uvicorn's ``send`` waits for them to drain, and a close for
@@ -40,6 +45,12 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 MAX_HEAD = 64 * 1024  # bytes of request line and headers; an SDK's are under 2 KiB
+# Bytes of a body answered before it arrived (413) read and dropped, past them the connection
+# closed (reset, under the bytes still coming): more than the two sockets' buffers hold in
+# flight (Linux grows them to tcp_wmem's and tcp_rmem's maxima, 4 + 6 MiB by default, 32 MiB
+# of receive buffer on some hosts), so that a client that looks for an early answer between
+# its writes, or an overshoot of a few MiB, reads its 413 before that.
+MAX_DROPPED = 64 * 1024 * 1024
 
 
 class _TurnTransport:
@@ -88,6 +99,8 @@ class OneWriteProtocol(HttpToolsProtocol):
     # Bytes received since the last request ended (or the connection began) while no request
     # has its headers whole: None while a request's body is read.
     _head_bytes: int | None = 0
+    # Bytes of the body being dropped (see on_message_complete for its reset).
+    _dropped: int = 0
     # Armed while the transport's buffer is past its high-water mark (the client not reading).
     _write_stalled: asyncio.TimerHandle | None = None
 
@@ -119,6 +132,11 @@ class OneWriteProtocol(HttpToolsProtocol):
         head = self._head_bytes
         if head is not None:
             self._head_bytes = head + len(data)
+        elif self.cycle.response_complete:  # a body answered before it arrived (413)
+            self._dropped += len(data)
+            if self._dropped > MAX_DROPPED:
+                self.transport.close()
+                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -144,6 +162,8 @@ class OneWriteProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._head_bytes = 0
-        if not self.cycle.response_complete:  # else the rest of a body answered early (413)
+        if not self.cycle.response_complete:
             self._unset_keepalive_if_required()
+        else:  # the rest of a body answered early (413), dropped
+            self._dropped = 0
         super().on_message_complete()
