@@ -39,6 +39,7 @@ from botocore.exceptions import ClientError
 from conftest import ADMIN_URL, RUN_ID, _admin, _drop, _server, run_cli
 
 from eventpush import sources
+from eventpush.api.protocol import LOG_BURST
 from eventpush.demo.receiver import Receiver
 from eventpush.rules.parse import MAX_JSON_DEPTH
 
@@ -604,6 +605,28 @@ def test_a_body_refused_by_its_length_is_not_read_on_for_ever(server):
         except (BrokenPipeError, ConnectionResetError):
             pass
     assert sent < offered // 4, f"read and dropped {sent:,} bytes after the 413"
+
+
+def test_warnings_about_bad_connections_are_bounded_and_carry_no_request_bytes(server):
+    """Each connection with a malformed request was one warning line, so a scanner filled the
+    log: LOG_BURST of them a minute are logged, a line says the rest are counted, and none
+    holds a byte of the request (here a signature)."""
+    logged = server.log.seek(0, os.SEEK_END)
+    secret = "Signature=" + uuid.uuid4().hex
+    for _ in range(50):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(f"NOT HTTP\r\nAuthorization: AWS4-HMAC-SHA256 {secret}\r\n\r\n".encode())
+            assert sock.recv(65536).startswith(b"HTTP/1.1 400 ")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")  # the worker's log is written
+    server.log.seek(logged)
+    since = server.log.read()
+    server.log.seek(0)
+    whole = server.log.read()
+    assert 0 < since.count("Invalid HTTP request received.") <= LOG_BURST, since[-2000:]
+    assert "warnings about clients in the next" in whole
+    assert secret not in whole
 
 
 def test_put_targets_leaves_nothing_written_by_a_refused_request(server, admin, events):

@@ -35,11 +35,18 @@ keep-alive timeout). Here a connection whose writes are held up longer than the 
 timeout, or whose close still waits on unread bytes that long, is aborted, its request's task
 and buffers freed. The timers are armed only when the transport's buffer passes its
 high-water mark or a close finds bytes still unsent: none on a connection whose client reads.
+
+uvicorn warns in one line about each bad connection ("Invalid HTTP request received.", one
+per connection a scanner opens): a client could fill the log. Here the protocol's warnings
+go through :class:`_Bounded`, :data:`LOG_BURST` of them a :data:`LOG_INTERVAL`, the rest
+counted. They are uvicorn's fixed texts and ours, never a byte of the request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -51,6 +58,48 @@ MAX_HEAD = 64 * 1024  # bytes of request line and headers; an SDK's are under 2 
 # of receive buffer on some hosts), so that a client that looks for an early answer between
 # its writes, or an overshoot of a few MiB, reads its 413 before that.
 MAX_DROPPED = 64 * 1024 * 1024
+LOG_BURST = 10  # warnings about clients logged in each LOG_INTERVAL seconds; the rest counted
+LOG_INTERVAL = 60.0
+
+
+class _Bounded(logging.Filter):
+    """At most :data:`LOG_BURST` records below ERROR in each :data:`LOG_INTERVAL` seconds:
+    one line says when the rest start being left out, another how many were, on the first
+    record after the interval."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._until = 0.0  # the end of the interval
+        self._passed = self._left_out = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR or record.__dict__.get("bounded") is self:
+            return True
+        now = time.monotonic()
+        if now >= self._until:
+            if self._left_out:
+                self._note("%d warnings about clients were left out", self._left_out)
+            self._until, self._passed, self._left_out = now + LOG_INTERVAL, 0, 0
+        if self._passed < LOG_BURST:
+            self._passed += 1
+            return True
+        if not self._left_out:
+            self._note(
+                "more warnings about clients in the next %d s are counted, not logged",
+                round(self._until - now),
+            )
+        self._left_out += 1
+        return False
+
+    def _note(self, message: str, *args) -> None:
+        CLIENT_LOG.warning(message, *args, extra={"bounded": self})
+
+
+# Under uvicorn.error, so its lines are logged as uvicorn's own. Warnings and errors only: its
+# level set, uvicorn's trace lines (tested against the logger's own level) cost nothing.
+CLIENT_LOG = logging.getLogger("uvicorn.error.clients")
+CLIENT_LOG.setLevel(logging.WARNING)
+CLIENT_LOG.addFilter(_Bounded())
 
 
 class _TurnTransport:
@@ -105,6 +154,7 @@ class OneWriteProtocol(HttpToolsProtocol):
     _write_stalled: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.logger = CLIENT_LOG
         turn = _TurnTransport(transport, self.loop, self.timeout_keep_alive)
         super().connection_made(turn)  # type: ignore[arg-type]
         self.timeout_keep_alive_task = self.loop.call_later(
