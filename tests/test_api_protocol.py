@@ -5,21 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import select
 import socket
 import threading
 import time
 from collections.abc import Iterator
 
+import boto3
 import psutil
 import pytest
 import uvicorn
+from botocore.config import Config
+from botocore.exceptions import ClientError
 from ports import free_port
 
 from eventpush.api.protocol import MAX_HEAD, OneWriteProtocol
 
 BIG = 16 << 20  # past both sockets' buffers: the transport's own buffer and flow control work
 KEEP_ALIVE = 1  # seconds: impatient_port's timeout_keep_alive
+CROWD = 4  # crowded_port's limit_concurrency
 MID = 48 << 10  # under the transport's high-water mark (64 KiB)
 
 writes: list[bytes] = []
@@ -110,6 +115,13 @@ def stalling_port():
         yield port
 
 
+@pytest.fixture(scope="module")
+def crowded_port():
+    """A server that takes CROWD connections at once."""
+    with _serving(limit_concurrency=CROWD) as port:
+        yield port
+
+
 def _read_response(sock: socket.socket, pending: bytes = b"") -> tuple[bytes, bytes, bytes]:
     """One response's head and body read off ``sock`` (by its Content-Length), and what
     followed it."""
@@ -180,12 +192,28 @@ def test_a_response_before_close_arrives_whole(port):
     assert body == b"x" * 64
 
 
+def _aws_error(answer: bytes) -> tuple[int, str, dict]:
+    """An answer's status, its x-amzn-errortype and its JSON body, checked to be AWS's error
+    shape whole (Content-Length, Content-Type, the code in header and body alike)."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    assert int(headers["content-length"]) == len(body), answer
+    assert headers["content-type"] == "application/x-amz-json-1.1", answer
+    doc = json.loads(body)
+    assert doc["__type"].lower() == headers["x-amzn-errortype"], answer
+    return int(lines[0].split()[1]), doc["__type"], doc
+
+
 def test_a_malformed_request_gets_its_400_whole(port):
+    """In AWS's shape (uvicorn's was plain text, which an SDK made an error coded "400")."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
         data = _read_to_close(sock)
     assert data.startswith(b"HTTP/1.1 400"), data[:80]
-    assert data.endswith(b"Invalid HTTP request received.")
+    status, code, doc = _aws_error(data)
+    assert (status, code) == (400, "SerializationException")
+    assert doc["message"] == "Invalid HTTP request received."
 
 
 def test_a_large_response_to_a_slow_reader_arrives_whole(port):
@@ -316,3 +344,44 @@ def test_a_client_that_never_reads_its_answers_is_let_go(stalling_port):
         for _ in range(3):
             head, body, rest = _read_response(sock, rest)
             assert head.startswith(b"HTTP/1.1 200") and body == b"x" * MID
+
+
+def test_uvicorns_own_refusals_are_aws_errors_to_an_sdk(crowded_port):
+    """uvicorn answers a head past MAX_HEAD with 400 and a request past limit_concurrency
+    with 503 before the app sees them, in plain text: botocore raised ClientErrors coded "400"
+    and "503". They are AWS's JSON errors: SerializationException and
+    ServiceUnavailableException (which an SDK retries)."""
+    events = boto3.client(
+        "events",
+        endpoint_url=f"http://127.0.0.1:{crowded_port}",
+        region_name="us-east-1",
+        aws_access_key_id="AKIDEXAMPLE",
+        aws_secret_access_key="not-a-secret",
+        config=Config(retries={"total_max_attempts": 1}),
+    )
+
+    def pad(request, **_) -> None:
+        request.headers["X-Pad"] = "p" * (4 * MAX_HEAD)  # past one read of the socket too
+
+    events.meta.events.register("before-send.events.ListEventBuses", pad)
+    with pytest.raises(ClientError) as too_long:
+        events.list_event_buses()
+    assert too_long.value.response["Error"]["Code"] == "SerializationException"
+    assert too_long.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+    events.meta.events.unregister("before-send.events.ListEventBuses", pad)
+
+    held = [socket.create_connection(("127.0.0.1", crowded_port), timeout=10) for _ in range(CROWD)]
+    try:
+        time.sleep(0.2)  # the server has taken them
+        with pytest.raises(ClientError) as crowded:
+            events.list_event_buses()
+        assert crowded.value.response["Error"]["Code"] == "ServiceUnavailableException"
+        assert crowded.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+        with socket.create_connection(("127.0.0.1", crowded_port), timeout=10) as sock:
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+            answer = _read_to_close(sock)
+        assert b"\r\nconnection: close\r\n" in answer, answer
+        assert _aws_error(answer)[:2] == (503, "ServiceUnavailableException")
+    finally:
+        for sock in held:
+            sock.close()

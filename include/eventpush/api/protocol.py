@@ -36,6 +36,11 @@ timeout, or whose close still waits on unread bytes that long, is aborted, its r
 and buffers freed. The timers are armed only when the transport's buffer passes its
 high-water mark or a close finds bytes still unsent: none on a connection whose client reads.
 
+uvicorn's own answers, the 400 to a malformed request (or one past :data:`MAX_HEAD`) and the
+503 past ``limit_concurrency``, were plain text, which an SDK turns into an error coded
+"400" or "503"; here they are AWS's JSON errors, ``SerializationException`` and
+``ServiceUnavailableException``, as the app's own refusals are.
+
 uvicorn warns in one line about each bad connection ("Invalid HTTP request received.", one
 per connection a scanner opens): a client could fill the log. Here the protocol's warnings
 go through :class:`_Bounded`, :data:`LOG_BURST` of them a :data:`LOG_INTERVAL`, the rest
@@ -49,7 +54,9 @@ import logging
 import time
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from eventpush.api.errors import CONTENT_TYPE, ApiError, error_parts
 
 MAX_HEAD = 64 * 1024  # bytes of request line and headers; an SDK's are under 2 KiB
 # Bytes of a body answered before it arrived (413) read and dropped, past them the connection
@@ -100,6 +107,34 @@ class _Bounded(logging.Filter):
 CLIENT_LOG = logging.getLogger("uvicorn.error.clients")
 CLIENT_LOG.setLevel(logging.WARNING)
 CLIENT_LOG.addFilter(_Bounded())
+
+
+def _refusal(code: str, message: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """AWS's answer to ``code``: status, headers (connection closed) and body."""
+    status, body, headers = error_parts(ApiError(code, message))
+    return (
+        status,
+        [
+            (b"content-type", CONTENT_TYPE.encode()),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+            *headers,
+        ],
+        body,
+    )
+
+
+_OVERLOADED = _refusal(
+    "ServiceUnavailableException",
+    "the server is at its limit of concurrent connections; retry later",
+)
+
+
+async def _overloaded(scope, receive, send) -> None:
+    """The app past ``limit_concurrency``, in uvicorn's service_unavailable's place."""
+    status, headers, body = _OVERLOADED
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class _TurnTransport:
@@ -155,6 +190,8 @@ class OneWriteProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.logger = CLIENT_LOG
+        # Checked in on_headers_complete instead of uvicorn's check, to answer in AWS's shape.
+        self._limit, self.limit_concurrency = self.limit_concurrency, None
         turn = _TurnTransport(transport, self.loop, self.timeout_keep_alive)
         super().connection_made(turn)  # type: ignore[arg-type]
         self.timeout_keep_alive_task = self.loop.call_later(
@@ -208,7 +245,24 @@ class OneWriteProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._head_bytes = None
-        super().on_headers_complete()
+        limit = self._limit
+        if limit is None or (len(self.connections) < limit and len(self.tasks) < limit):
+            super().on_headers_complete()
+            return
+        self.logger.warning("Exceeded concurrency limit.")
+        self.app = _overloaded  # the app this request's cycle is given
+        try:
+            super().on_headers_complete()
+        finally:
+            self.app = self.config.loaded_app
+
+    def send_400_response(self, msg: str) -> None:
+        status, headers, body = _refusal("SerializationException", msg)
+        head = [STATUS_LINE[status]]
+        for name, value in (*self.server_state.default_headers, *headers):
+            head += [name, b": ", value, b"\r\n"]
+        self.transport.write(b"".join((*head, b"\r\n", body)))
+        self.transport.close()
 
     def on_message_complete(self) -> None:
         self._head_bytes = 0
