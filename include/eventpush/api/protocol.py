@@ -19,7 +19,7 @@ request has arrived whole: no timer more per request than uvicorn's own.
 Nor does uvicorn (or httptools) bound a request's line and headers: a client sending one
 endless header grew the worker by its size, and httptools, adding each piece to the bytes
 before, spent CPU on the square of it (200 MiB: 300 MiB held, 50 s of the event loop). Here a
-request whose head passes :data:`MAX_HEAD` bytes is answered uvicorn's 400 and its connection
+request whose head passes :data:`MAX_HEAD` bytes is answered 400 and its connection
 closed.
 
 A request answered before its body arrived (413, a body over the limit) leaves the rest of
