@@ -55,6 +55,24 @@ def test_audit_suite_fails_on_records_absent_from_their_destination(db_url):
         quality.check_audit([audit_row(absent=3, expired=2)], "absent", db_url)
 
 
+def test_audit_suite_tells_runners_of_one_name_apart_by_id(db_url):
+    """A deleted target's runner and the live one re-created with its names share a name:
+    each appears once by id, which passes; one id twice is still refused, and a report saved
+    before ids were recorded is told apart by name."""
+    ok = quality.check_audit([audit_row(runner_id=3), audit_row(runner_id=4)], "same name", db_url)
+    assert ok.success
+    twice = quality.check_audit(
+        [audit_row(runner_id=3), audit_row(runner_id=3)], "twice", db_url, raise_on_failure=False
+    )
+    assert not twice.success
+    assert twice.failures[0]["expectation"] == "expect_column_values_to_be_unique"
+    before = [audit_row(), audit_row(runner="b/r/u")]
+    assert quality.check_audit(before, "before ids", db_url).success
+    assert not quality.check_audit(
+        [audit_row(), audit_row()], "names twice", db_url, raise_on_failure=False
+    ).success
+
+
 def test_replay_suites(db_url, conn):
     selection = pd.DataFrame(
         {

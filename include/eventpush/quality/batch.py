@@ -155,7 +155,7 @@ def audit_expectations() -> list:
 
     E = gx.expectations
     return [
-        E.ExpectColumnValuesToBeUnique(column="runner"),
+        E.ExpectColumnValuesToBeUnique(column="runner_id"),
         E.ExpectColumnValuesToBeBetween(column="missing", min_value=0, max_value=0),
         E.ExpectColumnValuesToBeBetween(column="absent", min_value=0, max_value=0),
         E.ExpectColumnPairValuesToBeEqual(column_A="expected", column_B="accounted"),
@@ -165,14 +165,20 @@ def audit_expectations() -> list:
 def check_audit(runners, run_label: str, db_url: str | None = None, **kw) -> CheckResult:
     """No runner has a missing record nor one absent from its destination, and every expected
     record is accounted for once. ``runners``: RunnerAudit objects or dicts with the audit's
-    keys (``absent`` 0 when the report did not verify sinks)."""
+    keys (``absent`` 0 when the report did not verify sinks). Each runner once, by id: a
+    deleted target's runner and a live one re-created with its names share a name (a report
+    saved before ids were recorded is told apart by name)."""
     # Deferred: pandas is loaded only by the suites that hand it a frame.
     import pandas as pd
 
     rows = [r if isinstance(r, dict) else r.__dict__ for r in runners]
     columns = ["runner", "expected", "delivered", "failed", "missing", "pending", "duplicates"]
-    df = pd.DataFrame(rows, columns=[*columns, "absent"])
+    df = pd.DataFrame(rows, columns=[*columns, "absent", "runner_id"])
     df["absent"] = df["absent"].fillna(0).astype("int64")
+    df["runner_id"] = [
+        f"id {rid:.0f}" if pd.notna(rid) else f"name {name}"
+        for rid, name in zip(df["runner_id"], df["runner"], strict=True)
+    ]
     df["accounted"] = df["delivered"] + df["failed"] + df["missing"] + df["pending"]
     return run_suite("audit", df, audit_expectations(), run_label, db_url, **kw)
 
