@@ -22,11 +22,11 @@ triggered without a logical date; a time without an offset is UTC).
    `audit_missing` alert: an `ALERT eventpush audit_missing: ...` log line and
    `eventpush_alert{alert="audit_missing"} 1` (cleared by the next passing check).
 5. **publish_gaps**: when records are missing or absent (and only then), emits an event on
-   the asset
-   `eventpush://audit/gaps` whose extra holds the report id, the window, the bus, the number
-   missing and the runners that miss records, with how many each. `eventpush_replay_gaps`,
-   scheduled on that asset, replays them when the Airflow Variable `eventpush_replay_gaps` is
-   `true` (off by default), or when this run's form asked for it (`replay_missing`).
+   the asset `eventpush://audit/gaps` whose extra holds the report id, the window, the bus,
+   the number missing and the runners that miss records (id, name and how many each).
+   `eventpush_replay_gaps`, scheduled on that asset, replays them when the Airflow Variable
+   `eventpush_replay_gaps` is `true` (off by default), or when this run's form asked for it
+   (`replay_missing`).
 
 #### Through the REST API
 

@@ -3,7 +3,7 @@
 
 Scheduled on the asset `eventpush://audit/gaps`, which `eventpush_audit` updates only when a
 report has missing records (the event's extra: report id, window, bus, missing, and the
-runners missing records with how many each).
+runners missing records: id, name and how many each).
 
 1. **gap_request**: the gap events of this run (those that triggered it; for a manual run, the
    latest one) as one `what=missing` replay request over their window and bus, checked like

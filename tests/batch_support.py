@@ -57,12 +57,14 @@ def publish_lines(conn, bus, lines):
 def simulate_push(conn, runner, fail=(), upto=None):
     """Push ``runner``'s bus the way the engine commits: matched events get a delivery row
     (or a failure row when their ``detail.n`` is in ``fail``); offsets move to the end (or
-    to ``upto`` per queue). Returns {(queue_id, offset): message_id} of the delivered."""
+    to ``upto`` per queue). Returns {(queue_id, offset): message_id} of the delivered. A name
+    a deleted target's runner shares with a live one is the live one's."""
     with conn.cursor() as cur:
         cur.execute(
             "SELECT r.id, b.id, b.name, ru.pattern::text FROM event_target_runner r "
             "JOIN event_target t ON t.id = r.target_id JOIN event_rule ru ON ru.id = t.rule_id "
-            "JOIN event_bus b ON b.id = ru.bus_id WHERE r.name = %s",
+            "JOIN event_bus b ON b.id = ru.bus_id WHERE r.name = %s "
+            "ORDER BY r.deleted_at IS NOT NULL, r.id DESC LIMIT 1",
             (runner,),
         )
         runner_id, bus_id, bus, pattern = cur.fetchone()

@@ -122,3 +122,122 @@ def test_audit_cli_json_and_exit_code(db_url, conn, spark):  # noqa: F811
     assert unknown.exit_code == 2 and "unknown bus" in unknown.output
     bad = runner.invoke(audit, ["--since", "2024-02-01", "--until", "2024-01-01"])
     assert bad.exit_code == 2
+
+
+def _two_runners_of_one_name(conn, missing: tuple[int, int]) -> tuple[str, int, int]:
+    """orders/r/t pushed, some of its delivery rows lost (``missing[0]``), its bus deleted
+    (``--force``) and made again with the same names (a new runner, same name) and pushed in
+    turn, losing ``missing[1]``. Returns the name and the deleted and live runners' ids."""
+    from eventpush import catalog
+
+    ids = []
+    for lost in missing:
+        catalog.create_bus(conn, "orders", 2)
+        catalog.create_rule(conn, "orders", "r", {"source": ["app.orders"]})
+        spec = catalog.TargetSpec(name="t", url="http://127.0.0.1:9/hook")
+        name = catalog.create_target(conn, "orders", "r", spec)
+        publish_lines(conn, "orders", events(6))
+        simulate_push(conn, name)
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT id FROM event_target_runner WHERE name = %s AND deleted_at IS NULL",
+                (name,),
+            )
+            ids.append(cur.fetchone()[0])
+            cur.execute(
+                "DELETE FROM event_push_delivery WHERE id IN (SELECT id FROM "
+                "event_push_delivery WHERE runner_id = %s ORDER BY id LIMIT %s)",
+                (ids[-1], lost),
+            )
+        conn.commit()
+        if len(ids) == 1:
+            catalog.delete_bus(conn, "orders", force=True)
+    return name, ids[0], ids[1]
+
+
+def test_a_deleted_runner_and_the_live_one_of_its_name_keep_their_figures_apart(
+    db_url,
+    conn,
+    spark,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """Two runners named orders/r/t, one of a deleted target, one live, 2 and 3 records
+    missing: the result, the saved report, the JSON, the table, the metrics, the gap event's
+    extra and the alert line each keep them apart by runner id."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from eventpush.airflow import alerts
+    from eventpush.airflow.gaps import gap_extra
+    from eventpush.cli.batch import audit
+
+    monkeypatch.setenv("EVENTPUSH_METRICS_TEXTFILE_DIR", str(tmp_path))
+    name, old, live = _two_runners_of_one_name(conn, (2, 3))
+
+    result = run_audit(spark, db_url)
+    got = {r.runner_id: (r.runner, r.deleted, r.missing) for r in result.runners}
+    assert got == {old: (name, True, 2), live: (name, False, 3)}
+
+    with conn.cursor() as cur:
+        cur.execute("SELECT runners FROM event_audit_report WHERE id = %s", (result.report_id,))
+        (saved,) = cur.fetchone()
+    conn.rollback()
+    assert {r["runner_id"]: r["missing"] for r in saved} == {old: 2, live: 3}
+
+    text = (tmp_path / "eventpush_audit.prom").read_text()
+    series = {
+        (s.labels["runner"], s.labels["runner_id"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "eventpush_audit_missing_records"
+    }
+    assert series == {(name, str(old)): 2, (name, str(live)): 3}
+
+    report = {"report_id": result.report_id, "bus": None, "since": None, "until": None}
+    report |= {"missing": 5, "runners": saved}
+    extra = gap_extra(report, False)
+    assert sorted(extra["runners"], key=lambda r: r["runner_id"]) == [
+        {"runner_id": old, "runner": name, "missing": 2},
+        {"runner_id": live, "runner": name, "missing": 3},
+    ]
+    ti = type("TI", (), {"xcom_pull": lambda self, task_ids: report})()
+    lines = []
+    monkeypatch.setattr(alerts, "raise_alert", lambda alert, message: lines.append(message))
+    alerts.audit_failed({"ti": ti})
+    assert f"{name} #{live} (3), {name} #{old} (2)" in lines[0]
+
+    doc = json.loads(CliRunner().invoke(audit, ["--json"]).stdout)
+    assert {r["runner_id"]: r["missing"] for r in doc["runners"]} == {old: 2, live: 3}
+    table = CliRunner().invoke(audit, [])
+    assert table.exit_code == 1, table.output
+    # The name is cut to the terminal's width; the id column tells the rows apart.
+    rows = {
+        tuple(cell.strip() for cell in line.strip("│").split("│")[1:6])
+        for line in table.stdout.splitlines()
+        if line.startswith("│ orders/")
+    }
+    assert rows == {(str(old), "6", "4", "0", "2"), (str(live), "6", "3", "0", "3")}
+
+
+def test_a_clean_deleted_runner_does_not_roll_up_the_live_one_of_its_name(
+    db_url,
+    conn,
+    spark,  # noqa: F811
+):
+    """The deleted runner is clean, the live one of its name has a record missing: only the
+    deleted one's window is rolled up; the live one keeps its delivery rows and its gap."""
+    since = datetime.now(UTC) - timedelta(minutes=5)
+    name, old, live = _two_runners_of_one_name(conn, (0, 1))
+    until = datetime.now(UTC)
+    result = run_audit(spark, db_url, since=since, until=until, roll_up=True)
+    with conn.cursor() as cur:
+        cur.execute("SELECT runner_id FROM event_delivery_rollup")
+        assert cur.fetchall() == [(old,)]
+        cur.execute("SELECT count(*) FROM event_push_delivery WHERE runner_id = %s", (live,))
+        assert cur.fetchone()[0] == 5
+    conn.rollback()
+    got = {r.runner_id: (r.missing, r.pending) for r in result.runners}
+    assert got == {old: (0, 0), live: (1, 0)}
+    assert result.rolled_up == {old: 6}
+    again = run_audit(spark, db_url, since=since, until=until)
+    assert {r.runner_id: r.missing for r in again.runners} == {old: 0, live: 1}

@@ -238,6 +238,8 @@ def test_audit_gaps_become_an_asset_event_and_the_switch_replays_them(
     with conn.cursor() as cur:
         cur.execute("SELECT id, missing FROM event_audit_report ORDER BY id DESC LIMIT 1")
         report_id, missing = cur.fetchone()
+        cur.execute("SELECT id FROM event_target_runner WHERE name = %s", (runner,))
+        (runner_id,) = cur.fetchone()
         cur.execute("SELECT success FROM event_check_result WHERE suite = 'audit'")
         assert cur.fetchall() == [(False,)]
     conn.rollback()
@@ -252,7 +254,7 @@ def test_audit_gaps_become_an_asset_event_and_the_switch_replays_them(
                 "since": since,
                 "until": until,
                 "missing": 2,
-                "runners": {runner: 2},
+                "runners": [{"runner_id": runner_id, "runner": runner, "missing": 2}],
                 "replay_requested": False,
             },
             "eventpush_audit",
@@ -273,7 +275,8 @@ def test_audit_gaps_become_an_asset_event_and_the_switch_replays_them(
     alert = samples("eventpush_alert_audit_missing.prom")
     assert alert[("eventpush_alert", (("alert", "audit_missing"),))] == 1
     audit = samples("eventpush_audit.prom")
-    assert audit[("eventpush_audit_missing_records", (("runner", runner),))] == 2
+    labels = (("runner", runner), ("runner_id", str(runner_id)))
+    assert audit[("eventpush_audit_missing_records", labels)] == 2
 
     def replay_runs() -> int:
         with conn.cursor() as cur:

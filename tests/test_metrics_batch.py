@@ -30,8 +30,8 @@ def samples(text: str) -> dict[tuple[str, tuple], float]:
 
 AUDIT = AuditResult(
     [
-        RunnerAudit("orders/created/crm", 30, 25, 2, 3, 0, 0),
-        RunnerAudit("orders/big/billing", 15, 15, 0, 0, 0, 1),
+        RunnerAudit("orders/created/crm", 30, 25, 2, 3, 0, 0, runner_id=1),
+        RunnerAudit("orders/big/billing", 15, 15, 0, 0, 0, 1, runner_id=2),
     ],
     report_id=7,
     since=None,
@@ -72,7 +72,8 @@ def test_audit_results_go_to_a_textfile_atomically(tmp_path, monkeypatch):
     assert where == [str(path)]
     assert [p.name for p in tmp_path.iterdir()] == ["eventpush_audit.prom"]  # no temp file left
     got = samples(path.read_text())
-    crm, billing = (("runner", "orders/created/crm"),), (("runner", "orders/big/billing"),)
+    crm = (("runner", "orders/created/crm"), ("runner_id", "1"))
+    billing = (("runner", "orders/big/billing"), ("runner_id", "2"))
     assert got[("eventpush_audit_missing_records", crm)] == 3
     assert got[("eventpush_audit_missing_records", billing)] == 0
     assert got[("eventpush_audit_failed_records", crm)] == 2

@@ -163,17 +163,91 @@ def test_an_absent_record_the_stream_still_holds_fails_as_not_restored():
     assert every.kind == FINAL and "replay it again once the window has passed" in every.error
 
 
-def test_a_deleted_runner_of_the_same_name_does_not_show_the_live_ones_absent_records():
-    """The absent records are listed by runner name; a deleted target's runner named like
-    the live one (bus delete --force, then the same names again) has none of its own."""
+def test_runners_of_one_name_each_list_their_own_absent_records():
+    """A deleted target's runner and the live one re-created with its names (bus delete
+    --force, then the same names again) share a name: the absent records are kept by runner
+    id, so each lists its own, in the JSON and in the table's lines."""
     from eventpush.sparkjobs.audit import AuditResult, RunnerAudit
 
-    def runner(deleted: bool, absent: int) -> RunnerAudit:
-        return RunnerAudit("b/r/t", 2, 2, 0, 0, 0, 0, deleted, absent, 0, "verified: stream S")
+    def runner(rid: int, deleted: bool, absent: int) -> RunnerAudit:
+        return RunnerAudit(
+            "b/r/t", 2, 2, 0, 0, 0, 0, deleted, absent, 0, "verified: stream S", runner_id=rid
+        )
 
-    result = AuditResult(
-        [runner(True, 0), runner(False, 1)], 1, None, None, {"b/r/t": [(5, 6, "m1")]}
-    )
+    listed = {3: [(1, 2, "m-old")], 4: [(5, 6, "m1"), (5, 7, "m2")]}
+    result = AuditResult([runner(3, True, 1), runner(4, False, 2)], 1, None, None, listed)
     old, live = result.to_json()["runners"]
-    assert old["deleted"] and old["absent_records"] == []
-    assert live["absent_records"] == [{"queue_id": 5, "offset": 6, "message_id": "m1"}]
+    assert (old["runner_id"], old["deleted"]) == (3, True)
+    assert old["absent_records"] == [{"queue_id": 1, "offset": 2, "message_id": "m-old"}]
+    assert live["runner_id"] == 4
+    assert [a["message_id"] for a in live["absent_records"]] == ["m1", "m2"]
+
+
+def test_a_deleted_runner_and_the_live_one_of_its_name_keep_their_absent_records_apart(
+    conn,
+    db_url,
+    spark,  # noqa: F811
+    nats_server,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """A JetStream target deleted and created again with the same names: two runners named
+    orders/all/js, both delivered to SINK, each with messages deleted from it. Each runner
+    keeps its own absent figure and records in the JSON, the table and the metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    monkeypatch.setenv("EVENTPUSH_METRICS_TEXTFILE_DIR", str(tmp_path))
+    asyncio.run(_streams(nats_server.url))
+    spec = catalog.TargetSpec(name="js", url=f"{nats_server.url}/sink.orders")
+    catalog.create_bus(conn, "orders", 2)
+    catalog.create_rule(conn, "orders", "all", {"source": ["shop"]})
+    catalog.create_worker(conn, "w1")
+    for deleted in (True, False):  # the first runner deleted, the second live
+        catalog.create_target(conn, "orders", "all", spec)
+        catalog.assign(conn)
+        publish(conn, "orders", events(10))
+        assert run_worker("w1", until_idle=True, max_seconds=60).delivered == 10
+        if deleted:
+            catalog.delete_target(conn, "orders", "all", "js")
+    with conn.cursor() as cur:
+        cur.execute("SELECT id FROM event_target_runner ORDER BY id")
+        old, live = (rid for (rid,) in cur.fetchall())
+    conn.commit()
+    held = asyncio.run(_held(nats_server.url, "SINK"))
+    assert len(held) == 20
+    # Two of the deleted runner's messages, three of the live one's.
+    gone = {old: held[2:4], live: held[14:17]}
+    asyncio.run(_delete(nats_server.url, "SINK", [seq for g in gone.values() for seq, _ in g]))
+
+    def keys(runner_id: int, entries) -> list[str]:
+        return sorted(record_key(runner_id, a["queue_id"], a["offset"]) for a in entries)
+
+    r = CliRunner().invoke(audit, ["--bus", "orders", "--verify-sinks", "--json"])
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.stdout)
+    by_id = {x["runner_id"]: x for x in doc["runners"]}
+    assert {x["runner"] for x in doc["runners"]} == {"orders/all/js"} and set(by_id) == {old, live}
+    for rid, deleted, absent in ((old, True, 2), (live, False, 3)):
+        assert (by_id[rid]["deleted"], by_id[rid]["absent"]) == (deleted, absent)
+        assert keys(rid, by_id[rid]["absent_records"]) == sorted(k for _, k in gone[rid])
+
+    table = CliRunner().invoke(audit, ["--bus", "orders", "--verify-sinks"])
+    assert table.exit_code == 1, table.output
+    listed = dict(
+        line.split(": absent (queue/offset) ")
+        for line in table.stdout.splitlines()
+        if "absent (queue/offset)" in line
+    )
+    assert {k: len(v.split(", ")) for k, v in listed.items()} == {
+        f"orders/all/js (id {old})": 2,
+        f"orders/all/js (id {live})": 3,
+    }
+
+    text = (tmp_path / "eventpush_audit.prom").read_text()
+    absent = {
+        s.labels["runner_id"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "eventpush_audit_absent_records"
+    }
+    assert absent == {str(old): 2, str(live): 3}

@@ -458,13 +458,21 @@ Results = dict[str, list[tuple[dict[str, str], float]]]
 
 
 def audit_results(result) -> Results:
-    """An audit's figures per runner (``sparkjobs.audit.AuditResult``)."""
+    """An audit's figures per runner (``sparkjobs.audit.AuditResult``), labelled by its id
+    beside its name: a deleted target's runner and a live one re-created with the same names
+    would otherwise be one series, the last written hiding the other."""
     out: Results = {}
     for key in ("expected", "missing", "failed", "absent"):
         out[f"eventpush_audit_{key}_records"] = [
-            ({"runner": r.runner}, getattr(r, key)) for r in result.runners
+            ({"runner": r.runner, "runner_id": _label(r.runner_id)}, getattr(r, key))
+            for r in result.runners
         ]
     return out
+
+
+def _label(value: object) -> str:
+    """A label's value; None is the empty value, which Prometheus reads as no label."""
+    return "" if value is None else str(value)
 
 
 def replay_results(result) -> Results:

@@ -55,13 +55,20 @@ def audit_failed(context) -> None:
         (r for r in report.get("runners") or [] if r.get("missing")),
         key=lambda r: -r["missing"],
     )[:5]
-    runners = ", ".join(f"{r['runner']} ({r['missing']})" for r in worst)
+    runners = ", ".join(f"{_runner(r)} ({r['missing']})" for r in worst)
     raise_alert(
         "audit_missing",
         f"{missing} records missing in audit report {report.get('report_id')} "
         f"[{report.get('since')} .. {report.get('until')}) bus {report.get('bus') or 'all'}: "
         f"{runners}; {_where(context)}",
     )
+
+
+def _runner(row: dict) -> str:
+    """A report's runner as the alert names it: with its id when the report has one (a
+    deleted target's runner and a live one re-created with its names share the name)."""
+    rid = row.get("runner_id")
+    return row["runner"] if rid is None else f"{row['runner']} #{rid}"
 
 
 def audit_passed(context) -> None:

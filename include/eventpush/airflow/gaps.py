@@ -28,12 +28,18 @@ _FALSE = ("false", "0", "no", "off", "")
 
 def gap_extra(report: dict, replay_requested: bool) -> dict:
     """The asset event's extra for an audit report: window, bus, totals and the runners that
-    miss records, with how many each."""
-    runners = {
-        r["runner"]: int(r["missing"]) + int(r.get("absent") or 0)
+    miss records, with how many each: a list of id, name and count, not an object keyed by
+    name (a deleted target's runner and a live one re-created with its names share one;
+    ``runner_id`` is None for a report saved before ids were recorded)."""
+    runners = [
+        {
+            "runner_id": r.get("runner_id"),
+            "runner": r["runner"],
+            "missing": int(r["missing"]) + int(r.get("absent") or 0),
+        }
         for r in report["runners"]
         if r["missing"] or r.get("absent")
-    }
+    ]
     return {
         "report_id": report["report_id"],
         "bus": report["bus"],

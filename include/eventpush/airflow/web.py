@@ -264,9 +264,14 @@ def render_live(conn, minutes: int = 60) -> str:
     if audits:
         a = audits[0]
         audit_keys = ("expected", "delivered", "failed", "missing", "pending", "duplicates")
-        rows = [[r.get("runner"), *(r.get(k) or 0 for k in audit_keys)] for r in a["runners"] or []]
+        # The id beside the name: a deleted target's runner and a live one re-created with its
+        # names share the name ("-": a report saved before ids were recorded).
+        rows = [
+            [r.get("runner"), r.get("runner_id") or "-", *(r.get(k) or 0 for k in audit_keys)]
+            for r in a["runners"] or []
+        ]
         # The line says what the table shows, summed from its very rows: they cannot disagree.
-        missing = sum(row[4] for row in rows)
+        missing = sum(row[5] for row in rows)
         verdict = (
             f'<span class="bad">{missing} missing</span>'
             if missing
@@ -276,7 +281,7 @@ def render_live(conn, minutes: int = 60) -> str:
         )
         audit_html = (
             f"<p>{html.escape(str(a['created_at'])[:19])} · bus {html.escape(a['bus'] or 'all')}"
-            f" · {verdict}</p>" + _table(["runner", *audit_keys], rows)
+            f" · {verdict}</p>" + _table(["runner", "id", *audit_keys], rows)
         )
     else:
         audit_html = '<p class="muted">no audit yet</p>'

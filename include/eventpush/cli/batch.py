@@ -99,6 +99,8 @@ def audit(bus, since, until, verify_sinks, roll_up, as_json) -> None:
     else:
         table = Table(title=f"audit report {result.report_id}")
         table.add_column("runner")
+        # A deleted target's runner and a live one re-created with its names share a name.
+        table.add_column("id", justify="right")
         keys = ("expected", "delivered", "failed", "missing", "pending", "duplicates")
         keys += ("absent", "expired") if verify_sinks else ()
         for key in keys:
@@ -108,18 +110,20 @@ def audit(bus, since, until, verify_sinks, roll_up, as_json) -> None:
         for r in result.runners:
             style = "bold red" if r.missing or r.absent else None
             sink = (r.sink or "",) if verify_sinks else ()
-            table.add_row(r.runner, *(str(getattr(r, k)) for k in keys), *sink, style=style)
+            cells = (r.runner, str(r.runner_id), *(str(getattr(r, k)) for k in keys), *sink)
+            table.add_row(*cells, style=style)
         out.print(table)
         totals = result.totals()
         said = [f"{totals['missing']} missing"] if totals["missing"] else []
         said += [f"{totals['absent']} absent from their destination"] if totals["absent"] else []
         out.print(", ".join(said) if said else "nothing missing")
-        for runner, rows in result.rolled_up.items():
-            out.print(f"{runner}: {rows} delivery rows rolled up into one")
-        for runner, records in result.absent_records.items():
+        names = result.names()
+        for rid, rows in result.rolled_up.items():
+            out.print(f"{names[rid]} (id {rid}): {rows} delivery rows rolled up into one")
+        for rid, records in result.absent_records.items():
             shown = ", ".join(f"{q}/{o}" for q, o, _ in records[:20])
             more = f" and {len(records) - 20} more" if len(records) > 20 else ""
-            out.print(f"{runner}: absent (queue/offset) {shown}{more}")
+            out.print(f"{names[rid]} (id {rid}): absent (queue/offset) {shown}{more}")
     if result.unaccounted():
         sys.exit(EXIT_MISSING)
 

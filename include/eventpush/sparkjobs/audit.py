@@ -88,6 +88,10 @@ class RunnerAudit:
     absent: int = 0
     expired: int = 0
     sink: str | None = None
+    # What the figures are keyed by: a deleted target's runner and a live one re-created
+    # with the same names share ``runner`` (the name, for display). None only in reports
+    # saved before the id was recorded.
+    runner_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -97,12 +101,12 @@ class AuditResult:
     since: datetime | None
     until: datetime | None
 
-    # runner name -> the absent records, (queue_id, offset, message_id), at most ABSENT_LISTED
-    absent_records: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict)
+    # runner id -> the absent records, (queue_id, offset, message_id), at most ABSENT_LISTED
+    absent_records: dict[int, list[tuple[int, int, str]]] = field(default_factory=dict)
     # One line per bus whose kept events begin inside the window (retention clipped it).
     warnings: list[str] = field(default_factory=list)
-    # With roll_up: runner name -> delivery rows its clean window's summary row replaced.
-    rolled_up: dict[str, int] = field(default_factory=dict)
+    # With roll_up: runner id -> delivery rows its clean window's summary row replaced.
+    rolled_up: dict[int, int] = field(default_factory=dict)
 
     def totals(self) -> dict[str, int]:
         keys = ("expected", "delivered", "failed", "missing", "pending", "duplicates")
@@ -115,10 +119,12 @@ class AuditResult:
         unread = sum(1 for r in self.runners if r.sink is not None and r.sink.startswith("error"))
         return self.totals()["missing"] + self.totals()["absent"] + unread
 
+    def names(self) -> dict[int | None, str]:
+        """runner id -> its name, for showing what ``absent_records`` and ``rolled_up`` key."""
+        return {r.runner_id: r.runner for r in self.runners}
+
     def to_json(self) -> dict:
-        # Listed by runner name: a deleted target's runner may share its name with a live
-        # one, so a runner gets the list only when it has absent records of its own.
-        listed = self.absent_records
+        listed, names = self.absent_records, self.names()
         return {
             "runners": [
                 asdict(r)
@@ -126,7 +132,7 @@ class AuditResult:
                     {
                         "absent_records": [
                             {"queue_id": q, "offset": o, "message_id": m}
-                            for q, o, m in (listed.get(r.runner, []) if r.absent else [])
+                            for q, o, m in listed.get(r.runner_id, [])
                         ]
                     }
                     if r.sink is not None
@@ -139,7 +145,11 @@ class AuditResult:
             "since": self.since.isoformat() if self.since else None,
             "until": self.until.isoformat() if self.until else None,
             "warnings": self.warnings,
-            "rolled_up": self.rolled_up,
+            # A list, not an object keyed by name: two runners may share one.
+            "rolled_up": [
+                {"runner_id": rid, "runner": names.get(rid), "rows": n}
+                for rid, n in self.rolled_up.items()
+            ],
         }
 
 
@@ -494,7 +504,13 @@ def summarise(records, scope: AuditScope, checked=False, whole=()) -> list[Runne
                 for key in ("expected", "delivered", "failed", "duplicates"):
                     counts[key] += getattr(w, key)
         out.append(
-            RunnerAudit(runner=r.name, **counts, deleted=r.deleted, **sinks.get(r.runner_id, {}))
+            RunnerAudit(
+                runner=r.name,
+                **counts,
+                deleted=r.deleted,
+                **sinks.get(r.runner_id, {}),
+                runner_id=r.runner_id,
+            )
         )
     return out
 
@@ -535,8 +551,8 @@ def _sink_states(checked, scope: AuditScope) -> dict[int, dict]:
     return out
 
 
-def absent_listing(checked, records, scope: AuditScope) -> dict[str, list[tuple[int, int, str]]]:
-    """runner name -> its absent records (queue_id, offset, message_id), the first
+def absent_listing(checked, records) -> dict[int, list[tuple[int, int, str]]]:
+    """runner id -> its absent records (queue_id, offset, message_id), the first
     ABSENT_LISTED of each by queue and offset."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -554,10 +570,9 @@ def absent_listing(checked, records, scope: AuditScope) -> dict[str, list[tuple[
         .select("runner_id", "queue_id", "offset", "message_id")
         .collect()
     )
-    names = {r.runner_id: r.name for r in scope.runners}
-    out: dict[str, list[tuple[int, int, str]]] = {}
+    out: dict[int, list[tuple[int, int, str]]] = {}
     for row in sorted(rows, key=lambda r: (r["runner_id"], r["queue_id"], r["offset"])):
-        out.setdefault(names[row["runner_id"]], []).append(
+        out.setdefault(int(row["runner_id"]), []).append(
             (int(row["queue_id"]), int(row["offset"]), row["message_id"])
         )
     return out
@@ -634,7 +649,7 @@ def run_audit(
         if checked is not None:
             checked = checked.persist()
         runners = summarise(records, scope, checked, whole)
-        listed = absent_listing(checked, records, scope)
+        listed = absent_listing(checked, records)
         if not roll_up:
             records.unpersist()
         if checked is not None:
@@ -646,9 +661,9 @@ def run_audit(
     if save:
         with connection(db_url) as conn, transaction(conn) as cur:
             report_id = write_report(cur, bus, since, until, runners, verified=verify_sinks)
-    rolled: dict[str, int] = {}
+    rolled: dict[int, int] = {}
     if roll_up:
-        rolled = roll_up_clean(db_url, records, scope, runners, since, until, report_id)
+        rolled = roll_up_clean(db_url, records, runners, since, until, report_id)
         records.unpersist()
     result = AuditResult(runners, report_id, since, until, listed, warnings, rolled)
     if save:  # a saved audit is a result operators watch: textfile / Pushgateway when set
@@ -657,16 +672,16 @@ def run_audit(
 
 
 def roll_up_clean(
-    db_url: str, records, scope: AuditScope, runners: list[RunnerAudit], since, until, report_id
-) -> dict[str, int]:
+    db_url: str, records, runners: list[RunnerAudit], since, until, report_id
+) -> dict[int, int]:
     """The runners found clean (nothing missing, pending or absent, a readable destination
     read) with records in the window: their delivery rows replaced by one summary row each.
-    Returns runner name -> delivery rows replaced."""
+    Returns runner id -> delivery rows replaced."""
     from pyspark.sql import functions as F
 
-    ids = {r.name: r.runner_id for r in scope.runners}
+    # By id: a deleted runner found clean must not roll up a live one of its name.
     clean = {
-        ids[r.runner]: r
+        r.runner_id: r
         for r in runners
         if r.expected
         and not (r.missing or r.pending or r.absent)
@@ -690,6 +705,4 @@ def roll_up_clean(
         if rid in offsets
     ]
     with connection(db_url) as conn:
-        replaced = rollups.roll_up(conn, since, until, windows, report_id)
-    names = {rid: name for name, rid in ids.items()}
-    return {names[rid]: n for rid, n in replaced.items()}
+        return rollups.roll_up(conn, since, until, windows, report_id)
