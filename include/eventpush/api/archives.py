@@ -63,8 +63,9 @@ def _archive_figures(conn, name: str) -> tuple[int | None, int]:
     """(events the bus holds, bytes its events take on disk). The count is what the store
     still holds from where the bus began (the source kind's ``count``: in PostgreSQL from
     each queue's first kept offset to its head, on NATS the stream's count of the queues'
-    subjects); the sum of the heads counted the events retention had dropped. None when the
-    kind gives no count or its broker does not answer (AWS leaves out what it has not got).
+    subjects, messages that are not JSON objects included: docs/OPERATIONS.md); the sum of
+    the heads counted the events retention had dropped. None when the kind gives no count
+    or its broker does not answer (AWS leaves out what it has not got).
     The size is that of the bus's partitions of ``bus_event`` with their indexes (0 for a
     broker's bus: the stream holds its events)."""
     from eventpush.partitions import bus_table
