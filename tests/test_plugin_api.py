@@ -266,6 +266,8 @@ def test_delivered_means_live_and_replayed_and_the_audit_line_sums_its_table(
     cells = page_part("Runners").split("<td>")
     assert [c.split("</td>")[0] for c in cells[7:10]] == ["2", "1", '<span class="bad">1</span>']
     assert "nothing missing" in page_part("Last audit")
+    # a report saved before runner ids were recorded: "-" for the id
+    assert f"<td>{runner}</td><td>-</td>" in page_part("Last audit")
     # an audit without runners in its scope says so, and never a count the table lacks
     with conn.cursor() as cur:
         cur.execute(
@@ -275,6 +277,26 @@ def test_delivered_means_live_and_replayed_and_the_audit_line_sums_its_table(
     conn.commit()
     last = page_part("Last audit")
     assert "missing" not in last.split("<table>")[0] and "no runner in its scope" in last
+    # A deleted target's runner and the live one re-created with its names: a row each, told
+    # apart by id.
+    same = [
+        audited | {"runner_id": 7, "deleted": True, "delivered": 1, "missing": 2},
+        audited | {"runner_id": 8, "deleted": False, "delivered": 0, "missing": 3},
+    ]
+    with conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO event_audit_report (bus, expected, delivered, failed, missing, "
+            "pending, duplicates, runners) VALUES ('orders', 6, 1, 2, 5, 0, 0, %s)",
+            (json.dumps(same),),
+        )
+    conn.commit()
+    last = page_part("Last audit")
+    assert '<span class="bad">5 missing</span>' in last
+    rows = [row.split("</tr>")[0] for row in last.split("<tr>")[2:]]
+    assert rows == [
+        f"<td>{runner}</td><td>7</td><td>3</td><td>1</td><td>1</td><td>2</td><td>0</td><td>0</td>",
+        f"<td>{runner}</td><td>8</td><td>3</td><td>0</td><td>1</td><td>3</td><td>0</td><td>0</td>",
+    ]
 
 
 def test_the_dashboard_shows_each_destinations_limit_rate_throttling_and_auto_concurrency(
