@@ -207,35 +207,19 @@ def test_a_publisher_gets_in_while_a_drop_waits_for_a_long_reader(conn, db_url, 
     lock timeout, each publisher stalled up to 5 s. Each try now waits a moment, and is tried
     again after a pause that lets the publishers through; once the reader ends, the day is
     dropped whole and the days kept lose no event."""
-    import threading
-    import time
-
-    from eventpush.publish import publish
 
     short, long = two_buses
     table = f"bus_event_{short}"
     expired = [f"{table}_p{D0 - 4 * DAY:%Y%m%d}", f"{table}_p{D0 - 3 * DAY:%Y%m%d}"]
-    reader, publisher = psycopg2.connect(db_url), psycopg2.connect(db_url)
-    results: list = []
-    thread = threading.Thread(target=_maintain_into, args=(results, db_url, NOW))
-    try:
-        with reader.cursor() as cur:  # a long reader: its transaction is left open
-            cur.execute("SELECT count(*) FROM bus_event WHERE bus_id = %s", (short,))
-        thread.start()
-        deadline = time.monotonic() + 15
-        while not _lock_waits(conn, table, "AccessExclusiveLock"):
-            assert time.monotonic() < deadline and thread.is_alive(), results
-            time.sleep(0.005)
-        began = time.monotonic()
-        publish(publisher, "short", [BODY])  # routed to today's partition
-        took = time.monotonic() - began
-    finally:
-        reader.rollback()  # the reader ends
-        thread.join()
-        reader.close()
-        publisher.close()
+
+    def read(cur) -> None:  # a long reader: its transaction is left open until rolled back
+        cur.execute("SELECT count(*) FROM bus_event WHERE bus_id = %s", (short,))
+
+    # The event is routed to today's partition.
+    took, report = _publish_while_maintenance_waits(
+        conn, db_url, table, "AccessExclusiveLock", "short", read, lambda c: c.rollback()
+    )
     assert took < 2, f"the publisher waited {took:.1f} s behind the drop"
-    [report] = results
     assert isinstance(report, MaintenanceReport), report
     if table in report.postponed:  # the reader outlasted this run's tries: the next drops
         report = maintain(conn, now=NOW)
@@ -250,6 +234,39 @@ def test_a_publisher_gets_in_while_a_drop_waits_for_a_long_reader(conn, db_url, 
         tables = {row[0] for row in cur.fetchall()}
         assert tables == {p.name for p in partitions(cur, table)}
         assert not tables & set(expired)
+
+
+def _publish_while_maintenance_waits(conn, db_url, table, mode, bus, hold, let_go):
+    """A maintenance run (a thread) started while ``hold(cur)`` keeps a transaction open;
+    once the run waits for ``mode`` on ``table``, one event published to ``bus``; then
+    ``let_go(connection)`` ends the holder's transaction. Returns the seconds the publish
+    took and the run's report (or its exception)."""
+    import threading
+    import time
+
+    from eventpush.publish import publish
+
+    holder, publisher = psycopg2.connect(db_url), psycopg2.connect(db_url)
+    results: list = []
+    thread = threading.Thread(target=_maintain_into, args=(results, db_url, NOW))
+    try:
+        with holder.cursor() as cur:
+            hold(cur)
+        thread.start()
+        deadline = time.monotonic() + 15
+        while not _lock_waits(conn, table, mode):
+            assert time.monotonic() < deadline and thread.is_alive(), results
+            time.sleep(0.005)
+        began = time.monotonic()
+        publish(publisher, bus, [BODY])
+        took = time.monotonic() - began
+    finally:
+        let_go(holder)
+        thread.join()
+        holder.close()
+        publisher.close()
+    [report] = results
+    return took, report
 
 
 def _lock_waits(conn, table: str, mode: str) -> bool:
@@ -268,10 +285,6 @@ def test_a_publisher_gets_in_while_a_missed_day_waits_for_a_long_writer(conn, db
     the bus's table, which waits for every open writer of the bus (a big batch still being
     written), and every publisher queues behind it: up to 5 s under one lock timeout. It
     waits in short tries too, and the day is made once the writer commits."""
-    import threading
-    import time
-
-    from eventpush.publish import publish
 
     catalog.create_bus(conn, "late", 1, retention="30d")  # nothing to drop
     far = D0 + 10 * DAY
@@ -280,27 +293,14 @@ def test_a_publisher_gets_in_while_a_missed_day_waits_for_a_long_writer(conn, db
         add_event(cur, bid, 0, 0, far + timedelta(hours=2))  # lands in the default partition
         cur.execute("UPDATE event_bus_queue SET next_offset = 10 WHERE bus_id = %s", (bid,))
     table = f"bus_event_{bid}"
-    writer, publisher = psycopg2.connect(db_url), psycopg2.connect(db_url)
-    results: list = []
-    thread = threading.Thread(target=_maintain_into, args=(results, db_url, NOW))
-    try:
-        with writer.cursor() as cur:  # a long writer: its transaction is left open
-            add_event(cur, bid, 0, 1, NOW)
-        thread.start()
-        deadline = time.monotonic() + 15
-        while not _lock_waits(conn, table, "ShareRowExclusiveLock"):
-            assert time.monotonic() < deadline and thread.is_alive(), results
-            time.sleep(0.005)
-        began = time.monotonic()
-        publish(publisher, "late", [BODY])
-        took = time.monotonic() - began
-    finally:
-        writer.commit()  # the writer ends
-        thread.join()
-        writer.close()
-        publisher.close()
+
+    def write(cur) -> None:  # a long writer: its transaction is left open until committed
+        add_event(cur, bid, 0, 1, NOW)
+
+    took, report = _publish_while_maintenance_waits(
+        conn, db_url, table, "ShareRowExclusiveLock", "late", write, lambda c: c.commit()
+    )
     assert took < 2, f"the publisher waited {took:.1f} s behind the missed day"
-    [report] = results
     assert isinstance(report, MaintenanceReport), report
     if table in report.postponed:  # the writer outlasted this run's tries: the next makes it
         report = maintain(conn, now=NOW)
