@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg2
 import pytest
 from batch_support import spark  # noqa: F401  (a fixture)
 from standardwebhooks import Webhook
@@ -180,6 +181,15 @@ def test_pattern_and_state_changes_follow_the_offsets(conn, rx, cli, worker, db_
     assert (o.expected, o.delivered, o.missing) == (32, 32, 0)
 
 
+def _commit_waits(conn) -> bool:
+    [(waits,)] = rows(
+        conn,
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND query ILIKE 'LOCK TABLE event_target_runner%%')",
+    )
+    return waits
+
+
 def verifies(secret: str, request) -> bool:
     headers = {k: v for k, v in request.headers.items() if k.startswith("webhook-")}
     try:
@@ -189,7 +199,7 @@ def verifies(secret: str, request) -> bool:
     return True
 
 
-def test_target_url_secret_and_delete_apply_live(conn, rx, cli, worker):
+def test_target_url_secret_and_delete_apply_live(conn, rx, cli, worker, db_url):
     catalog.create_bus(conn, "shop", 2)
     catalog.create_rule(conn, "shop", "r", {"source": ["shop"]})
     spec = catalog.TargetSpec("t", rx.url + "/ok/one", secret=SECRET)
@@ -212,21 +222,36 @@ def test_target_url_secret_and_delete_apply_live(conn, rx, cli, worker):
     )
     assert r.returncode == 0, r.stderr
     version_took_effect(conn, "shop/r/t", 1, 2)
-    publish(conn, "shop", batch("B", kinds=("a",)))
-    until(lambda: len(rx.state.delivered("/ok/two")) == 4, "batch B at the new URL")
+    until(lambda: all_committed(conn), "batch A committed")
+    # Batch B is delivered but its commit held back until the target is deleted: a commit
+    # takes the runner table's ROW EXCLUSIVE lock first, which this SHARE lock holds off.
+    hold = psycopg2.connect(db_url)
+    try:
+        with hold.cursor() as cur:
+            cur.execute("LOCK TABLE event_target_runner IN ROW EXCLUSIVE MODE")  # the delete's
+            cur.execute("LOCK TABLE event_target_runner IN SHARE MODE")
+        publish(conn, "shop", batch("B", kinds=("a",)))
+        until(lambda: len(rx.state.delivered("/ok/two")) == 4, "batch B at the new URL")
+        until(lambda: _commit_waits(conn), "batch B's commit waits for the runner table")
+        [(old_runner,)] = rows(conn, "SELECT id FROM event_target_runner")
+        catalog.delete_target(hold, "shop", "r", "t")  # commits: the commit goes on
+    finally:
+        hold.close()
     assert len(rx.state.delivered("/ok/one")) == 4
     for request in rx.state.delivered("/ok/one"):
         assert verifies(SECRET, request) and not verifies(SECRET2, request)
     for request in rx.state.delivered("/ok/two"):
         assert len(request.headers["webhook-signature"].split(" ")) == 2
         assert verifies(SECRET, request) and verifies(SECRET2, request)
-    [(old_runner,)] = rows(conn, "SELECT id FROM event_target_runner")
-    assert cli("target", "delete", *target).returncode == 0
     until(
         lambda: (
             rows(conn, "SELECT metrics->'lanes' ? 'shop/r/t' FROM event_push_worker") == [(False,)]
         ),
         "the deleted target's runner stopped",
+    )
+    until(
+        lambda: rows(conn, "SELECT worker_id FROM event_target_runner") == [(None,)],
+        "the deleted runner let go of by its worker",
     )
     publish(conn, "shop", batch("C", kinds=("a",)))  # nobody's: the target is gone
     spec = catalog.TargetSpec("t", rx.url + "/ok/three")

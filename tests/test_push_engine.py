@@ -126,6 +126,20 @@ def test_500_then_200_is_retried_and_delivered(conn, rx):
     assert committed_everything(conn)
 
 
+def test_a_runner_deleted_while_its_worker_was_down_is_let_go_at_its_start(conn, rx):
+    """A deleted runner keeps its worker until that worker has committed what it delivered;
+    a worker that was not running then lets go of it when it starts, and sends nothing."""
+    setup_runner(conn, rx, "/ok")
+    publish(conn, "orders", events(4))
+    catalog.delete_target(conn, "orders", "r", "t")
+    conn.commit()
+    assert rows(conn, "SELECT worker_id IS NOT NULL FROM event_target_runner") == [(True,)]
+    conn.commit()
+    report = run_worker("w1", until_idle=True, max_seconds=60)
+    assert (report.read, report.delivered) == (0, 0) and rx.state.delivered("/ok") == []
+    assert rows(conn, "SELECT worker_id FROM event_target_runner") == [(None,)]
+
+
 def test_gone_is_final_at_once(conn, rx):
     setup_runner(conn, rx, "/gone", max_attempts=5)
     publish(conn, "orders", events(6))

@@ -157,12 +157,14 @@ def _index_build_waits(conn) -> bool:
 
 
 def _asks_for_its_turn(conn) -> bool:
-    """A session asks for the migration lock, or did last (a transaction each: a
-    transaction's reads of pg_stat_activity are one snapshot of it)."""
+    """A migrate session asks for the migration lock again and again: its last statement
+    the ask or the rollback after a refusal (a transaction each: a transaction's reads of
+    pg_stat_activity are one snapshot of it)."""
     with conn, conn.cursor() as cur:
         cur.execute(
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
-            "AND query ILIKE 'SELECT pg%advisory_lock(%')"
+            "AND application_name = 'eventpush db migrate' "
+            "AND (query ILIKE 'SELECT pg%%advisory_lock(%%' OR query = 'ROLLBACK'))"
         )
         return cur.fetchone()[0]
 
@@ -256,6 +258,7 @@ def test_a_migration_waiting_its_turn_lets_a_concurrent_index_build_finish(conn,
             assert time.monotonic() < deadline and runs[0].poll() is None
             time.sleep(0.01)
         runs.append(subprocess.Popen(exe, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        deadline = time.monotonic() + 30  # a process's start on a loaded machine: seconds
         while not _asks_for_its_turn(conn):  # the second run
             assert time.monotonic() < deadline and runs[1].poll() is None
             time.sleep(0.01)

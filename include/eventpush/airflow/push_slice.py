@@ -51,7 +51,9 @@ PUSH_SLICES = Asset(name="eventpush_push_slices", group="eventpush")
 
 PUSH_WORKERS_SQL = """
 SELECT w.name FROM event_push_worker w
-WHERE w.enabled AND EXISTS (SELECT 1 FROM event_target_runner r WHERE r.worker_id = w.id)
+WHERE w.enabled AND EXISTS (
+    SELECT 1 FROM event_target_runner r WHERE r.worker_id = w.id AND r.deleted_at IS NULL
+)
 ORDER BY w.name
 """
 

@@ -469,7 +469,9 @@ def _destination_change(cur, name: str, changes: dict) -> dict:
 
 def mark_targets_deleted(cur, where: str, params: tuple) -> int:
     """Mark live targets (``where``: a fixed condition over alias t) and their runners
-    deleted; the runners leave their workers, which stop them at their next re-read."""
+    deleted. A runner keeps its worker, which at its next re-read stops taking work,
+    commits what its sends under way delivered (a commit needs the runner still its own)
+    and only then lets go of it."""
     cur.execute(
         "UPDATE event_target t SET deleted_at = now() "
         f"WHERE t.deleted_at IS NULL AND {where} RETURNING t.id",
@@ -477,7 +479,7 @@ def mark_targets_deleted(cur, where: str, params: tuple) -> int:
     )
     target_ids = [row[0] for row in cur.fetchall()]
     cur.execute(
-        "UPDATE event_target_runner SET deleted_at = now(), worker_id = NULL "
+        "UPDATE event_target_runner SET deleted_at = now() "
         "WHERE target_id = ANY(%s) RETURNING name",
         (target_ids,),
     )

@@ -8,6 +8,8 @@ from sqlalchemy import create_engine, text
 config = context.config
 # Serialises concurrent `eventpush db migrate` runs against one database.
 MIGRATE_LOCK_KEY = 0x6576_7075_7368  # "evpush"
+# Its session's name in pg_stat_activity: who holds or waits for that lock, at a glance.
+APPLICATION_NAME = "eventpush db migrate"
 # A run that finds the lock taken asks again after this long, with no statement open between:
 # blocked in pg_advisory_lock it held that statement's snapshot, and an index the run holding
 # the lock builds CONCURRENTLY waits for every older snapshot (a deadlock, one run failed).
@@ -28,7 +30,11 @@ def _take_turn(connection) -> None:
 
 
 def run_migrations_online() -> None:
-    engine = create_engine(config.get_main_option("sqlalchemy.url"), poolclass=None)
+    engine = create_engine(
+        config.get_main_option("sqlalchemy.url"),
+        poolclass=None,
+        connect_args={"application_name": APPLICATION_NAME},
+    )
     with engine.connect() as connection:
         _take_turn(connection)
         try:

@@ -440,9 +440,10 @@ class Engine:
             await self._refresh_locked()
 
     async def _refresh_locked(self) -> None:
-        assigned, controls, versions = await self.aux.call(
-            store.read_assignment, self.wid, self.worker
-        )
+        assignment = await self.aux.call(store.read_assignment, self.wid, self.worker)
+        assigned, controls, versions = assignment.runners, assignment.controls, assignment.versions
+        if assignment.deleted:
+            await self._retire(assignment.deleted)
         paused = bool(controls.get("paused", False))
         settings = worker_settings(controls)
         if paused != self.lanes.paused or settings != self.lanes.settings:
@@ -456,7 +457,8 @@ class Engine:
         moved = [
             rid
             for rid, runner in self.runners.items()
-            if rid not in assigned or assigned[rid][1] != runner.generation
+            if rid not in assignment.deleted
+            and (rid not in assigned or assigned[rid][1] != runner.generation)
         ]
         if moved:
             for rid in moved:
@@ -538,6 +540,31 @@ class Engine:
             )
         if restart:
             await self._hand_off(frozenset(restart))
+
+    async def _retire(self, runner_ids: frozenset[int]) -> None:
+        """Runners deleted in the catalog: they take no more work, the sends under way end
+        (within their target's timeout, as at a stop), and what those delivered is
+        committed before the runners are let go; handed off at once instead, the deliveries
+        of a target deleted a moment after them were missing from its books."""
+        runners = [self.runners[rid] for rid in sorted(runner_ids) if rid in self.runners]
+        for runner in runners:
+            log.info("runner %s deleted: its sends under way finish", runner.target.runner)
+            self.lanes.stop_taking(runner)
+        sends = set().union(*(r.sends for r in runners))
+        if sends:
+            longest_s = max(r.target.timeout_ms for r in runners) / 1000
+            _, pending = await asyncio.wait(sends, timeout=min(STOP_GRACE_S, longest_s) + 0.5)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if runners:
+            try:
+                await self.committer.commit(give_up_s=FINAL_COMMIT_GIVE_UP_S)
+            except Exception as exc:  # kept, stopped: the next refresh tries again
+                log.warning("deleted runners' last outcomes not committed: %s", first_line(exc))
+                return
+            await self._hand_off(frozenset(r.id for r in runners))
+        await self.lease.call(store.let_go_deleted, self.wid, sorted(runner_ids))
 
     async def _hand_off(self, runner_ids: frozenset[int]) -> None:
         """Runners that are no longer ours: stop every send, forget their uncommitted rows,

@@ -247,31 +247,58 @@ def release_runners(conn: Connection, runner_ids: list[int]) -> None:
 ASSIGNMENT_SQL = """
 SELECT r.id, r.state, r.generation, coalesce(
     (SELECT jsonb_object_agg(c.key, c.value) FROM event_runtime_control c
-      WHERE c.scope = 'runner' AND c.name = r.name), '{}'::jsonb), ru.version, t.version
+      WHERE c.scope = 'runner' AND c.name = r.name), '{}'::jsonb), ru.version, t.version,
+    r.deleted_at IS NOT NULL
 FROM event_target_runner r
 JOIN event_push_worker w ON w.id = r.worker_id
 JOIN event_target t ON t.id = r.target_id
 JOIN event_rule ru ON ru.id = t.rule_id
-WHERE w.id = %s AND w.enabled AND r.deleted_at IS NULL
+WHERE w.id = %s AND w.enabled
 ORDER BY r.id
 """
 
 
-def read_assignment(conn: Connection, wid: int, worker: str) -> tuple[dict, dict, dict]:
-    """Runners assigned to the worker ({id: (state, generation, controls)}), the worker's
-    own controls, and the catalog versions of each runner's rule and target ({id: (rule
-    version, target version)})."""
+@dataclass(frozen=True)
+class Assignment:
+    """What the catalog gives one worker: its live runners ({id: (state, generation,
+    controls)}), the catalog versions of each one's rule and target ({id: (rule version,
+    target version)}), its own controls, and the runners deleted while it held them (it
+    finishes their sends and commits what they delivered, then lets go: ``let_go_deleted``)."""
+
+    runners: dict[int, tuple]
+    versions: dict[int, tuple[int, int]]
+    controls: dict
+    deleted: frozenset[int]
+
+
+def read_assignment(conn: Connection, wid: int, worker: str) -> Assignment:
     with transaction(conn) as cur:
         cur.execute(ASSIGNMENT_SQL, (wid,))
         rows = cur.fetchall()
-        runners = {rid: (state, gen, controls) for rid, state, gen, controls, *_ in rows}
-        versions = {row[0]: (row[4], row[5]) for row in rows}
+        live = [row for row in rows if not row[6]]
         cur.execute(
             "SELECT key, value FROM event_runtime_control WHERE scope = 'worker' AND name = %s",
             (worker,),
         )
         controls = dict(cur.fetchall())
-    return runners, controls, versions
+    return Assignment(
+        runners={rid: (state, gen, ctl) for rid, state, gen, ctl, *_ in live},
+        versions={row[0]: (row[4], row[5]) for row in live},
+        controls=controls,
+        deleted=frozenset(row[0] for row in rows if row[6]),
+    )
+
+
+def let_go_deleted(conn: Connection, wid: int, runner_ids: list[int]) -> None:
+    """Deleted runners this worker is done with: their claims let go and their worker
+    cleared, so nothing counts them as held here any more."""
+    release_runners(conn, runner_ids)
+    with transaction(conn) as cur:
+        cur.execute(
+            "UPDATE event_target_runner SET worker_id = NULL "
+            "WHERE id = ANY(%s) AND worker_id = %s AND deleted_at IS NOT NULL",
+            (runner_ids, wid),
+        )
 
 
 TARGET_SQL = f"""
