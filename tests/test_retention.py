@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg2
@@ -394,6 +395,60 @@ def test_a_compaction_held_by_an_old_snapshot_waits_and_the_run_goes_on(conn, db
     assert report.failures_deleted == 1
     with conn, conn.cursor() as cur:
         cur.execute("SELECT count(*) FROM pg_index WHERE NOT indisvalid")  # no copy left
+        assert cur.fetchone()[0] == 0
+
+
+def test_an_invalid_index_copy_is_dropped_without_holding_readers(conn, db_url):
+    """The copy a REINDEX CONCURRENTLY that gave up leaves is dropped CONCURRENTLY: while
+    the drop waits for an open reader of the partition, other readers pass. A plain DROP
+    INDEX queued its ACCESS EXCLUSIVE there, and every reader behind it."""
+    import threading
+
+    from eventpush import partitions as parts
+
+    catalog.create_bus(conn, "orders", 1)
+    rid = runner_id(conn, "orders")
+    with conn, conn.cursor() as cur:
+        add_delivery(cur, rid, 0, NOW)
+        add_delivery(cur, rid, 0, NOW)  # the same key twice: a unique build fails
+        cur.execute("SELECT tableoid::regclass::text FROM event_push_delivery LIMIT 1")
+        [partition] = cur.fetchone()
+    conn.autocommit = True
+    with conn.cursor() as cur, pytest.raises(psycopg2.errors.UniqueViolation):
+        cur.execute(
+            f'CREATE UNIQUE INDEX CONCURRENTLY copy_ccnew ON {partition} (runner_id, "offset")'
+        )
+    conn.autocommit = False
+    reader, other, dropper = (psycopg2.connect(db_url) for _ in range(3))
+    try:
+        with reader.cursor() as cur:  # an audit's scan, open
+            cur.execute(f"SELECT count(*) FROM {partition}")
+        dropper.autocommit = True
+        with dropper.cursor() as cur:
+            cur.execute("SET lock_timeout = '3s'")
+            drop = threading.Thread(target=parts._drop_invalid_indexes, args=(cur, partition))
+            drop.start()
+            with other.cursor() as cur2:
+                cur2.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query ILIKE 'DROP INDEX%%'"
+                )
+                deadline = time.monotonic() + 30
+                while cur2.fetchone()[0] == 0:
+                    assert time.monotonic() < deadline and drop.is_alive()
+                    other.rollback()  # a transaction's reads of pg_stat_activity: one snapshot
+                    cur2.execute(cur2.query)
+                cur2.execute("SET lock_timeout = '500ms'")
+                cur2.execute(f"SELECT count(*) FROM {partition}")  # not held by the drop
+                assert cur2.fetchone()[0] == 2
+            other.rollback()
+            reader.rollback()  # the scan ends: the drop goes through
+            drop.join(30)
+    finally:
+        for c in (reader, other, dropper):
+            c.close()
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_index WHERE NOT indisvalid")
         assert cur.fetchone()[0] == 0
 
 

@@ -539,7 +539,9 @@ def _compact_one(cur, name: str, min_bytes: int) -> bool:
 
 def _drop_invalid_indexes(cur, name: str) -> None:
     """The copies a REINDEX CONCURRENTLY that gave up left behind (invalid, never used, as
-    big as the index they were to replace); one still locked stays for the next run."""
+    big as the index they were to replace); one still locked stays for the next run.
+    Dropped CONCURRENTLY: a plain DROP INDEX locks the partition ACCESS EXCLUSIVE, and an
+    audit or replay reading the delivery log queued behind its wait (up to LOCK_TIMEOUT)."""
     cur.execute(  # the table's indexes and its TOAST table's (REINDEX TABLE does both)
         "SELECT n.nspname, c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
         "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE NOT i.indisvalid AND i.indrelid "
@@ -549,7 +551,7 @@ def _drop_invalid_indexes(cur, name: str) -> None:
     )
     for schema, index in cur.fetchall():
         with contextlib.suppress(errors.LockNotAvailable):
-            cur.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, index)))
+            cur.execute(sql.SQL("DROP INDEX CONCURRENTLY {}").format(sql.Identifier(schema, index)))
 
 
 # --- the horizon: what audits and replays may still ask about ---------------------------------
