@@ -270,15 +270,22 @@ def test_group_publisher_runs_a_second_commit_while_one_waits(db_url, conn):
         first = asyncio.create_task(publisher.publish(bus, _events(2, 1)))
         await asyncio.sleep(0.5)
         second = asyncio.create_task(publisher.publish(bus, _events(3, 2)))
-        await asyncio.sleep(1.0)
+
+        def waiting() -> int:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name = 'eventpush-api' AND wait_event_type = 'Lock'"
+                )
+                n = cur.fetchone()[0]
+            conn.rollback()  # a transaction's reads of pg_stat_activity: one snapshot
+            return n
+
+        deadline = time.monotonic() + 30  # both groups in the database, each waiting
+        while waiting() < 2:
+            assert time.monotonic() < deadline, "two groups never waited at once"
+            await asyncio.sleep(0.05)
         assert not first.done() and not second.done()
-        with conn.cursor() as cur:  # both groups are in the database, each waiting
-            cur.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND application_name = 'eventpush-api' AND wait_event_type = 'Lock'"
-            )
-            assert cur.fetchone()[0] == 2
-        conn.rollback()
         release()
         async with asyncio.timeout(30):
             await asyncio.gather(first, second)
