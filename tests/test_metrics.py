@@ -3,15 +3,13 @@ loopback receiver, parsed with prometheus_client's own parser, checked against P
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 import urllib.request
 
 import pytest
 import support
 from prometheus_client.parser import text_string_to_metric_families
-from support import events, rows, wait_until
+from support import RunningWorker, events, rows, wait_until
 
 from eventpush import catalog
 from eventpush.demo.receiver import Receiver
@@ -34,42 +32,6 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
 
 def value(samples: dict, name: str, **labels) -> float | None:
     return samples.get((name, tuple(sorted(labels.items()))))
-
-
-class RunningWorker:
-    """An engine on its own thread, serving metrics on a free loopback port."""
-
-    def __init__(self, worker: str, url: str) -> None:
-        self.engine = engine.Engine(worker, url, metrics_port=0)
-        self.error: BaseException | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        async def main():
-            self.loop = asyncio.get_running_loop()
-            await self.engine.run()
-
-        try:
-            asyncio.run(main())
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
-
-    def __enter__(self) -> RunningWorker:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while self.engine.metrics.server is None:
-            assert time.monotonic() < deadline and self.error is None, self.error
-            time.sleep(0.02)
-        self.port = self.engine.metrics.server.server_address[1]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.loop is not None:
-            self.loop.call_soon_threadsafe(self.engine.stop)
-        self.thread.join(30)
-        assert not self.thread.is_alive()
-        assert self.error is None, self.error
 
 
 def test_scraped_counters_equal_the_delivery_and_failure_rows(conn, db_url, rx, monkeypatch):

@@ -11,6 +11,7 @@ import time
 import psycopg2
 import pytest
 from standardwebhooks import Webhook
+from support import RunningWorker, wait_until
 
 from eventpush import catalog
 from eventpush.demo.receiver import Receiver
@@ -304,6 +305,31 @@ def test_pause_reaches_a_running_worker(conn, rx, db_url):
     assert rx.state.count["/ok"] == 40
     thread.join(20)
     assert result["report"].delivered == 40
+
+
+def test_assignment_and_controls_reach_a_running_worker_at_once(conn, rx, db_url, monkeypatch):
+    """A new runner assigned, a runner paused, the worker disabled: each notifies the
+    catalog's channel, so the running worker acts on it at once, not at its periodic read
+    (made longer than the test here; it was the only way an assignment or control arrived)."""
+    monkeypatch.setattr(engine, "CONTROL_INTERVAL_S", 600.0)
+    setup_runner(conn, rx, "/ok")
+    with RunningWorker("w1", db_url) as worker:
+        wait_until(lambda: len(worker.engine.runners) == 1, what="the first runner held")
+        spec = catalog.TargetSpec(name="b", url=rx.url + "/ok/b")
+        catalog.create_target(conn, "orders", "r", spec)
+        catalog.assign(conn)
+
+        def runner_b():
+            return next(
+                (r for r in worker.engine.runners.values() if r.target.runner == "orders/r/b"),
+                None,
+            )
+
+        wait_until(lambda: runner_b() is not None, what="the assigned runner held")
+        controls.set_paused(conn, "runner", "orders/r/b", True)
+        wait_until(lambda: runner_b().paused, what="the runner paused")
+        catalog.set_worker_enabled(conn, "w1", False)
+        wait_until(lambda: not worker.engine.runners, what="the disabled worker's runners let go")
 
 
 def test_database_connections_killed_mid_run_lose_nothing(conn, rx, db_url):

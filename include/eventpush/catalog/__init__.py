@@ -1,10 +1,9 @@
 """The catalog: buses, rules, targets, runners, workers, connections and API destinations
 (docs/ARCHITECTURE.md, "Catalog").
 
-One implementation for the CLI, the EventBridge API and the dashboard
-(/work/coord/catalog-contract.md is the agreed shape). Every function takes an open psycopg2
-connection, does its work in one transaction and raises ``CatalogError`` (one line) for
-refused input: ``NotFoundError`` or ``ConflictError`` when that is what it is.
+One implementation for the CLI, the EventBridge API and the dashboard. Every function takes
+an open psycopg2 connection, does its work in one transaction and raises ``CatalogError``
+(one line) for refused input: ``NotFoundError`` or ``ConflictError`` when that is what it is.
 """
 
 from eventpush.catalog.buses import (
@@ -25,6 +24,7 @@ from eventpush.catalog.common import (
     ConflictError,
     NotFoundError,
     check_name,
+    notify,
     runner_name,
 )
 from eventpush.catalog.connections import (
@@ -98,6 +98,7 @@ __all__ = [
     "WorkerInfo",
     "assign",
     "check_name",
+    "notify",
     "check_secret",
     "check_target",
     "create_bus",

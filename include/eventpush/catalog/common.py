@@ -94,8 +94,9 @@ def check_version(kind: str, name: str, current: int, expected: int | None) -> N
         )
 
 
-def notify(cur, bus_id: int) -> None:
-    """Running workers re-read their runners on this bus when the transaction commits."""
+def notify(cur, bus_id: int = 0) -> None:
+    """Running workers re-read their assignment and runners when the transaction commits
+    (the payload names the bus changed; 0, no bus, for a change of who holds what)."""
     cur.execute("SELECT pg_notify(%s, %s)", (CATALOG_CHANNEL, str(bus_id)))
 
 

@@ -8,7 +8,14 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extras
 
-from eventpush.catalog.common import CatalogError, ConflictError, NotFoundError, check_name, iso
+from eventpush.catalog.common import (
+    CatalogError,
+    ConflictError,
+    NotFoundError,
+    check_name,
+    iso,
+    notify,
+)
 from eventpush.db import Connection, transaction
 
 
@@ -85,6 +92,7 @@ def set_worker_enabled(conn: Connection, name: str, enabled: bool) -> int:
         )
         if cur.fetchone() is None:
             raise NotFoundError(f"unknown worker {name!r}")
+        notify(cur)  # a disabled worker lets go of its runners at once
         return _assign(cur, origin=f"worker {'enable' if enabled else 'disable'} {name}")
 
 
@@ -100,7 +108,7 @@ def _assign(cur, origin: str) -> int:
     cur.execute("LOCK TABLE event_target_runner IN SHARE ROW EXCLUSIVE MODE")
     cur.execute(
         "SELECT w.id, w.capacity, count(r.id) FROM event_push_worker w "
-        "LEFT JOIN event_target_runner r ON r.worker_id = w.id "
+        "LEFT JOIN event_target_runner r ON r.worker_id = w.id AND r.deleted_at IS NULL "
         "WHERE w.enabled GROUP BY w.id, w.capacity ORDER BY w.id"
     )
     workers = {wid: [capacity, count] for wid, capacity, count in cur.fetchall()}
@@ -112,6 +120,9 @@ def _assign(cur, origin: str) -> int:
     todo = [row[0] for row in cur.fetchall()]
     if not todo:
         return 0
+    # Running workers take their new runners (or let go of a disabled worker's) at once,
+    # not at their next periodic read.
+    notify(cur)
     if not workers:
         cur.execute(
             "UPDATE event_target_runner SET worker_id = NULL WHERE id = ANY(%s)",

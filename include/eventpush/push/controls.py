@@ -2,9 +2,9 @@
 
 Stored in ``event_runtime_control`` as (scope, name, key) -> JSON value. Worker keys:
 ``paused``, ``pool_core``, ``pool_max``, ``buffer_records``, ``buffer_bytes``,
-``buffer_span``. Runner keys: ``paused``, ``lane_limit``, ``concurrency``. A worker polls the
-table every couple of seconds; pool_core never exceeds pool_max (checked here and again in
-the engine).
+``buffer_span``. Runner keys: ``paused``, ``lane_limit``, ``concurrency``. A change notifies
+the catalog's channel, so running workers read it at once (and every couple of seconds
+anyway); pool_core never exceeds pool_max (checked here and again in the engine).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 
 from eventpush.db import Connection, transaction
+from eventpush.sources.postgres import CATALOG_CHANNEL
 
 WORKER_KEYS = {
     "pool_core": (1, 10_000),
@@ -115,6 +116,7 @@ def _upsert(cur, scope: str, name: str, key: str, value: object) -> None:
         "ON CONFLICT (scope, name, key) DO UPDATE SET value = EXCLUDED.value, mtime = now()",
         (scope, name, key, json.dumps(value)),
     )
+    cur.execute("SELECT pg_notify(%s, '0')", (CATALOG_CHANNEL,))  # 0: no bus in particular
 
 
 def worker_settings(controls: dict) -> WorkerSettings:

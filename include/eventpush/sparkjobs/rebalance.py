@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from eventpush.catalog import notify
 from eventpush.db import connection, transaction
 from eventpush.metrics import publish_batch, rebalance_results
 from eventpush.quality import batch as quality
@@ -373,6 +374,7 @@ def apply(db_url: str, inputs: Inputs, proposal: Proposal, origin: str = "rebala
             "FROM unnest(%s::int[], %s::int[]) AS v(id, worker_id) WHERE r.id = v.id",
             (generation, list(moved), list(moved.values())),
         )
+        notify(cur)  # the workers hand over and take up the moved runners at once
         return generation
 
 
