@@ -313,10 +313,10 @@ def test_assignment_and_controls_reach_a_running_worker_at_once(conn, rx, db_url
     (made longer than the test here; it was the only way an assignment or control arrived)."""
     monkeypatch.setattr(engine, "CONTROL_INTERVAL_S", 600.0)
     setup_runner(conn, rx, "/ok")
+    spec = catalog.TargetSpec(name="b", url=rx.url + "/ok/b")
+    catalog.create_target(conn, "orders", "r", spec)  # not assigned yet
     with RunningWorker("w1", db_url) as worker:
         wait_until(lambda: len(worker.engine.runners) == 1, what="the first runner held")
-        spec = catalog.TargetSpec(name="b", url=rx.url + "/ok/b")
-        catalog.create_target(conn, "orders", "r", spec)
         catalog.assign(conn)
 
         def runner_b():
