@@ -23,14 +23,15 @@ cd "$ROOT"
 side_log="$(mktemp -t eventpush-side-lane.XXXXXX)"
 trap 'rm -f "$side_log"' EXIT
 
-"$PY" -m pytest -p no:cacheprovider "${SIDE[@]}" >"$side_log" 2>&1 &
+# Each lane lists its slowest tests at the end: where CI's minutes go, in CI's own output.
+"$PY" -m pytest -p no:cacheprovider --durations=15 "${SIDE[@]}" >"$side_log" 2>&1 &
 side_pid=$!
 # A Ctrl-C or a CI timeout stops the side lane too.
 trap 'kill -- "$side_pid" 2>/dev/null; rm -f "$side_log"' EXIT INT TERM
 
 ignore=()
 for f in "${SIDE[@]}"; do ignore+=(--ignore "$f"); done
-"$PY" -m pytest "${ignore[@]}"
+"$PY" -m pytest --durations=25 "${ignore[@]}"
 main_rc=$?
 
 wait "$side_pid"
