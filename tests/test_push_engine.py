@@ -283,28 +283,18 @@ def test_a_waiting_copy_takes_the_lease_the_moment_it_is_let_go(conn, rx, db_url
 
 def test_pause_reaches_a_running_worker(conn, rx, db_url):
     runner = setup_runner(conn, rx, "/ok")
-    result = {}
-    thread = threading.Thread(
-        target=lambda: result.update(report=run_worker("w1", max_seconds=12)), daemon=True
-    )
-    thread.start()
-    publish(conn, "orders", events(20))
-    deadline = time.monotonic() + 5
-    while rx.state.count["/ok"] < 20 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert rx.state.count["/ok"] == 20
-    controls.set_paused(conn, "runner", runner, True)
-    time.sleep(2.5)  # the engine reads controls every 2 s
-    publish(conn, "orders", events(20, start=20))
-    time.sleep(1.5)
-    assert rx.state.count["/ok"] == 20, "a paused runner must not deliver"
-    controls.set_paused(conn, "runner", runner, False)
-    deadline = time.monotonic() + 5
-    while rx.state.count["/ok"] < 40 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert rx.state.count["/ok"] == 40
-    thread.join(20)
-    assert result["report"].delivered == 40
+    with RunningWorker("w1", db_url) as worker:
+        publish(conn, "orders", events(20))
+        wait_until(lambda: rx.state.count["/ok"] == 20, what="the first 20 delivered")
+        controls.set_paused(conn, "runner", runner, True)
+        [held] = worker.engine.runners.values()
+        wait_until(lambda: held.paused, what="the runner paused")
+        publish(conn, "orders", events(20, start=20))
+        time.sleep(1.5)
+        assert rx.state.count["/ok"] == 20, "a paused runner must not deliver"
+        controls.set_paused(conn, "runner", runner, False)
+        wait_until(lambda: rx.state.count["/ok"] == 40, what="the rest delivered after resume")
+    assert worker.engine.report.delivered == 40
 
 
 def test_assignment_and_controls_reach_a_running_worker_at_once(conn, rx, db_url, monkeypatch):
