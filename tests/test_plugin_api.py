@@ -152,7 +152,12 @@ def test_adjust_pause_and_resume_reach_a_running_worker(api, conn, airflow_conn_
             # pausing one runner stops its deliveries; the other keeps going
             r = api("POST", "pause", user="editor", json={"scope": "runner", "name": slow})
             assert r.status_code == 200, r.text
-            time.sleep(3)  # past the engine's control interval
+            wait_for(
+                lambda: any(
+                    r.paused for r in worker.engine.runners.values() if r.target.runner == slow
+                ),
+                what="the pause to reach the engine",
+            )
             publish(conn, "orders", order_events(5))
             wait_for(lambda: len(rx.state.delivered("/ok")) == 5, what="the running runner")
             time.sleep(1)
