@@ -141,6 +141,33 @@ def test_a_runner_deleted_while_its_worker_was_down_is_let_go_at_its_start(conn,
     assert rows(conn, "SELECT worker_id FROM event_target_runner") == [(None,)]
 
 
+def test_a_deleted_target_that_hangs_holds_up_no_other_change(conn, rx, db_url):
+    """A deleted runner's sends under way are waited for (up to its timeout, at most 10 s)
+    before its last outcomes are committed; that wait is its own, so a target created
+    meanwhile starts at once and the worker never stops reading its catalog."""
+    setup_runner(conn, rx, "/hang", timeout_ms=30_000)
+    with RunningWorker("w1", db_url) as worker:
+        publish(conn, "orders", events(1))
+        wait_until(lambda: rx.state.count["/hang"] == 1, what="the hanging send under way")
+        catalog.delete_target(conn, "orders", "r", "t")
+        spec = catalog.TargetSpec(name="b", url=rx.url + "/ok")
+        catalog.create_target(conn, "orders", "r", spec)
+        catalog.assign(conn)
+
+        def held() -> set[str]:
+            return {r.target.runner for r in list(worker.engine.runners.values())}
+
+        wait_until(lambda: "orders/r/b" in held(), timeout=5, what="the new target held")
+        publish(conn, "orders", events(1, start=1))
+        wait_until(lambda: rx.state.count["/ok"] == 1, timeout=5, what="the new target sent to")
+        assert "orders/r/t" in held(), "the deleted runner's hanging send is still waited for"
+        wait_until(lambda: "orders/r/t" not in held(), what="the deleted runner let go")
+    assert rows(conn, "SELECT name, worker_id FROM event_target_runner ORDER BY id") == [
+        ("orders/r/t", None),
+        ("orders/r/b", rows(conn, "SELECT id FROM event_push_worker")[0][0]),
+    ]
+
+
 def test_gone_is_final_at_once(conn, rx):
     setup_runner(conn, rx, "/gone", max_attempts=5)
     publish(conn, "orders", events(6))

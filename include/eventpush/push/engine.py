@@ -139,6 +139,7 @@ class Engine:
         self.report = WorkerReport(worker)
         self.runners: dict[int, Runner] = {}
         self.waiting: set[int] = set()  # assigned here, still claimed by their previous worker
+        self.retiring: dict[int, asyncio.Task] = {}  # deleted runners being finished: _retire
         self.indexes: dict[int, object] = {}  # bus id -> RuleIndex of this worker's runners
         self.refresh_lock = asyncio.Lock()
         self.stopping = asyncio.Event()
@@ -346,7 +347,7 @@ class Engine:
                 self.progress(self.report.as_dict())
 
     def _idle(self) -> bool:
-        if self.committer.has_work():
+        if self.committer.has_work() or self.retiring:
             return False
         if self.lanes.paused:
             return True  # nothing will move until the worker is resumed
@@ -363,6 +364,12 @@ class Engine:
 
     async def _shutdown(self, background: list[asyncio.Task]) -> None:
         self.stopping.set()
+        # Deleted runners still being finished: stopped like the rest, their outcomes in the
+        # final commit; the next start lets go of them.
+        retiring = set(self.retiring.values())
+        for task in retiring:
+            task.cancel()
+        await asyncio.gather(*retiring, return_exceptions=True)
         runners = list(self.runners.values())
         for runner in runners:
             self.lanes.stop_taking(runner)
@@ -442,8 +449,8 @@ class Engine:
     async def _refresh_locked(self) -> None:
         assignment = await self.aux.call(store.read_assignment, self.wid, self.worker)
         assigned, controls, versions = assignment.runners, assignment.controls, assignment.versions
-        if assignment.deleted:
-            await self._retire(assignment.deleted)
+        if assignment.deleted - self.retiring.keys() and not self.stopping.is_set():
+            self._start_retiring(assignment.deleted - self.retiring.keys())
         paused = bool(controls.get("paused", False))
         settings = worker_settings(controls)
         if paused != self.lanes.paused or settings != self.lanes.settings:
@@ -541,30 +548,44 @@ class Engine:
         if restart:
             await self._hand_off(frozenset(restart))
 
+    def _start_retiring(self, runner_ids: frozenset[int]) -> None:
+        """Runners deleted in the catalog take no more work from now on, and are finished
+        off in a task of their own (``_retire``): a target that hangs holds up no other
+        change this worker is to take."""
+        for rid in sorted(runner_ids):
+            if rid in self.runners:
+                runner = self.runners[rid]
+                log.info("runner %s deleted: its sends under way finish", runner.target.runner)
+                self.lanes.stop_taking(runner)
+        task = self._spawn(self._retire(runner_ids), f"retiring runners {sorted(runner_ids)}")
+        self.retiring.update(dict.fromkeys(runner_ids, task))
+
     async def _retire(self, runner_ids: frozenset[int]) -> None:
-        """Runners deleted in the catalog: they take no more work, the sends under way end
-        (within their target's timeout, as at a stop), and what those delivered is
-        committed before the runners are let go; handed off at once instead, the deliveries
-        of a target deleted a moment after them were missing from its books."""
-        runners = [self.runners[rid] for rid in sorted(runner_ids) if rid in self.runners]
-        for runner in runners:
-            log.info("runner %s deleted: its sends under way finish", runner.target.runner)
-            self.lanes.stop_taking(runner)
-        sends = set().union(*(r.sends for r in runners))
-        if sends:
-            longest_s = max(r.target.timeout_ms for r in runners) / 1000
-            _, pending = await asyncio.wait(sends, timeout=min(STOP_GRACE_S, longest_s) + 0.5)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        if runners:
-            try:
-                await self.committer.commit(give_up_s=FINAL_COMMIT_GIVE_UP_S)
-            except Exception as exc:  # kept, stopped: the next refresh tries again
-                log.warning("deleted runners' last outcomes not committed: %s", first_line(exc))
-                return
-            await self._hand_off(frozenset(r.id for r in runners))
-        await self.lease.call(store.let_go_deleted, self.wid, sorted(runner_ids))
+        """The sends under way of deleted runners end (within their target's timeout, as
+        at a stop), what they delivered is committed, and only then are the runners let go:
+        handed off at once instead, the deliveries of a target deleted a moment after them
+        were missing from its books. A commit that fails leaves them to the next refresh."""
+        try:
+            runners = [self.runners[rid] for rid in sorted(runner_ids) if rid in self.runners]
+            sends = set().union(*(r.sends for r in runners))
+            if sends:
+                longest_s = max(r.target.timeout_ms for r in runners) / 1000
+                timeout = min(STOP_GRACE_S, longest_s) + 0.5
+                _, pending = await asyncio.wait(sends, timeout=timeout)
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+            if runners:
+                try:
+                    await self.committer.commit(give_up_s=FINAL_COMMIT_GIVE_UP_S)
+                except Exception as exc:  # kept, stopped: the next refresh tries again
+                    log.warning("deleted runners' last outcomes not committed: %s", first_line(exc))
+                    return
+                await self._hand_off(frozenset(r.id for r in runners))
+            await self.lease.call(store.let_go_deleted, self.wid, sorted(runner_ids))
+        finally:
+            for rid in runner_ids:
+                self.retiring.pop(rid, None)
 
     async def _hand_off(self, runner_ids: frozenset[int]) -> None:
         """Runners that are no longer ours: stop every send, forget their uncommitted rows,
