@@ -168,6 +168,21 @@ def test_a_deleted_target_that_hangs_holds_up_no_other_change(conn, rx, db_url):
     ]
 
 
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+def test_a_send_under_way_when_its_target_is_deleted_ends_and_is_booked(conn, rx, db_url, ordered):
+    """Deleted mid-send, a target's send is let finish and its delivery committed before the
+    runner is let go: the books hold what the receiver got. An ordered queue's sender was
+    cancelled mid-send (as at a stop), so that delivery was never booked."""
+    setup_runner(conn, rx, "/slow?ms=1500", ordered=ordered)
+    with RunningWorker("w1", db_url) as worker:
+        publish(conn, "orders", events(1))
+        wait_until(lambda: rx.state.count["/slow"] == 1, what="the send under way")
+        catalog.delete_target(conn, "orders", "r", "t")
+        wait_until(lambda: not worker.engine.runners, what="the deleted runner let go")
+    assert rx.state.count["/slow"] == 1
+    assert rows(conn, "SELECT count(*) FROM event_push_delivery") == [(1,)]
+
+
 def test_gone_is_final_at_once(conn, rx):
     setup_runner(conn, rx, "/gone", max_attempts=5)
     publish(conn, "orders", events(6))

@@ -494,23 +494,26 @@ class Engine:
         else:
             self.waiting = set()
         await self._retarget(versions)
-        # Every refresh, not only after a retarget: the gates of destinations whose runners
-        # were handed off (deleted, moved) stayed until some runner here took a new version,
-        # and with them their figures in the heartbeat and on /metrics.
-        self.rates.keep({r.gate.name for r in self.runners.values() if r.gate is not None})
-        # Buses no runner here reads any more (deleted, or their runners moved): kept, every
-        # bus ever read here stayed for the worker's life, watched by its source's reader and
-        # its heads read at every heartbeat. One read again is loaded again at its claim.
-        live = {r.target.bus_id for r in self.runners.values()}
-        for bus_id in [b for b in self.buses if b not in live]:
-            del self.buses[bus_id]
-            self.signals.forget(bus_id)
+        self._forget_unheld()
         for rid, row in assigned.items():
             if rid in self.runners:
                 runner = self.runners[rid]
                 runner.apply(row)
                 for qid, cursor in runner.cursors.items():  # history no event can need now
                     runner.history.forget_before(qid, cursor.committed_db)
+
+    def _forget_unheld(self) -> None:
+        """What only runners no longer here used: at every refresh and after a retirement,
+        not only after a retarget. The gates of destinations whose runners were handed off
+        (deleted, moved) stayed until some runner here took a new version, and with them
+        their figures in the heartbeat and on /metrics; buses no runner here reads any more
+        stayed for the worker's life, watched by its source's reader and their heads read at
+        every heartbeat (one read again is loaded again at its claim)."""
+        self.rates.keep({r.gate.name for r in self.runners.values() if r.gate is not None})
+        live = {r.target.bus_id for r in self.runners.values()}
+        for bus_id in [b for b in self.buses if b not in live]:
+            del self.buses[bus_id]
+            self.signals.forget(bus_id)
 
     async def _retarget(self, versions: dict[int, tuple[int, int]]) -> None:
         """Runners whose rule or target changed in the catalog take the new version live.
@@ -581,8 +584,13 @@ class Engine:
                 except Exception as exc:  # kept, stopped: the next refresh tries again
                     log.warning("deleted runners' last outcomes not committed: %s", first_line(exc))
                     return
-                await self._hand_off(frozenset(r.id for r in runners))
-            await self.lease.call(store.let_go_deleted, self.wid, sorted(runner_ids))
+            # Under the refresh's lock: a refresh between loading a new runner's bus and
+            # starting the runner must not see that bus as nobody's.
+            async with self.refresh_lock:
+                if runners:
+                    await self._hand_off(frozenset(r.id for r in runners))
+                await self.lease.call(store.let_go_deleted, self.wid, sorted(runner_ids))
+                self._forget_unheld()
         finally:
             for rid in runner_ids:
                 self.retiring.pop(rid, None)

@@ -269,12 +269,14 @@ class Lanes:
             runner.tasks.append(self.spawn(self.dispatch(runner), f"dispatcher {name}"))
 
     def stop_taking(self, runner: Runner) -> None:
-        """No more pulling or dispatching; sends under way go on; unsent records stay
-        uncommitted (the next run redelivers them)."""
+        """No more pulling or dispatching; sends under way go on (an ordered queue's sender
+        in the middle of one too: it ends after it); unsent records stay uncommitted (the
+        next run redelivers them)."""
         runner.stopped = True
         self.warned_held.discard(runner.id)  # a runner that comes back is warned once again
         for task in runner.tasks:
-            task.cancel()
+            if task not in runner.sends:
+                task.cancel()
         while runner.idle_senders:  # idle senders end now, busy ones after their send
             waiting = runner.idle_senders.popleft()
             if not waiting.done():
@@ -668,7 +670,10 @@ class Lanes:
         line = runner.ordered_lines[queue_id]
         size = runner.target.batch_size
         breaker = runner.breaker
+        me = asyncio.current_task()
         while True:
+            if runner.stopped:
+                return
             if not line or runner.paused or self.paused:
                 runner.wake.clear()
                 await wait_for_event(runner.wake, IDLE_WAIT_S)
@@ -697,9 +702,11 @@ class Lanes:
                     await runner.limiter.changed(IDLE_WAIT_S)
                 while not self.pool.try_acquire():
                     await self.pool.changed(IDLE_WAIT_S)
+                runner.sends.add(me)  # a stop lets the send end; a fence cancels it
                 try:
                     outcome = await self.traced_attempt(runner, batch, granted)
                 finally:
+                    runner.sends.discard(me)
                     runner.limiter.release()
                     self.pool.release()
                     runner.wake.set()
@@ -709,6 +716,8 @@ class Lanes:
                 delay = retry_delay(runner.target, batch[0].attempts, outcome.retry_after_s)
                 if retry.out_of_attempts(runner.target, batch[0], now, delay):
                     break
+                if runner.stopped:  # the retry is left uncommitted, as an unordered one
+                    return
                 await asyncio.sleep(delay)
             if runner.fenced:
                 return
