@@ -373,13 +373,7 @@ class Engine:
         runners = list(self.runners.values())
         for runner in runners:
             self.lanes.stop_taking(runner)
-        sends = set().union(*(r.sends for r in runners))
-        if sends:
-            longest_s = max((r.target.timeout_ms for r in runners), default=0) / 1000
-            _, pending = await asyncio.wait(sends, timeout=min(STOP_GRACE_S, longest_s) + 0.5)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        await _let_sends_end(runners)
         await self.rates.close()
         committer = self.committing
         for task in background:
@@ -449,8 +443,9 @@ class Engine:
     async def _refresh_locked(self) -> None:
         assignment = await self.aux.call(store.read_assignment, self.wid, self.worker)
         assigned, controls, versions = assignment.runners, assignment.controls, assignment.versions
-        if assignment.deleted - self.retiring.keys() and not self.stopping.is_set():
-            self._start_retiring(assignment.deleted - self.retiring.keys())
+        newly_deleted = assignment.deleted - self.retiring.keys()
+        if newly_deleted and not self.stopping.is_set():
+            self._start_retiring(newly_deleted)
         paused = bool(controls.get("paused", False))
         settings = worker_settings(controls)
         if paused != self.lanes.paused or settings != self.lanes.settings:
@@ -570,14 +565,7 @@ class Engine:
         were missing from its books. A commit that fails leaves them to the next refresh."""
         try:
             runners = [self.runners[rid] for rid in sorted(runner_ids) if rid in self.runners]
-            sends = set().union(*(r.sends for r in runners))
-            if sends:
-                longest_s = max(r.target.timeout_ms for r in runners) / 1000
-                timeout = min(STOP_GRACE_S, longest_s) + 0.5
-                _, pending = await asyncio.wait(sends, timeout=timeout)
-                for task in pending:
-                    task.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
+            await _let_sends_end(runners)
             if runners:
                 try:
                     await self.committer.commit(give_up_s=FINAL_COMMIT_GIVE_UP_S)
@@ -790,6 +778,18 @@ class Engine:
             if not is_transient(exc):
                 raise
             log.warning("heartbeat failed: %s", first_line(exc))
+
+
+async def _let_sends_end(runners: list[Runner]) -> None:
+    """The sends under way of runners that take no more work: let end within the longest of
+    their targets' timeouts (at most STOP_GRACE_S), then cancelled."""
+    sends = set().union(*(r.sends for r in runners))
+    if sends:
+        longest_s = max(r.target.timeout_ms for r in runners) / 1000
+        _, pending = await asyncio.wait(sends, timeout=min(STOP_GRACE_S, longest_s) + 0.5)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 def run_worker(
