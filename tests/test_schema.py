@@ -269,3 +269,68 @@ def test_a_migration_waiting_its_turn_lets_a_concurrent_index_build_finish(conn,
     assert [code for code, _ in outcomes] == [0, 0], outcomes
     assert current_revision(db_url) == head_revision()
     assert _index_valid(conn) is True
+
+
+def _forgotten_session(db_url: str, *, wrote: bool, runner: int):
+    """A session left open in a transaction, as a psql nobody closed: holding a snapshot
+    (``wrote``: a failure row written too, so the table's lock as well)."""
+    session = psycopg2.connect(db_url, application_name="forgotten psql")
+    with session.cursor() as cur:
+        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        if wrote:
+            _fail(cur, runner, 5)
+        else:
+            cur.execute("SELECT count(*) FROM event_bus")
+    with session.cursor() as cur:  # its pid, read in its own open transaction
+        cur.execute("SELECT pg_backend_pid()")
+        return session, cur.fetchone()[0]
+
+
+def test_an_index_build_behind_a_forgotten_transaction_gives_up_naming_it(
+    conn, db_url, monkeypatch
+):
+    """A concurrent build waits for every older transaction: one session left idle in a
+    transaction held ``db migrate`` for ever, silently. Now each wait is bounded
+    (EVENTPUSH_MIGRATE_INDEX_WAIT_S), the migration fails naming the session (pid,
+    application, state; never its query), nothing is recorded, and once the session ends the
+    next run builds the index."""
+    from eventpush.db import StoreError
+
+    runner = _runner_before_0015(conn, db_url)
+    monkeypatch.setenv("EVENTPUSH_MIGRATE_INDEX_WAIT_S", "2")
+    session, pid = _forgotten_session(db_url, wrote=True, runner=runner)
+    try:
+        with pytest.raises(StoreError) as failed:
+            migrate(db_url)
+    finally:
+        session.rollback()
+        session.close()
+    message = str(failed.value)
+    assert message.startswith(f"index {FAILURES_INDEX} was not built: it waited 2 s"), message
+    assert f"pid {pid}: forgotten psql, idle in transaction, its transaction open" in message
+    assert "INSERT" not in message and "\n" not in message
+    assert current_revision(db_url) == BEFORE_0015
+    assert _index_valid(conn) is not True
+    assert migrate(db_url) == (BEFORE_0015, head_revision())
+    assert _index_valid(conn) is True
+
+
+def test_db_migrate_says_whom_an_index_build_waits_for_and_exits_in_one_line(conn, db_url):
+    """The CLI: while the build waits, a line on stderr names the session it waits for; when
+    it gives up, one error line and the database's exit code, the revision unchanged."""
+    from conftest import run_cli
+
+    runner = _runner_before_0015(conn, db_url)
+    session, pid = _forgotten_session(db_url, wrote=False, runner=runner)
+    try:
+        run = run_cli("db", "migrate", env={"EVENTPUSH_MIGRATE_INDEX_WAIT_S": "3"})
+    finally:
+        session.rollback()
+        session.close()
+    assert run.returncode == 3, run
+    lines = run.stderr.strip().splitlines()
+    assert lines[0].startswith(f"index {FAILURES_INDEX} waits for older transactions to end (")
+    assert f"pid {pid}: forgotten psql, idle in transaction" in lines[0]
+    assert lines[-1].startswith(f"error: index {FAILURES_INDEX} was not built"), lines
+    assert f"pid {pid}: forgotten psql" in lines[-1]
+    assert current_revision(db_url) == BEFORE_0015

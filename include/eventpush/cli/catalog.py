@@ -33,8 +33,13 @@ def db() -> None:
 @handles_errors
 def db_migrate() -> None:
     """Create or upgrade the schema (idempotent)."""
+    import logging
+
     # Deferred: alembic is loaded only by a migration.
     from eventpush.schema import migrate
+
+    # A concurrent index build says on stderr which sessions it waits for (index_build).
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
     before, after = migrate()
     if before == after:

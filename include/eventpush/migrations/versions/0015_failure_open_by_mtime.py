@@ -9,7 +9,8 @@ Revises: 0014_bus_queue_first_offset
 """
 
 from alembic import op
-from sqlalchemy import text
+
+from eventpush.index_build import build_concurrently
 
 revision = "0015_failure_open_by_mtime"
 down_revision = "0014_bus_queue_first_offset"
@@ -22,24 +23,14 @@ INDEX = "event_push_failure_open_mtime"
 def upgrade() -> None:
     # Built CONCURRENTLY, outside the migration's transaction: a plain CREATE INDEX holds the
     # failures table SHARE while it builds, and every running worker's failure row waited
-    # for it (long on a big table).
+    # for it (long on a big table). IF NOT EXISTS: a build that finished before its revision
+    # was recorded stands.
     with op.get_context().autocommit_block():
-        # A concurrent build that was interrupted (cancelled, timed out, its session lost)
-        # leaves an invalid index of the name, never used, which IF NOT EXISTS would keep.
-        invalid = (
-            op.get_bind()
-            .execute(
-                text("SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass(:i)"),
-                {"i": INDEX},
-            )
-            .scalar()
-        )
-        if invalid:
-            op.execute(f"DROP INDEX CONCURRENTLY {INDEX}")
-        # IF NOT EXISTS: a build that finished before its revision was recorded stands.
-        op.execute(
+        build_concurrently(
+            op.get_bind(),
+            INDEX,
             f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} ON event_push_failure (mtime, id) "
-            "WHERE status = 'failed'"
+            "WHERE status = 'failed'",
         )
 
 
