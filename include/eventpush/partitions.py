@@ -147,7 +147,7 @@ def partitions(cur, parent: str) -> list[Partition]:
 # A day that begins this long after the database's clock gets no row while it is made (rows
 # take ctime = now(), and a try's lock waits are each bounded by LOCK_TRY_TIMEOUT): unless
 # rows of it already wait in the default partition, writers are not held back while it is
-# attached.
+# attached. Likewise a day that ended this long before the clock gets no row any more.
 AHEAD_MARGIN = timedelta(hours=1)
 
 
@@ -162,7 +162,14 @@ def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> str
     default partition ACCESS EXCLUSIVE (its bound changes), so a reader that scans the
     default partition waits behind it (at most LOCK_TRY_TIMEOUT, a try). The table gets a
     CHECK matching the bound first, so the attach takes it as proof instead of scanning the
-    table."""
+    table.
+
+    A missed day's rows (maintenance lapsed longer than its lead) are moved before any lock
+    that holds writers back: publishers and readers go on while the bulk of them moves, into
+    a table that already has the parent's indexes (so the attach builds none). Only then, if
+    the day may still be written, the parent is locked against writers and what they added
+    meanwhile follows: the writers wait for that remainder and the attach, not for the day.
+    If a lock try gives up, the step is tried again from the start (``_locked_step``)."""
     hi = day + DAY
     for p in existing:
         if p.hi is not None and (p.lo is None or p.lo < hi) and day < p.hi:
@@ -170,9 +177,22 @@ def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> str
     name = f"{parent}_p{day:%Y%m%d}"
     default = next((p.name for p in existing if p.hi is None), None)
     cur.execute("SELECT clock_timestamp()")
-    ahead = cur.fetchone()[0] + AHEAD_MARGIN <= day
+    clock = cur.fetchone()[0]
+    ahead, over = clock + AHEAD_MARGIN <= day, hi + AHEAD_MARGIN <= clock
     waiting = default is not None and _holds(cur, default, day, hi)
-    if default is not None and (waiting or not ahead):
+    cur.execute(
+        sql.SQL(
+            "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS{}) WITH ({} = false)"
+        ).format(
+            sql.Identifier(name),
+            sql.Identifier(parent),
+            sql.SQL(" INCLUDING INDEXES" if waiting else ""),
+            sql.Identifier(_AUTOVACUUM),
+        )
+    )
+    if waiting:
+        _move_rows(cur, default, name, day, hi)
+    if default is not None and not over and (waiting or not ahead):
         # A day begun (or about to be) that maintenance lapsed on, or one whose rows came
         # early: writers of ``parent`` wait to the commit (and are then routed to the new
         # day): a row of the day routed to the default partition meanwhile failed the attach
@@ -181,24 +201,22 @@ def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> str
         cur.execute(
             sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(sql.Identifier(parent))
         )
-        waiting = _holds(cur, default, day, hi)
-    cur.execute(
-        sql.SQL(
-            "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH ({} = false)"
-        ).format(sql.Identifier(name), sql.Identifier(parent), sql.Identifier(_AUTOVACUUM))
-    )
-    if waiting:
-        # Rows of this day sit in the default partition: moved before the attach, which
-        # checks the default partition holds none of the day any more.
-        cur.execute(
-            sql.SQL(
-                "WITH moved AS (DELETE FROM {d} WHERE ctime >= %s AND ctime < %s RETURNING *) "
-                "INSERT INTO {n} SELECT * FROM moved"
-            ).format(d=sql.Identifier(default), n=sql.Identifier(name)),
-            (day, hi),
-        )
+        if _holds(cur, default, day, hi):  # written while the bulk moved, or since the check
+            _move_rows(cur, default, name, day, hi)
     _attach(cur, parent, name, "ctime >= %s AND ctime < %s", "FROM (%s) TO (%s)", (day, hi))
     return name
+
+
+def _move_rows(cur, default: str, table: str, lo: datetime, hi: datetime) -> None:
+    """The default partition's rows of [``lo``, ``hi``) moved into ``table``, which the
+    attach checks the default partition holds none of any more."""
+    cur.execute(
+        sql.SQL(
+            "WITH moved AS (DELETE FROM {d} WHERE ctime >= %s AND ctime < %s RETURNING *) "
+            "INSERT INTO {n} SELECT * FROM moved"
+        ).format(d=sql.Identifier(default), n=sql.Identifier(table)),
+        (lo, hi),
+    )
 
 
 def _attach(cur, parent: str, table: str, proof: str, bound: str, values: tuple) -> None:
@@ -234,12 +252,23 @@ def _holds(cur, table: str, lo: datetime, hi: datetime) -> bool:
 
 
 def make_ahead(cur, parent: str, now: datetime, days: int | None = None) -> list[str]:
-    """Day partitions of ``parent`` from today to ``days`` ahead (configuration by default)."""
+    """Day partitions of ``parent`` from today to ``days`` ahead (configuration by default),
+    and those of days whose rows landed in the default partition, in this transaction."""
+    made = []
+    for day in days_wanted(cur, parent, now, days):
+        name = _make_day(cur, parent, day, partitions(cur, parent))
+        if name is not None:
+            made.append(name)
+    return made
+
+
+def days_wanted(cur, parent: str, now: datetime, days: int | None = None) -> list[datetime]:
+    """The days ``parent`` should have a partition of, oldest first: today to ``days`` ahead
+    (configuration by default), and the days of rows waiting in its default partition."""
     days = config.partitions_ahead_days() if days is None else days
-    existing = partitions(cur, parent)
     today = day_start(now)
     wanted = {today + n * DAY for n in range(days + 1)}
-    default = next((p.name for p in existing if p.hi is None), None)
+    default = next((p.name for p in partitions(cur, parent) if p.hi is None), None)
     if default is not None:  # days that landed in the default partition get theirs too
         cur.execute(
             sql.SQL("SELECT DISTINCT date_trunc('day', ctime) FROM {}").format(
@@ -247,13 +276,7 @@ def make_ahead(cur, parent: str, now: datetime, days: int | None = None) -> list
             )
         )
         wanted |= {row[0].astimezone(UTC) for row in cur.fetchall()}
-    made = []
-    for day in sorted(wanted):
-        name = _make_day(cur, parent, day, existing)
-        if name is not None:
-            made.append(name)
-            existing = partitions(cur, parent)
-    return made
+    return sorted(wanted)
 
 
 def settle_vacuum(cur, parent: str, now: datetime) -> list[str]:
@@ -388,19 +411,17 @@ def _maintain(conn: Connection, now: datetime) -> MaintenanceReport:
         # every publisher of the bus until its commit, not also through the attaches (and a
         # missed day's rows moved) after it.
         dropped = _locked_step(conn, patience, _drop_bus_days, bus_id, edge)
-        made = _locked_step(conn, patience, _make_days, table, now)
+        made, settled = _make_days(conn, patience, table, now)
         report.dropped += dropped or []
-        if made is not None:
-            report.created += made[0]
-            report.vacuum_settled += made[1]
+        report.created += made
+        report.vacuum_settled += settled
         report.horizons[bus_id] = BusHorizon(name, edge.isoformat(), deleted_at is not None)
     patience = _Patience(report, DELIVERY)
     edge = horizon(longest, now)
     report.dropped += _locked_step(conn, patience, _drop_delivery_days, edge) or []
-    made = _locked_step(conn, patience, _make_days, DELIVERY, now)
-    if made is not None:
-        report.created += made[0]
-        report.vacuum_settled += made[1]
+    made, settled = _make_days(conn, patience, DELIVERY, now)
+    report.created += made
+    report.vacuum_settled += settled
     report.compacted = compact(conn, day_start(now), postponed=report.postponed)
     with transaction(conn) as cur:
         failure_s = max(config.failure_retention_s(), longest)
@@ -434,9 +455,27 @@ def _drop_delivery_days(cur, edge: datetime) -> list[str]:
     return dropped
 
 
-def _make_days(cur, parent: str, now: datetime) -> tuple[list[str], list[str]]:
-    """The days of ``parent`` made ahead and autovacuum settled: (made, settled)."""
-    return make_ahead(cur, parent, now), settle_vacuum(cur, parent, now)
+def _make_days(
+    conn: Connection, patience: _Patience, parent: str, now: datetime
+) -> tuple[list[str], list[str]]:
+    """The days of ``parent`` made ahead, each in a step of its own (a missed day's rows
+    moved hold the table's writers for that day's remainder alone, not for every day the
+    run makes), then autovacuum settled: (made, settled). A day whose tries gave up is left,
+    with the rest, to the next run (the table is postponed); what was made stays made."""
+    with transaction(conn) as cur:
+        days = days_wanted(cur, parent, now)
+    made: list[str] = []
+    for day in days:
+        name = _locked_step(conn, patience, _make_one_day, parent, day)
+        if name is None:
+            return made, []
+        made += name
+    return made, _locked_step(conn, patience, settle_vacuum, parent, now) or []
+
+
+def _make_one_day(cur, parent: str, day: datetime) -> list[str]:
+    name = _make_day(cur, parent, day, partitions(cur, parent))
+    return [] if name is None else [name]
 
 
 @dataclass
