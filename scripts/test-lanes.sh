@@ -2,8 +2,9 @@
 # The whole suite as `./dev test` runs it with no arguments: two pytest processes side by
 # side. The cluster tests, the standalone Airflow platform and the batch DAGs' runs (a Spark
 # standalone cluster, Celery workers, a scheduler, a spark-submit JVM per job: minutes spent
-# mostly waiting on their own processes) and a real spark-submit's secrets run in a lane of
-# their own (the first lane ended ~1.5 min after it otherwise) while every other
+# mostly waiting on their own processes), a real spark-submit's secrets and the NATS
+# target's crash tests (the first lane ended ~5 min after the side lane on a slow host with
+# them: 20.4 against 15.6 min) run in a lane of their own while every other
 # module runs in the first, so their waits overlap instead of adding up. The side lane ends
 # with the adaptive-concurrency tests, whose limits follow measured latencies: at the start
 # of the first lane they met the cluster's start-up (JVMs, Airflow, Celery) and a limit
@@ -16,7 +17,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${VENV:-$ROOT/.venv}/bin/python"
 SIDE=(
   tests/test_cluster.py tests/test_airflow_ui.py tests/test_dags_batch.py
-  tests/test_spark_secrets.py tests/test_adaptive_concurrency.py
+  tests/test_spark_secrets.py tests/test_nats_target.py tests/test_adaptive_concurrency.py
 )
 
 cd "$ROOT"
