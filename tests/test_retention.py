@@ -1182,3 +1182,35 @@ def test_a_rolled_up_window_audits_to_the_same_figures(conn, db_url, spark):
     req = ReplayRequest(what="missing", bus="books", since=since, until=until)
     picked = select(spark, db_url, req, [ids[clean], ids[gappy]]).collect()
     assert [(row["runner_id"]) for row in picked] == [ids[gappy]]
+
+
+def test_a_missed_delivery_day_is_made_with_the_logs_indexes_once(conn):
+    """The delivery log's missed day too: its rows move into a table made with the log's
+    indexes (its primary key among them), which the attach takes as the partition's own
+    instead of building a second set."""
+    far = D0 + 10 * DAY
+    with conn, conn.cursor() as cur:
+        for offset in range(3):
+            add_delivery(cur, 1, offset, far + timedelta(hours=1))
+    report = maintain(conn, now=NOW)
+    ahead = D0 + 2 * DAY  # a day made ahead, as usual (today's may lie in `_before`)
+    day, usual = f"event_push_delivery_p{far:%Y%m%d}", f"event_push_delivery_p{ahead:%Y%m%d}"
+    assert day in report.created, report
+    with conn, conn.cursor() as cur:
+        cur.execute(f'SELECT count(*) FROM "{day}"')
+        assert cur.fetchone()[0] == 3
+        cur.execute('SELECT count(*) FROM "event_push_delivery_default"')
+        assert cur.fetchone()[0] == 0
+        shapes = {}
+        for table in (day, usual):
+            cur.execute(
+                "SELECT i.indisprimary, pg_get_indexdef(i.indexrelid, 0, true) FROM pg_index i "
+                "WHERE i.indrelid = %s::regclass AND i.indisvalid",
+                (table,),
+            )
+            # the definition without the index's and the table's own names
+            shapes[table] = sorted(
+                (primary, definition.split(" USING ", 1)[1])
+                for primary, definition in cur.fetchall()
+            )
+        assert shapes[day] == shapes[usual] and any(p for p, _ in shapes[day]), shapes
