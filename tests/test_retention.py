@@ -586,7 +586,14 @@ def test_rows_landing_past_the_made_days_move_into_their_partition(conn):
     with conn, conn.cursor() as cur:
         bid = bus_id(cur, "late")
         add_event(cur, bid, 0, 0, far + timedelta(hours=2))
-    maintain(conn, now=NOW)
+    told: list[str] = []
+    report = maintain(conn, now=NOW, progress=told.append)
+    day = f"bus_event_{bid}_p{far:%Y%m%d}"
+    assert (
+        report.moved == {day: 1}
+        and len(told) == 1
+        and told[0].startswith(f"{day} made: 1 row moved")
+    )
     with conn, conn.cursor() as cur:
         cur.execute(f'SELECT count(*) FROM "bus_event_{bid}_p{far:%Y%m%d}"')
         assert cur.fetchone()[0] == 1
@@ -995,9 +1002,20 @@ def test_bus_retention_through_the_cli(db_url, cli):
     bad = cli("bus", "update", "orders", "--retention", "3 days")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "--retention" in bad.stderr
+    far = D0 + 10 * DAY  # a row past the days made ahead: the run makes its day, and says so
+    with psycopg2.connect(db_url) as conn, conn.cursor() as cur:
+        bid = bus_id(cur, "orders")
+        add_event(cur, bid, 0, 0, far + timedelta(hours=1))
+    conn.close()
     ran = cli("db", "maintain", "--json")
     assert ran.returncode == 0, ran.stderr
-    assert set(json.loads(ran.stdout)) == set(MaintenanceReport().to_json())
+    done = json.loads(ran.stdout)
+    assert set(done) == set(MaintenanceReport().to_json())
+    day = f"bus_event_{bid}_p{far:%Y%m%d}"
+    assert done["moved"] == {day: 1}
+    assert ran.stderr.startswith(f"{day} made: 1 row moved in from the default partition ("), (
+        ran.stderr
+    )
 
 
 def test_bus_retention_refused_and_defaulted(conn, monkeypatch):

@@ -98,6 +98,8 @@ class MaintenanceReport:
     failures_deleted: int = 0
     compacted: list[str] = field(default_factory=list)
     vacuum_settled: list[str] = field(default_factory=list)  # autovacuum turned off or on
+    # Days made for rows that waited in a default partition: how many rows moved into each.
+    moved: dict[str, int] = field(default_factory=dict)
     horizons: dict[int, BusHorizon] = field(default_factory=dict)
     # Tables left for the next run: a reader held their locks through every try (within
     # LOCK_PATIENCE_S), or a compaction's wait for older snapshots passed LOCK_TIMEOUT.
@@ -151,9 +153,9 @@ def partitions(cur, parent: str) -> list[Partition]:
 AHEAD_MARGIN = timedelta(hours=1)
 
 
-def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> str | None:
-    """The partition of ``parent`` for ``day`` unless a partition covers it already; rows of
-    that day waiting in the default partition move into it (same transaction).
+def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> tuple[str, int] | None:
+    """The partition of ``parent`` for ``day`` unless a partition covers it already, and how
+    many rows of that day waiting in the default partition moved into it (same transaction).
 
     Made as a plain table and attached: CREATE TABLE ... PARTITION OF locks the parent ACCESS
     EXCLUSIVE, so every publisher (and, for the delivery log, every engine commit) queued
@@ -190,8 +192,7 @@ def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> str
             sql.Identifier(_AUTOVACUUM),
         )
     )
-    if waiting:
-        _move_rows(cur, default, name, day, hi)
+    moved = _move_rows(cur, default, name, day, hi) if waiting else 0
     if default is not None and not over and (waiting or not ahead):
         # A day begun (or about to be) that maintenance lapsed on, or one whose rows came
         # early: writers of ``parent`` wait to the commit (and are then routed to the new
@@ -202,14 +203,14 @@ def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> str
             sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(sql.Identifier(parent))
         )
         if _holds(cur, default, day, hi):  # written while the bulk moved, or since the check
-            _move_rows(cur, default, name, day, hi)
+            moved += _move_rows(cur, default, name, day, hi)
     _attach(cur, parent, name, "ctime >= %s AND ctime < %s", "FROM (%s) TO (%s)", (day, hi))
-    return name
+    return name, moved
 
 
-def _move_rows(cur, default: str, table: str, lo: datetime, hi: datetime) -> None:
+def _move_rows(cur, default: str, table: str, lo: datetime, hi: datetime) -> int:
     """The default partition's rows of [``lo``, ``hi``) moved into ``table``, which the
-    attach checks the default partition holds none of any more."""
+    attach checks the default partition holds none of any more; how many."""
     cur.execute(
         sql.SQL(
             "WITH moved AS (DELETE FROM {d} WHERE ctime >= %s AND ctime < %s RETURNING *) "
@@ -217,6 +218,7 @@ def _move_rows(cur, default: str, table: str, lo: datetime, hi: datetime) -> Non
         ).format(d=sql.Identifier(default), n=sql.Identifier(table)),
         (lo, hi),
     )
+    return cur.rowcount
 
 
 def _attach(cur, parent: str, table: str, proof: str, bound: str, values: tuple) -> None:
@@ -256,9 +258,9 @@ def make_ahead(cur, parent: str, now: datetime, days: int | None = None) -> list
     and those of days whose rows landed in the default partition, in this transaction."""
     made = []
     for day in days_wanted(cur, parent, now, days):
-        name = _make_day(cur, parent, day, partitions(cur, parent))
-        if name is not None:
-            made.append(name)
+        day_made = _make_day(cur, parent, day, partitions(cur, parent))
+        if day_made is not None:
+            made.append(day_made[0])
     return made
 
 
@@ -361,7 +363,11 @@ def kept_since(cur, bus_id: int) -> datetime | None:
 MAINTAIN_LOCK_KEY = 0x6570_6D61_696E  # "epmain"
 
 
-def maintain(conn: Connection, now: datetime | None = None) -> MaintenanceReport:
+def maintain(
+    conn: Connection,
+    now: datetime | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> MaintenanceReport:
     """Make partitions ahead and drop the ones behind retention, per bus and for the
     delivery log; delete failure rows past their retention. Each step that locks a table in
     a transaction of its own, its lock waits short tries retried (``_locked_step``), so a
@@ -370,20 +376,28 @@ def maintain(conn: Connection, now: datetime | None = None) -> MaintenanceReport
     waits for it, then finds what it left.
 
     Delivery days are kept for the longest bus retention, and failure rows for the longer of
-    their own retention and that: an audit of any window a bus still holds finds its books."""
+    their own retention and that: an audit of any window a bus still holds finds its books.
+    ``progress`` is given a line for each day made whose rows moved in from a default
+    partition (after a lapse, the long part of a run)."""
     with transaction(conn) as cur:
         # The wait for a run before is as long as that run (the URL's options may time out
         # statements or lock waits: those are for the work, not for this turn).
         cur.execute("SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0")
         cur.execute("SELECT pg_advisory_lock(%s)", (MAINTAIN_LOCK_KEY,))
     try:
-        return _maintain(conn, (now or datetime.now(UTC)).astimezone(UTC))
+        return _maintain(conn, (now or datetime.now(UTC)).astimezone(UTC), progress or _quiet)
     finally:
         with contextlib.suppress(Exception), transaction(conn) as cur:
             cur.execute("SELECT pg_advisory_unlock(%s)", (MAINTAIN_LOCK_KEY,))
 
 
-def _maintain(conn: Connection, now: datetime) -> MaintenanceReport:
+def _quiet(line: str) -> None:
+    pass
+
+
+def _maintain(
+    conn: Connection, now: datetime, progress: Callable[[str], None]
+) -> MaintenanceReport:
     report = MaintenanceReport()
     default = config.default_retention_s()
     with transaction(conn) as cur:
@@ -411,17 +425,13 @@ def _maintain(conn: Connection, now: datetime) -> MaintenanceReport:
         # every publisher of the bus until its commit, not also through the attaches (and a
         # missed day's rows moved) after it.
         dropped = _locked_step(conn, patience, _drop_bus_days, bus_id, edge)
-        made, settled = _make_days(conn, patience, table, now)
+        _make_days(conn, patience, table, now, progress)
         report.dropped += dropped or []
-        report.created += made
-        report.vacuum_settled += settled
         report.horizons[bus_id] = BusHorizon(name, edge.isoformat(), deleted_at is not None)
     patience = _Patience(report, DELIVERY)
     edge = horizon(longest, now)
     report.dropped += _locked_step(conn, patience, _drop_delivery_days, edge) or []
-    made, settled = _make_days(conn, patience, DELIVERY, now)
-    report.created += made
-    report.vacuum_settled += settled
+    _make_days(conn, patience, DELIVERY, now, progress)
     report.compacted = compact(conn, day_start(now), postponed=report.postponed)
     with transaction(conn) as cur:
         failure_s = max(config.failure_retention_s(), longest)
@@ -456,26 +466,41 @@ def _drop_delivery_days(cur, edge: datetime) -> list[str]:
 
 
 def _make_days(
-    conn: Connection, patience: _Patience, parent: str, now: datetime
-) -> tuple[list[str], list[str]]:
+    conn: Connection,
+    patience: _Patience,
+    parent: str,
+    now: datetime,
+    progress: Callable[[str], None],
+) -> None:
     """The days of ``parent`` made ahead, each in a step of its own (a missed day's rows
     moved hold the table's writers for that day's remainder alone, not for every day the
-    run makes), then autovacuum settled: (made, settled). A day whose tries gave up is left,
-    with the rest, to the next run (the table is postponed); what was made stays made."""
+    run makes), then autovacuum settled, all put in the report. A day whose tries gave up is
+    left, with the rest, to the next run (the table is postponed); what was made stays made.
+    A day whose rows moved in from the default partition is told to ``progress`` as it is
+    made: after a lapse, that is where a run's minutes go."""
+    report = patience.report
     with transaction(conn) as cur:
         days = days_wanted(cur, parent, now)
-    made: list[str] = []
     for day in days:
-        name = _locked_step(conn, patience, _make_one_day, parent, day)
-        if name is None:
-            return made, []
-        made += name
-    return made, _locked_step(conn, patience, settle_vacuum, parent, now) or []
+        started = time.monotonic()
+        made = _locked_step(conn, patience, _make_day_step, parent, day)
+        if made is None:
+            return
+        if made:
+            name, moved = made
+            report.created.append(name)
+            if moved:
+                report.moved[name] = moved
+                progress(
+                    f"{name} made: {moved:,} {'row' if moved == 1 else 'rows'} moved in from "
+                    "the default partition "
+                    f"({time.monotonic() - started:.1f} s)"
+                )
+    report.vacuum_settled += _locked_step(conn, patience, settle_vacuum, parent, now) or []
 
 
-def _make_one_day(cur, parent: str, day: datetime) -> list[str]:
-    name = _make_day(cur, parent, day, partitions(cur, parent))
-    return [] if name is None else [name]
+def _make_day_step(cur, parent: str, day: datetime) -> tuple[str, int] | tuple[()]:
+    return _make_day(cur, parent, day, partitions(cur, parent)) or ()
 
 
 @dataclass

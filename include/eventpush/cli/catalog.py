@@ -11,6 +11,7 @@ from eventpush import catalog
 from eventpush.cli.common import (
     NumberOrAuto,
     concurrency_option,
+    err,
     fail,
     handles_errors,
     out,
@@ -60,8 +61,8 @@ def db_maintain(as_json: bool) -> None:
     # Deferred: partition maintenance is loaded only by this command.
     from eventpush.partitions import maintain
 
-    with connection() as conn:
-        report = maintain(conn)
+    with connection() as conn:  # a missed day's move told as it is made, on stderr
+        report = maintain(conn, progress=lambda line: err.print(line, highlight=False))
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
         return
@@ -69,6 +70,11 @@ def db_maintain(as_json: bool) -> None:
         f"{len(report.created)} partitions made, {len(report.dropped)} dropped, "
         f"{report.failures_deleted} failure rows deleted"
     )
+    if report.moved:
+        out.print(
+            f"{sum(report.moved.values()):,} rows moved from default partitions into "
+            f"{len(report.moved)} missed days"
+        )
     for name in report.dropped:
         out.print(f"dropped {name}")
     for name in report.postponed:
