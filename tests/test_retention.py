@@ -729,6 +729,51 @@ def test_a_missed_days_rows_move_before_its_writers_are_held_back(conn, db_url):
         assert moved_indexes == cur.fetchone()[0] > 0
 
 
+def test_a_missed_days_move_is_kept_while_its_attach_waits_for_a_reader(conn, db_url):
+    """The attach of a missed day waits (in short tries) for a reader of the default
+    partition; a try that gives up used to roll the whole day back, its moved rows with it,
+    and the next try moved them again (after a lapse, a day of events each time). Now the
+    tries go on in the one transaction that moved them: one transaction id throughout."""
+    import threading
+
+    catalog.create_bus(conn, "late", 1, retention="30d")
+    far = D0 + 10 * DAY
+    with conn, conn.cursor() as cur:
+        bid = bus_id(cur, "late")
+        for offset in range(3):
+            add_event(cur, bid, 0, offset, far + timedelta(hours=1))
+    table = f"bus_event_{bid}"
+    reader, runner = psycopg2.connect(db_url), psycopg2.connect(db_url)
+    results: list = []
+    thread = threading.Thread(target=lambda: results.append(maintain(runner, now=NOW)))
+    xids, waits, waiting = set(), 0, False
+    try:
+        with reader.cursor() as cur:  # a long reader of the default partition
+            cur.execute(f'SELECT count(*) FROM "{table}_default"')
+        pid = runner.info.backend_pid
+        thread.start()
+        deadline = time.monotonic() + 30
+        while waits < 3:  # three tries seen waiting for the reader
+            assert time.monotonic() < deadline and thread.is_alive(), results
+            with conn, conn.cursor() as cur:
+                cur.execute("SELECT backend_xid::text FROM pg_stat_activity WHERE pid = %s", (pid,))
+                (xid,) = cur.fetchone()
+            now_waiting = _lock_waits(conn, f"{table}_default", "AccessExclusiveLock")
+            if now_waiting and xid is not None:
+                xids.add(xid)
+                waits += not waiting
+            waiting = now_waiting
+            time.sleep(0.005)
+    finally:
+        reader.rollback()
+        thread.join(60)
+        reader.close()
+        runner.close()
+    [report] = results
+    assert len(xids) == 1, xids
+    assert report.postponed == [] and report.moved == {f"{table}_p{far:%Y%m%d}": 3}, report
+
+
 def test_a_missed_day_over_is_made_while_a_writer_of_today_is_open(conn, db_url):
     """A day that is over gets no row any more, so its partition is made (its rows moved
     from the default partition) without waiting for the bus's writers: a long writer of

@@ -193,19 +193,48 @@ def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> tup
         )
     )
     moved = _move_rows(cur, default, name, day, hi) if waiting else 0
-    if default is not None and not over and (waiting or not ahead):
-        # A day begun (or about to be) that maintenance lapsed on, or one whose rows came
-        # early: writers of ``parent`` wait to the commit (and are then routed to the new
-        # day): a row of the day routed to the default partition meanwhile failed the attach
-        # with a CheckViolation, so such a day was never made while it was being written.
-        # Readers are not held (SHARE ROW EXCLUSIVE).
-        cur.execute(
-            sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(sql.Identifier(parent))
-        )
-        if _holds(cur, default, day, hi):  # written while the bulk moved, or since the check
-            moved += _move_rows(cur, default, name, day, hi)
-    _attach(cur, parent, name, "ctime >= %s AND ctime < %s", "FROM (%s) TO (%s)", (day, hi))
+
+    def finish() -> int:
+        more = 0
+        if default is not None and not over and (waiting or not ahead):
+            # A day begun (or about to be) that maintenance lapsed on, or one whose rows came
+            # early: writers of ``parent`` wait to the commit (and are then routed to the new
+            # day): a row of the day routed to the default partition meanwhile failed the
+            # attach with a CheckViolation, so such a day was never made while it was being
+            # written. Readers are not held (SHARE ROW EXCLUSIVE).
+            cur.execute(
+                sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(sql.Identifier(parent))
+            )
+            if _holds(cur, default, day, hi):  # written while the bulk moved, or since
+                more = _move_rows(cur, default, name, day, hi)
+        _attach(cur, parent, name, "ctime >= %s AND ctime < %s", "FROM (%s) TO (%s)", (day, hi))
+        return more
+
+    # After a bulk move, a lock try that gives up is tried again from here, not from the
+    # start: the moved rows stay moved (in this transaction) between the tries.
+    moved += _tried_again(cur, finish) if moved else finish()
     return name, moved
+
+
+def _tried_again(cur, step: Callable[[], _T]) -> _T:
+    """``step()`` under a savepoint, a lock try that gives up (LOCK_TRY_TIMEOUT) rolled back
+    to it and tried again after a pause, doubling, for LOCK_PATIENCE_S; then the last
+    LockNotAvailable is raised. What the transaction did before is kept between the tries
+    (locks of a rolled-back try are let go with it)."""
+    pause, deadline = LOCK_RETRY_FIRST_S, time.monotonic() + LOCK_PATIENCE_S
+    while True:
+        cur.execute("SAVEPOINT tried_again")
+        try:
+            done = step()
+        except errors.LockNotAvailable:
+            cur.execute("ROLLBACK TO SAVEPOINT tried_again")
+            if time.monotonic() + pause >= deadline:
+                raise
+            time.sleep(pause)
+            pause = min(2 * pause, LOCK_RETRY_MAX_S)
+            continue
+        cur.execute("RELEASE SAVEPOINT tried_again")
+        return done
 
 
 def _move_rows(cur, default: str, table: str, lo: datetime, hi: datetime) -> int:
