@@ -674,24 +674,35 @@ def _waits_for_a_row(conn, pid: int) -> bool:
         return cur.fetchone()[0]
 
 
+def _a_missed_day(conn) -> tuple[int, str, datetime]:
+    """A bus whose three events wait in its default partition, of a day 10 days ahead (past
+    the days made ahead, as after a lapse): its id, its table, the day."""
+    catalog.create_bus(conn, "late", 1, retention="30d")
+    far = D0 + 10 * DAY
+    with conn, conn.cursor() as cur:
+        bid = bus_id(cur, "late")
+        for offset in range(3):
+            add_event(cur, bid, 0, offset, far + timedelta(hours=1))
+    return bid, f"bus_event_{bid}", far
+
+
+def _maintaining(conn, results: list):
+    """A maintenance run on ``conn`` in a thread (not started), its report put in ``results``."""
+    import threading
+
+    return threading.Thread(target=lambda: results.append(maintain(conn, now=NOW)))
+
+
 def test_a_missed_days_rows_move_before_its_writers_are_held_back(conn, db_url):
     """A missed day still written has its rows moved from the default partition into its
     own: the bulk of them used to move under SHARE ROW EXCLUSIVE on the bus's table, every
     publisher of the bus held for the whole move (a day of events after a maintenance lapse).
     Now the writers are held only for what they added meanwhile: while the move waits here
     (for a row another session holds), maintenance holds no lock that stops a writer."""
-    import threading
-
-    catalog.create_bus(conn, "late", 1, retention="30d")
-    far = D0 + 10 * DAY  # beyond the days made ahead: its rows wait in the default partition
-    with conn, conn.cursor() as cur:
-        bid = bus_id(cur, "late")
-        for offset in range(3):
-            add_event(cur, bid, 0, offset, far + timedelta(hours=1))
-    table = f"bus_event_{bid}"
+    bid, table, far = _a_missed_day(conn)
     holder, runner = psycopg2.connect(db_url), psycopg2.connect(db_url)
     results: list = []
-    thread = threading.Thread(target=lambda: results.append(maintain(runner, now=NOW)))
+    thread = _maintaining(runner, results)
     try:
         with holder.cursor() as cur:  # one of the day's rows held: the move waits for it
             cur.execute(f'SELECT 1 FROM "{table}_default" WHERE "offset" = 1 FOR UPDATE')
@@ -734,18 +745,10 @@ def test_a_missed_days_move_is_kept_while_its_attach_waits_for_a_reader(conn, db
     partition; a try that gives up used to roll the whole day back, its moved rows with it,
     and the next try moved them again (after a lapse, a day of events each time). Now the
     tries go on in the one transaction that moved them: one transaction id throughout."""
-    import threading
-
-    catalog.create_bus(conn, "late", 1, retention="30d")
-    far = D0 + 10 * DAY
-    with conn, conn.cursor() as cur:
-        bid = bus_id(cur, "late")
-        for offset in range(3):
-            add_event(cur, bid, 0, offset, far + timedelta(hours=1))
-    table = f"bus_event_{bid}"
+    bid, table, far = _a_missed_day(conn)
     reader, runner = psycopg2.connect(db_url), psycopg2.connect(db_url)
     results: list = []
-    thread = threading.Thread(target=lambda: results.append(maintain(runner, now=NOW)))
+    thread = _maintaining(runner, results)
     xids, waits, waiting = set(), 0, False
     try:
         with reader.cursor() as cur:  # a long reader of the default partition
