@@ -31,6 +31,7 @@ WAIT_ENV = "EVENTPUSH_MIGRATE_INDEX_WAIT_S"
 DEFAULT_WAIT_S = 600  # an audit's long scan is outwaited; a forgotten session is not
 POLL_S = 1.0  # how often the watch asks what the build waits for
 LOG_EVERY_S = 30.0  # an unchanged wait is logged again this often
+STOP_WAIT_S = 5.0
 # The watch's session, apart from the migration's own ("eventpush db migrate"): whoever looks
 # for a waiting migration in pg_stat_activity does not find the watch instead.
 WATCH_APPLICATION = "eventpush db migrate (index watch)"
@@ -92,14 +93,16 @@ class _Watch:
         self.engine, self.pid, self.index, self.wait_s = engine, pid, index, wait_s
         self._stopped = threading.Event()
         self._seen = ""
-        self._thread = threading.Thread(target=self._run, name="eventpush-index-watch")
+        # A daemon, joined a moment at most: a watch stuck on a database that stopped
+        # answering never holds the migration's process.
+        self._thread = threading.Thread(target=self._run, name="eventpush-index-watch", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._stopped.set()
-        self._thread.join()
+        self._thread.join(STOP_WAIT_S)
 
     def last_seen(self) -> str:
         return self._seen

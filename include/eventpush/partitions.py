@@ -171,7 +171,8 @@ def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> tup
     a table that already has the parent's indexes (so the attach builds none). Only then, if
     the day may still be written, the parent is locked against writers and what they added
     meanwhile follows: the writers wait for that remainder and the attach, not for the day.
-    If a lock try gives up, the step is tried again from the start (``_locked_step``)."""
+    A lock try that gives up after the bulk moved is tried again from a savepoint, the rows
+    kept moved (``_tried_again``); before it, the whole step is (``_locked_step``)."""
     hi = day + DAY
     for p in existing:
         if p.hi is not None and (p.lo is None or p.lo < hi) and day < p.hi:
