@@ -288,6 +288,20 @@ def test_a_request_head_past_the_limit_is_refused_while_it_is_sent(port, start, 
     assert answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer[:80]
 
 
+def test_a_request_head_past_the_limit_in_one_write_is_refused(port):
+    """A head past MAX_HEAD that arrives whole in one read of the socket (up to 256 KiB) was
+    served: the count across reads never saw it unfinished. Now its own bytes are summed
+    when the reads were large, and it is refused as any other head past the limit."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(
+            b"POST / HTTP/1.1\r\nHost: x\r\nX-Pad: %s\r\nContent-Length: 0\r\n\r\n"
+            % (b"p" * (MAX_HEAD + 4096))
+        )
+        answer = _read_to_close(sock)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:80]
+    assert b"Request line and headers over %d bytes." % MAX_HEAD in answer
+
+
 def test_a_request_head_under_the_limit_and_a_large_body_are_served(port):
     """The limit counts only the head: a request whose headers are nearly MAX_HEAD bytes,
     or whose body comes in the same writes as its head, is served as any other."""

@@ -20,7 +20,7 @@ Nor does uvicorn (or httptools) bound a request's line and headers: a client sen
 endless header grew the worker by its size, and httptools, adding each piece to the bytes
 before, spent CPU on the square of it (200 MiB: 300 MiB held, 50 s of the event loop). Here a
 request whose head passes :data:`MAX_HEAD` bytes is answered 400 and its connection
-closed.
+closed, whether it arrives over many reads or whole in one.
 
 A request answered before its body arrived (413, a body over the limit) leaves the rest of
 the body to be read and dropped, and uvicorn read on for as long as the client sent (10 GB
@@ -137,6 +137,19 @@ async def _overloaded(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+_HEAD_TOO_LARGE = f"Request line and headers over {MAX_HEAD} bytes."
+
+
+class _HeadOver(Exception):
+    """Raised from the parser's callback to stop it: the head is past MAX_HEAD."""
+
+
+def _head_size(protocol: HttpToolsProtocol) -> int:
+    """The bytes of the request line and headers the parser has handed over, about as sent
+    (each header's name, value, ': ' and line end)."""
+    return len(protocol.url) + sum(len(name) + len(value) + 4 for name, value in protocol.headers)
+
+
 class _TurnTransport:
     """A connection's transport whose writes of one loop turn go out as one: everything but
     ``write``, ``close`` and ``abort`` is the transport's own."""
@@ -185,6 +198,8 @@ class OneWriteProtocol(HttpToolsProtocol):
     _head_bytes: int | None = 0
     # Bytes of the body being dropped (see on_message_complete for its reset).
     _dropped: int = 0
+    # Set when a head that arrived whole was past MAX_HEAD: the parser's error is that.
+    _head_over: bool = False
     # Armed while the transport's buffer is past its high-water mark (the client not reading).
     _write_stalled: asyncio.TimerHandle | None = None
 
@@ -227,7 +242,7 @@ class OneWriteProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
-            msg = "Invalid HTTP request received."
+            msg = _HEAD_TOO_LARGE if self._head_over else "Invalid HTTP request received."
             self.logger.warning(msg)
             self.send_400_response(msg)
             return
@@ -239,11 +254,17 @@ class OneWriteProtocol(HttpToolsProtocol):
             return
         # Counted before the parser ran, reset by it when a request's headers were whole.
         if self._head_bytes is not None and self._head_bytes > MAX_HEAD:
-            msg = f"Request line and headers over {MAX_HEAD} bytes."
-            self.logger.warning(msg)
-            self.send_400_response(msg)
+            self.logger.warning(_HEAD_TOO_LARGE)
+            self.send_400_response(_HEAD_TOO_LARGE)
 
     def on_headers_complete(self) -> None:
+        # A head that arrived whole within the reads counted: the bytes counted include any
+        # body that came with it, so only then are the head's own bytes summed (no cost to a
+        # request whose reads were small), and a head past the limit stops the parser.
+        received = self._head_bytes
+        if received is not None and received > MAX_HEAD and _head_size(self) > MAX_HEAD:
+            self._head_over = True
+            raise _HeadOver
         self._head_bytes = None
         limit = self._limit
         if limit is None or (len(self.connections) < limit and len(self.tasks) < limit):
