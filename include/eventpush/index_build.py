@@ -14,6 +14,7 @@ again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -74,7 +75,9 @@ def build_concurrently(bind, index: str, create: str) -> None:
         ) from None
     finally:
         watch.stop()
-        bind.execute(text("RESET lock_timeout"))
+        # A session the database dropped cannot be reset; its error, not this one, is news.
+        with contextlib.suppress(sa_exc.DBAPIError):
+            bind.execute(text("RESET lock_timeout"))
 
 
 def _describe(rows) -> str:

@@ -62,7 +62,9 @@ def db_maintain(as_json: bool) -> None:
     from eventpush.partitions import maintain
 
     with connection() as conn:  # a missed day's move told as it is made, on stderr
-        report = maintain(conn, progress=lambda line: err.print(line, highlight=False))
+        report = maintain(
+            conn, progress=lambda line: err.print(line, markup=False, highlight=False)
+        )
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
         return
