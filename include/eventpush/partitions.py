@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
@@ -153,7 +153,7 @@ def partitions(cur, parent: str) -> list[Partition]:
 AHEAD_MARGIN = timedelta(hours=1)
 
 
-def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> tuple[str, int] | None:
+def _make_day(cur, parent: str, day: datetime) -> tuple[str, int] | None:
     """The partition of ``parent`` for ``day`` unless a partition covers it already, and how
     many rows of that day waiting in the default partition moved into it (same transaction).
 
@@ -174,6 +174,7 @@ def _make_day(cur, parent: str, day: datetime, existing: list[Partition]) -> tup
     A lock try that gives up after the bulk moved is tried again from a savepoint, the rows
     kept moved (``_tried_again``); before it, the whole step is (``_locked_step``)."""
     hi = day + DAY
+    existing = partitions(cur, parent)
     for p in existing:
         if p.hi is not None and (p.lo is None or p.lo < hi) and day < p.hi:
             return None
@@ -222,20 +223,30 @@ def _tried_again(cur, step: Callable[[], _T]) -> _T:
     to it and tried again after a pause, doubling, for LOCK_PATIENCE_S; then the last
     LockNotAvailable is raised. What the transaction did before is kept between the tries
     (locks of a rolled-back try are let go with it)."""
-    pause, deadline = LOCK_RETRY_FIRST_S, time.monotonic() + LOCK_PATIENCE_S
+    pauses = _pauses(time.monotonic() + LOCK_PATIENCE_S)
     while True:
         cur.execute("SAVEPOINT tried_again")
         try:
             done = step()
         except errors.LockNotAvailable:
             cur.execute("ROLLBACK TO SAVEPOINT tried_again")
-            if time.monotonic() + pause >= deadline:
+            pause = next(pauses, None)
+            if pause is None:
                 raise
             time.sleep(pause)
-            pause = min(2 * pause, LOCK_RETRY_MAX_S)
             continue
         cur.execute("RELEASE SAVEPOINT tried_again")
         return done
+
+
+def _pauses(deadline: float) -> Iterator[float]:
+    """The pauses between lock tries, doubling from LOCK_RETRY_FIRST_S to LOCK_RETRY_MAX_S,
+    for as long as the next one would end before ``deadline`` (monotonic clock), asked for
+    when a try has given up."""
+    pause = LOCK_RETRY_FIRST_S
+    while time.monotonic() + pause < deadline:
+        yield pause
+        pause = min(2 * pause, LOCK_RETRY_MAX_S)
 
 
 def _move_rows(cur, default: str, table: str, lo: datetime, hi: datetime) -> int:
@@ -288,7 +299,7 @@ def make_ahead(cur, parent: str, now: datetime, days: int | None = None) -> list
     and those of days whose rows landed in the default partition, in this transaction."""
     made = []
     for day in days_wanted(cur, parent, now, days):
-        day_made = _make_day(cur, parent, day, partitions(cur, parent))
+        day_made = _make_day(cur, parent, day)
         if day_made is not None:
             made.append(day_made[0])
     return made
@@ -530,7 +541,7 @@ def _make_days(
 
 
 def _make_day_step(cur, parent: str, day: datetime) -> tuple[str, int] | tuple[()]:
-    return _make_day(cur, parent, day, partitions(cur, parent)) or ()
+    return _make_day(cur, parent, day) or ()
 
 
 @dataclass
@@ -558,18 +569,18 @@ def _locked_step(
     half dropped, no day half made), and the step is tried again after a pause, doubling,
     until the table's patience runs out; then the table is postponed and None returned.
     Each step gets one try however little patience is left. Its value otherwise."""
-    pause = LOCK_RETRY_FIRST_S
+    pauses = _pauses(patience.deadline)
     while True:
         try:
             with transaction(conn) as cur:
                 cur.execute("SELECT set_config('lock_timeout', %s, true)", (LOCK_TRY_TIMEOUT,))
                 return step(cur, *args)
         except errors.LockNotAvailable:
-            if time.monotonic() + pause >= patience.deadline:
+            pause = next(pauses, None)
+            if pause is None:
                 patience.give_up()
                 return None
         time.sleep(pause)
-        pause = min(2 * pause, LOCK_RETRY_MAX_S)
 
 
 # Past days' delivery partitions are compacted when their indexes hold this many times the
