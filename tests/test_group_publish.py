@@ -1,12 +1,11 @@
 """The API's publish path against the real PostgreSQL: ``publish_anywhere`` (one statement on
-one queue no other publisher holds, the wake-up after the commit) and the group publisher's
-commits in flight side by side."""
+one queue no other publisher holds; ``announce``, the wake-up) and the group publisher's
+commits in flight side by side, their wake-ups paced."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import select
 import socket
 import time
 import tracemalloc
@@ -20,7 +19,7 @@ from eventpush.db import StoreError, connect_on_loop, execute_on_loop
 from eventpush.group_publish import GroupPublisher
 from eventpush.publish import Prepared, parse_events
 from eventpush.sources import bus_named
-from eventpush.sources.postgres import publish_anywhere
+from eventpush.sources.postgres import announce, publish_anywhere
 
 ODD = ["tab\there", "new\nline", 'quote" and \\ back', "ünï €", "{a,b}", "NULL", "x'y"]
 
@@ -155,65 +154,155 @@ def test_a_free_queue_is_taken_without_waiting_and_a_held_one_waited_for(db_url,
     assert sum(_check_gapless(conn, bus.id).values()) == 8
 
 
-def test_committed_is_called_once_durable_and_the_wake_up_follows(db_url, conn):
-    catalog.create_bus(conn, "orders", 4)
-    bus = bus_named(conn, "orders")
-    conn.commit()
+def _listening(db_url: str):
     listener = psycopg2.connect(db_url)
     listener.autocommit = True
     listener.cursor().execute("LISTEN eventpush_publish")
-    seen_at_commit: list[int] = []
+    return listener
 
-    def committed() -> None:
-        with conn.cursor() as cur:  # another session sees them: committed
-            cur.execute("SELECT count(*) FROM bus_event WHERE bus_id = %s", (bus.id,))
-            seen_at_commit.append(cur.fetchone()[0])
-        conn.rollback()
+
+async def _notified(listener, count: int, timeout: float = 10) -> list[str]:
+    """The payloads of the first ``count`` notifications (waiting for them, the loop free)."""
+    deadline = time.monotonic() + timeout
+    while len(listener.notifies) < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
         listener.poll()
-        seen_at_commit.append(len(listener.notifies))  # not woken yet
+    return [n.payload for n in listener.notifies]
 
-    async def scenario() -> str:
+
+def test_publish_anywhere_wakes_nobody_and_announce_wakes_each_bus(db_url, conn):
+    """The append stores and returns without a wake-up; ``announce`` wakes each bus named
+    once, in a relaxed commit of its own (the session's own setting unchanged after it)."""
+    catalog.create_bus(conn, "orders", 4)
+    catalog.create_bus(conn, "refunds", 1)
+    orders, refunds = bus_named(conn, "orders"), bus_named(conn, "refunds")
+    conn.commit()
+    listener = _listening(db_url)
+
+    async def scenario() -> tuple[str, list[str], list[str]]:
         publisher = await _on_loop(db_url)
         try:
-            await publish_anywhere(publisher, bus, _events(4), committed)
-            # the wake-up's relaxed commit stayed its own
+            await publish_anywhere(publisher, orders, _events(4))
+            assert len(_stored(conn, orders.id)) == 4  # another session sees them: committed
+            conn.rollback()
+            quiet = await _notified(listener, 1, timeout=0.5)
+            await announce(publisher, [orders.id, refunds.id])
             ((setting,),) = await execute_on_loop(publisher, "SHOW synchronous_commit")
-            return setting
+            return setting, quiet, await _notified(listener, 2)
         finally:
             await publisher.close()
 
     try:
-        assert asyncio.run(scenario()) == "on"
-        assert seen_at_commit == [4, 0]
-        deadline = time.monotonic() + 10
-        while not listener.notifies and time.monotonic() < deadline:
-            select.select([listener], [], [], 0.5)
-            listener.poll()
-        assert [n.payload for n in listener.notifies] == [str(bus.id)]
+        setting, quiet, woken = asyncio.run(scenario())
     finally:
         listener.close()
+    assert setting == "on"
+    assert quiet == []
+    assert sorted(woken) == sorted([str(orders.id), str(refunds.id)])
 
 
-def test_a_failed_append_stores_nothing_and_never_says_committed(db_url, conn):
+def test_commits_wake_the_workers_at_once_then_once_an_interval_after_the_last(db_url, conn):
+    """A lone commit's wake-up goes at once; the commits within the interval after it share
+    one wake-up, which comes after the last of them and not before the interval is over."""
+    catalog.create_bus(conn, "orders", 2)
+    bus = bus_named(conn, "orders")
+    conn.commit()
+    listener = _listening(db_url)
+    interval = 3.0
+
+    async def scenario() -> None:
+        publisher = GroupPublisher(db_url, wake_interval=interval)
+        publisher.start()
+        try:
+            started = time.monotonic()
+            await publisher.publish(bus, _events(1, queues=2))
+            assert await _notified(listener, 1) == [str(bus.id)]
+            first = time.monotonic()
+            assert first - started < interval / 2
+            for i in range(20):  # each caller waits for its commit
+                await publisher.publish(bus, _events(2, i, queues=2))
+            last_commit = time.monotonic()
+            assert last_commit - first < interval / 2, "the commits outlasted the interval"
+            listener.poll()
+            assert len(listener.notifies) == 1  # the twenty wait for the interval's end
+            assert len(await _notified(listener, 2)) == 2
+            second = time.monotonic()
+            assert second > last_commit and second - first > interval * 0.9
+            assert len(await _notified(listener, 3, timeout=interval + 1)) == 2
+            assert (publisher.stats.commits, publisher.stats.wakeups) == (21, 2)
+        finally:
+            await publisher.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        listener.close()
+    assert sum(_check_gapless(conn, bus.id).values()) == 41
+
+
+def test_a_failed_wake_up_fails_no_caller_and_the_next_one_reconnects(db_url, conn, caplog):
+    """The waker's backend ended (a restart, pg_terminate_backend): the commits and their
+    callers go on, the failure is one warning without the password, and the next wake-up
+    connects again."""
+    catalog.create_bus(conn, "orders", 1)
+    bus = bus_named(conn, "orders")
+    conn.commit()
+    listener = _listening(db_url)
+
+    async def scenario() -> None:
+        publisher = GroupPublisher(db_url, wake_interval=0.05)
+        publisher.start()
+        try:
+            await publisher.publish(bus, _events(1, 1, queues=1))
+            assert len(await _notified(listener, 1)) == 1
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND application_name = %s",
+                    (group_publish.WAKER_APPLICATION,),
+                )
+                assert [ok for (ok,) in cur.fetchall()] == [True]
+            conn.rollback()
+            await publisher.publish(bus, _events(1, 2, queues=1))  # stored, answered
+            async with asyncio.timeout(30):
+                while "waking the workers failed" not in caplog.text:
+                    await asyncio.sleep(0.01)
+            await publisher.publish(bus, _events(1, 3, queues=1))
+            assert len(await _notified(listener, 2)) == 2
+            assert (publisher.stats.commits, publisher.stats.failures) == (3, 0)
+            assert publisher.stats.wakeups == 2
+        finally:
+            await publisher.close()
+
+    try:
+        with caplog.at_level("WARNING", logger="eventpush.group_publish"):
+            asyncio.run(scenario())
+    finally:
+        listener.close()
+    warnings = [r for r in caplog.records if "waking the workers failed" in r.getMessage()]
+    assert len(warnings) == 1 and "\n" not in warnings[0].getMessage()
+    assert _check_gapless(conn, bus.id) == {0: 3}
+
+
+def test_a_failed_append_stores_nothing(db_url, conn):
     catalog.create_bus(conn, "orders", 1)
     bus = bus_named(conn, "orders")
     conn.commit()
     events = _events(3)
     events[2].body = '{"not": json'  # the database refuses it: the whole statement fails
-    calls: list[int] = []
 
     async def scenario() -> None:
         publisher = await _on_loop(db_url)
         try:
             with pytest.raises(psycopg.DataError):
-                await publish_anywhere(publisher, bus, events, lambda: calls.append(1))
-            assert calls == []
+                await publish_anywhere(publisher, bus, events)
+            assert _stored(conn, bus.id) == {}
+            conn.rollback()
             events[2].body = '{"a":\n1}'  # valid JSON, but the bodies travel a line each
             with pytest.raises(ValueError, match="raw newline"):
-                await publish_anywhere(publisher, bus, events, lambda: calls.append(1))
+                await publish_anywhere(publisher, bus, events)
             events[2].body = events[1].body
-            await publish_anywhere(publisher, bus, events, lambda: calls.append(1))
-            assert calls == [1]
+            await publish_anywhere(publisher, bus, events)
         finally:
             await publisher.close()
 
@@ -312,7 +401,7 @@ def test_callers_past_max_waiting_wait_for_room_and_all_are_stored(db_url, conn)
         release()
         async with asyncio.timeout(30):
             await asyncio.gather(*callers)
-            while publisher._waiting_events:  # a commit gives its room back after the wake-up
+            while publisher._waiting_events:  # a commit gives its room back after its callers
                 await asyncio.sleep(0.01)
         assert publisher.stats.events == 24
 
@@ -393,9 +482,7 @@ def test_a_commit_whose_connection_died_fails_its_callers_and_the_next_one_recon
         publisher.start()
         try:
             await publisher.publish(bus, _events(3, 1, queues=2))
-            # Callers are answered before the workers' wake-up runs on the same connection:
-            # ended during it, the group would be stored and only the wake-up lost. The
-            # commit's time is counted once its connection is free again.
+            # The commit's time is counted once its connection is free again.
             async with asyncio.timeout(30):
                 while publisher.stats.seconds == 0:
                     await asyncio.sleep(0.01)

@@ -96,9 +96,15 @@ class _GroupCommitCollector:
             ("eventpush_api_commit_failures", "Group commits that failed", stats.failures),
             (
                 "eventpush_api_commit_seconds",
-                "Seconds group commits held their connection, the append's start to the "
-                "workers' wake-up (over eventpush_api_commits_total: a commit's mean time)",
+                "Seconds group commits held their connection, the append's start to its "
+                "commit (over eventpush_api_commits_total: a commit's mean time)",
                 stats.seconds,
+            ),
+            (
+                "eventpush_api_wakeups",
+                "Statements that woke the workers, each for every bus committed since the one "
+                "before (at most one every 10 ms a process)",
+                stats.wakeups,
             ),
         ):
             family = CounterMetricFamily(name, doc)

@@ -109,13 +109,15 @@ class SourceKind:
     - ``open_reader(database_url)``: the engine's :class:`Reader` for every bus of the kind.
     - ``publish(conn, bus, events)``: append validated events (``eventpush.publish``'s
       prepared events, in order); returns ``{queue_id: (first, last, count)}`` positions.
-    - ``publish_anywhere(conn, bus, events, committed)``, optional, a coroutine on an
-      asynchronous connection (``eventpush.db.connect_on_loop``): the same for events
-      whose queues the kind may choose itself at commit time (no partition key: the API's
-      group commit), setting each event's ``queue_id`` to where it went and calling
-      ``committed()`` once they are durable (work that may follow, such as waking the
-      workers, then does not delay the publishers); a kind without it is handed ``publish``
-      (in a worker thread) with the queues already chosen.
+    - ``publish_anywhere(conn, bus, events)``, optional, a coroutine on an asynchronous
+      connection (``eventpush.db.connect_on_loop``): the same for events whose queues the
+      kind may choose itself at commit time (no partition key: the API's group commit),
+      setting each event's ``queue_id`` to where it went and returning once they are
+      durable, without waking the workers; a kind without it is handed ``publish`` (in a
+      worker thread) with the queues already chosen.
+    - ``announce(conn, bus_ids)``, given with ``publish_anywhere``, a coroutine on such a
+      connection: wake the workers of buses whose events ``publish_anywhere`` committed (the
+      group publisher calls it off the commits' path, one call for many commits).
     - ``heads(conn, bus)``: ``{queue_id: next position}`` (last position + 1, 0 when empty).
     - ``read_range(conn, bus, queue_id, start, stop)``: ``Stored`` events of one queue with
       ``start <= position < stop``, in order (the batch jobs' reader).
@@ -143,12 +145,9 @@ class SourceKind:
     read_range: Callable[[Connection, Bus, int, int, int], Iterator[Stored]]
     position_at: Callable[[Connection, Bus, int, datetime], int]
     publish_anywhere: (
-        Callable[
-            [Connection, Bus, list, Callable[[], None]],
-            Awaitable[dict[int, tuple[int, int, int]]],
-        ]
-        | None
+        Callable[[Connection, Bus, list], Awaitable[dict[int, tuple[int, int, int]]]] | None
     ) = None
+    announce: Callable[[Connection, list[int]], Awaitable[None]] | None = None
     set_retention: Callable[[Connection, Bus, int], None] | None = None
     read_positions: Callable[[Connection, Bus, int, list[int]], Iterator[Stored]] | None = None
     count: Callable[[Connection, Bus], int] | None = None

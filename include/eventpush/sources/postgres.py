@@ -297,17 +297,20 @@ SELECT queue_id, next_offset FROM moved
 """
 _SKIP_LOCKED = _APPEND_ANYWHERE.format(skip="SKIP LOCKED")
 _WAIT_LOCKED = _APPEND_ANYWHERE.format(skip="")
-# The wake-up, in a transaction of its own that does not wait for its commit to reach the
+# The wake-ups, in a transaction of their own that does not wait for its commit to reach the
 # disk: NOTIFY holds one lock for the whole database from its commit's start to its end, so a
 # NOTIFY inside the append would line every publisher's disk flush up behind that lock. A
 # wake-up lost in a crash costs a second at most (idle feeders poll every second). One
 # statement (set_config's local form is SET LOCAL), as the extended protocol takes one.
-_NOTIFY = "SELECT set_config('synchronous_commit', 'off', true), pg_notify('eventpush_publish', %s)"
+_NOTIFY = (
+    "SELECT set_config('synchronous_commit', 'off', true), pg_notify('eventpush_publish', b) "
+    "FROM unnest(%s::text[]) AS b"
+)
 _encode_json = msgspec.json.Encoder().encode
 
 
 async def publish_anywhere(
-    conn: LoopConnection, bus: Bus, events: list, committed: Callable[[], None] | None = None
+    conn: LoopConnection, bus: Bus, events: list
 ) -> dict[int, tuple[int, int, int]]:
     """Append ``events``, whose queue is free to choose (no partition key: the API's), in one
     transaction or not at all, on one queue that no other publisher holds now (waiting for
@@ -315,9 +318,8 @@ async def publish_anywhere(
     asynchronous connection (``eventpush.db.connect_on_loop``): the statement runs while the
     loop serves others, with no thread to hand it to. The append is one statement, its own
     transaction (autocommit), so the queue is held for one round trip and the commit, not for
-    a conversation with this process. ``committed()`` is called as soon as the events are
-    durable, before the workers are woken (a wake-up that fails after it raises, but the
-    events are stored)."""
+    a conversation with this process. Returns once the events are durable; the workers are
+    not woken here (:func:`announce`, which the caller may pace)."""
     if not events:
         return {}
     params = {
@@ -349,10 +351,13 @@ async def publish_anywhere(
     ((queue_id, first),) = rows
     for event in events:
         event.queue_id = queue_id
-    if committed is not None:
-        committed()
-    await execute_on_loop(conn, _NOTIFY, (str(bus.id),))
     return {queue_id: (first, first + len(events) - 1, len(events))}
+
+
+async def announce(conn: LoopConnection, bus_ids: list[int]) -> None:
+    """Wake the workers of ``bus_ids``, whose events ``publish_anywhere`` committed: one
+    notification a bus, in one statement."""
+    await execute_on_loop(conn, _NOTIFY, ([str(bus_id) for bus_id in bus_ids],))
 
 
 def heads(conn: Connection, bus: Bus) -> dict[int, int]:
@@ -414,6 +419,7 @@ KIND = SourceKind(
     open_reader=PostgresReader,
     publish=publish,
     publish_anywhere=publish_anywhere,
+    announce=announce,
     heads=heads,
     read_range=read_range,
     position_at=position_at,
