@@ -465,7 +465,8 @@ def main() -> None:
         print(
             f"group commits in the last worker scraped: {commits:,.0f}, "
             f"{scraped['eventpush_api_events_stored_total'] / commits:,.0f} events and "
-            f"{scraped['eventpush_api_commit_seconds_total'] / commits * 1e3:.1f} ms a commit"
+            f"{scraped['eventpush_api_commit_seconds_total'] / commits * 1e3:.1f} ms a commit, "
+            f"{scraped.get('eventpush_api_wakeups_total', commits):,.0f} wake-ups of the workers"
         )
     both = sum(1 for one in rounds if one.ratio >= GOAL_RATIO and one.p99 <= GOAL_P99_MS)
     print(
