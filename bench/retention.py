@@ -5,6 +5,7 @@ without time partitions.
     flock /tmp/eventpush-bench.lock .venv/bin/python bench/retention.py sizes [--events 100000]
     flock /tmp/eventpush-bench.lock .venv/bin/python bench/retention.py drop [--events 10000000]
     flock /tmp/eventpush-bench.lock .venv/bin/python bench/retention.py paired [--events 20000]
+    flock /tmp/eventpush-bench.lock .venv/bin/python bench/retention.py lapse [--events 3000000]
 
 ``sizes``: a PostgreSQL bus, two rules with one target each, events with a 200-byte detail;
 the delivery rows written as the engine writes them (one per event and runner, by SQL: the
@@ -15,6 +16,9 @@ push itself is measured by ``paired``); then every runner's window rolled up
 ``paired``: rounds alternating a database at the head revision (day partitions) and one
 migrated back to 0007 (one plain table per bus, one delivery table): publish N events into
 each, then push them with one worker to a loopback receiver; medians and their ratio.
+``lapse``: N events of three missed days in a bus's default partition, made by one
+maintenance run while a reader reads the bus by offset every 10 ms: the run's time and the
+reader's waits.
 """
 
 from __future__ import annotations
@@ -227,6 +231,85 @@ def bench_drop(n: int) -> None:
         conn.close()
 
 
+def bench_lapse(n: int, days: int = 3) -> None:
+    """A lapse: ``n`` events of ``days`` past days wait in the bus's default partition; one
+    maintenance run makes those days while a reader reads the bus as a worker does (a
+    window by offset, every 10 ms): how long the run takes and how long the reader waited."""
+    import threading
+
+    today = day_start(datetime.now(UTC))
+    missed = [today - (days + 1 - k) * DAY for k in range(days)]
+    with scratch_database() as url:
+        conn = psycopg2.connect(url)
+        catalog.create_bus(conn, "orders", 4, retention="30d")  # days from today on
+        with conn, conn.cursor() as cur:
+            cur.execute("SELECT id FROM event_bus WHERE name = 'orders'")
+            bus = cur.fetchone()[0]
+        started = time.perf_counter()
+        per_day = n // days
+        for k, day in enumerate(missed):
+            for lo in range(k * per_day, (k + 1) * per_day, 1_000_000):
+                with conn, conn.cursor() as cur:
+                    cur.execute(
+                        EVENTS_SQL,
+                        {
+                            "bus": bus,
+                            "at": day,
+                            "detail": DETAIL,
+                            "lo": lo,
+                            "hi": min((k + 1) * per_day, lo + 1_000_000),
+                        },
+                    )
+        with conn, conn.cursor() as cur:
+            cur.execute(f"SELECT pg_total_relation_size('bus_event_{bus}_default')")
+            size = cur.fetchone()[0]
+            cur.execute("CHECKPOINT")
+        print(f"machine: {machine()}")
+        print(
+            f"{days * per_day:,} events of {days} missed days in bus_event_{bus}_default "
+            f"({size / 2**30:.2f} GiB), made in {time.perf_counter() - started:.0f} s; {load()}"
+        )
+        waits: list[float] = []
+        done = threading.Event()
+
+        def read() -> None:
+            reader = psycopg2.connect(url)
+            reader.autocommit = True
+            with reader.cursor() as cur:
+                cur.execute("SET statement_timeout = '300s'")
+                at = 0
+                while not done.is_set():
+                    began = time.perf_counter()
+                    cur.execute(
+                        'SELECT "offset" FROM bus_event WHERE bus_id = %s AND queue_id = 0 '
+                        'AND "offset" >= %s AND "offset" < %s ORDER BY "offset"',
+                        (bus, at, at + 100),
+                    )
+                    cur.fetchall()
+                    waits.append(time.perf_counter() - began)
+                    at = (at + 100) % max(1, per_day // 4)
+                    time.sleep(0.01)
+            reader.close()
+
+        thread = threading.Thread(target=read)
+        thread.start()
+        time.sleep(1)
+        started = time.perf_counter()
+        report = maintain(conn, now=datetime.now(UTC))
+        run_s = time.perf_counter() - started
+        time.sleep(1)
+        done.set()
+        thread.join()
+        assert sorted(report.moved) == [f"bus_event_{bus}_p{day:%Y%m%d}" for day in missed], report
+        slow = [w for w in waits if w > 0.05]
+        print(
+            f"maintain made the {days} days ({sum(report.moved.values()):,} rows moved) in "
+            f"{run_s:.1f} s; the reader: {len(waits):,} reads, the longest {max(waits):.2f} s, "
+            f"{len(slow)} over 50 ms ({sum(slow):.1f} s in all); {load()}"
+        )
+        conn.close()
+
+
 def _unpartitioned(url: str) -> None:
     """The database migrated back to 0007: one plain table per bus, one delivery table."""
     from alembic import command
@@ -287,7 +370,7 @@ def bench_paired(n: int, rounds: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("what", choices=("sizes", "drop", "paired"))
+    parser.add_argument("what", choices=("sizes", "drop", "paired", "lapse"))
     parser.add_argument("--events", type=int)
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
@@ -295,6 +378,8 @@ def main() -> None:
         bench_sizes(args.events or 100_000)
     elif args.what == "drop":
         bench_drop(args.events or 10_000_000)
+    elif args.what == "lapse":
+        bench_lapse(args.events or 3_000_000)
     else:
         bench_paired(args.events or 20_000, args.rounds)
 

@@ -19,6 +19,7 @@ from eventpush.partitions import (
     DAY,
     MaintenanceReport,
     PastRetentionError,
+    _fence_default,
     day_start,
     layout,
     maintain,
@@ -800,6 +801,47 @@ def test_a_missed_day_over_is_made_while_a_writer_of_today_is_open(conn, db_url)
         assert offsets(cur, bid) == [0, 1]
         cur.execute(f'SELECT count(*) FROM "{table}_default"')
         assert cur.fetchone()[0] == 0
+
+
+def test_missed_days_over_are_attached_without_scanning_the_default_partition(conn):
+    """After a lapse the default partition holds every missed day; each one's attach scanned
+    all of it under ACCESS EXCLUSIVE, every reader of the bus and the writers of the days not
+    made yet held meanwhile. A day that is over is now fenced out of the default partition
+    by a CHECK, validated once its rows have moved (under a lock readers and writers pass),
+    which the attach takes as proof: PostgreSQL says so for each day, and skipped the scan.
+    A fence left by a run that gave up (here: made by hand) is taken over and dropped."""
+    catalog.create_bus(conn, "late", 1, retention="30d")  # its days are made from today on
+    missed = [D0 - 3 * DAY, D0 - 2 * DAY]
+    with conn, conn.cursor() as cur:
+        bid = bus_id(cur, "late")
+        for offset in range(6):
+            add_event(cur, bid, 0, offset, missed[offset % 2] + timedelta(hours=offset))
+    table = f"bus_event_{bid}"
+    with conn, conn.cursor() as cur:
+        assert _fence_default(cur, table, missed[1]) == f"{table}_default_not_p{missed[1]:%Y%m%d}"
+        cur.execute("SET client_min_messages = debug1")  # the session's: maintain's too
+    conn.notices = []  # all of them (psycopg2 keeps the last 50 by default)
+    try:
+        report = maintain(conn, now=NOW)
+    finally:
+        with conn, conn.cursor() as cur:
+            cur.execute("RESET client_min_messages")
+    assert report.moved == {f"{table}_p{day:%Y%m%d}": 3 for day in missed}, report
+    proofs = [
+        n
+        for n in conn.notices
+        if f'default partition "{table}_default" is implied by existing constraints' in n
+    ]
+    assert len(proofs) == 2, conn.notices
+    with conn, conn.cursor() as cur:
+        assert offsets(cur, bid) == list(range(6))
+        cur.execute(f'SELECT count(*) FROM "{table}_default"')
+        assert cur.fetchone()[0] == 0
+        cur.execute(
+            "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass",
+            (f"{table}_default",),
+        )
+        assert cur.fetchall() == []
 
 
 def test_a_day_made_ahead_lets_publishers_in_while_maintenance_waits(conn, db_url):

@@ -153,7 +153,7 @@ def partitions(cur, parent: str) -> list[Partition]:
 AHEAD_MARGIN = timedelta(hours=1)
 
 
-def _make_day(cur, parent: str, day: datetime) -> tuple[str, int] | None:
+def _make_day(cur, parent: str, day: datetime, fence: str | None = None) -> tuple[str, int] | None:
     """The partition of ``parent`` for ``day`` unless a partition covers it already, and how
     many rows of that day waiting in the default partition moved into it (same transaction).
 
@@ -172,7 +172,11 @@ def _make_day(cur, parent: str, day: datetime) -> tuple[str, int] | None:
     the day may still be written, the parent is locked against writers and what they added
     meanwhile follows: the writers wait for that remainder and the attach, not for the day.
     A lock try that gives up after the bulk moved is tried again from a savepoint, the rows
-    kept moved (``_tried_again``); before it, the whole step is (``_locked_step``)."""
+    kept moved (``_tried_again``); before it, the whole step is (``_locked_step``).
+
+    ``fence``, a missed day's CHECK on the default partition (:func:`_fence_default`), is
+    validated once the day's rows have left it and dropped after the attach, which took it
+    as proof that the default partition holds none of the day."""
     hi = day + DAY
     existing = partitions(cur, parent)
     for p in existing:
@@ -198,6 +202,12 @@ def _make_day(cur, parent: str, day: datetime) -> tuple[str, int] | None:
 
     def finish() -> int:
         more = 0
+        if fence is not None:  # a scan under SHARE UPDATE EXCLUSIVE: writers and readers go on
+            cur.execute(
+                sql.SQL("ALTER TABLE {} VALIDATE CONSTRAINT {}").format(
+                    sql.Identifier(default), sql.Identifier(fence)
+                )
+            )
         if default is not None and not over and (waiting or not ahead):
             # A day begun (or about to be) that maintenance lapsed on, or one whose rows came
             # early: writers of ``parent`` wait to the commit (and are then routed to the new
@@ -210,12 +220,54 @@ def _make_day(cur, parent: str, day: datetime) -> tuple[str, int] | None:
             if _holds(cur, default, day, hi):  # written while the bulk moved, or since
                 more = _move_rows(cur, default, name, day, hi)
         _attach(cur, parent, name, "ctime >= %s AND ctime < %s", "FROM (%s) TO (%s)", (day, hi))
+        if fence is not None:
+            cur.execute(
+                sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
+                    sql.Identifier(default), sql.Identifier(fence)
+                )
+            )
         return more
 
     # After a bulk move, a lock try that gives up is tried again from here, not from the
     # start: the moved rows stay moved (in this transaction) between the tries.
     moved += _tried_again(cur, finish) if moved else finish()
     return name, moved
+
+
+def _fence_default(cur, parent: str, day: datetime) -> str:
+    """For a missed day that is over (rows of it wait in the default partition, and no more
+    can come: rows take ``ctime = now()``), a CHECK on the default partition that keeps the
+    day out of it, added NOT VALID (no scan; ACCESS EXCLUSIVE for a moment) in a transaction
+    of its own; its name, or "" when the day needs none.
+
+    Attaching a day scans the default partition under ACCESS EXCLUSIVE to check that none
+    of the day is left there, unless a valid CHECK of the default partition proves it; after
+    a lapse that partition holds the later missed days too, so each missed day's attach held
+    every reader of the bus (their plans lock every partition) and the writers of the days
+    not made yet for a scan of all of them. With the fence, the day's step validates it once
+    its rows have moved (a scan under SHARE UPDATE EXCLUSIVE, which readers and writers
+    pass) and the attach takes it as proof. A fence left by a day whose step gave up stays
+    harmless (no row of the day can come) until the next run makes the day and drops it."""
+    default = next((p.name for p in partitions(cur, parent) if p.hi is None), None)
+    hi = day + DAY
+    cur.execute("SELECT clock_timestamp()")
+    over = hi + AHEAD_MARGIN <= cur.fetchone()[0]
+    if default is None or not over or not _holds(cur, default, day, hi):
+        return ""
+    fence = f"{default}_not_p{day:%Y%m%d}"
+    cur.execute(
+        sql.SQL("ALTER TABLE {} DROP CONSTRAINT IF EXISTS {}").format(
+            sql.Identifier(default), sql.Identifier(fence)
+        )
+    )
+    cur.execute(
+        sql.SQL(
+            "ALTER TABLE {} ADD CONSTRAINT {} "
+            "CHECK (NOT (ctime IS NOT NULL AND ctime >= %s AND ctime < %s)) NOT VALID"
+        ).format(sql.Identifier(default), sql.Identifier(fence)),
+        (day, hi),
+    )
+    return fence
 
 
 def _tried_again(cur, step: Callable[[], _T]) -> _T:
@@ -524,7 +576,10 @@ def _make_days(
         days = days_wanted(cur, parent, now)
     for day in days:
         started = time.monotonic()
-        made = _locked_step(conn, patience, _make_day_step, parent, day)
+        fence = _locked_step(conn, patience, _fence_default, parent, day)
+        if fence is None:
+            return
+        made = _locked_step(conn, patience, _make_day_step, parent, day, fence or None)
         if made is None:
             return
         if made:
@@ -540,8 +595,10 @@ def _make_days(
     report.vacuum_settled += _locked_step(conn, patience, settle_vacuum, parent, now) or []
 
 
-def _make_day_step(cur, parent: str, day: datetime) -> tuple[str, int] | tuple[()]:
-    return _make_day(cur, parent, day) or ()
+def _make_day_step(
+    cur, parent: str, day: datetime, fence: str | None
+) -> tuple[str, int] | tuple[()]:
+    return _make_day(cur, parent, day, fence) or ()
 
 
 @dataclass
