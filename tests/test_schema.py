@@ -106,6 +106,7 @@ def test_an_event_is_stored_only_for_a_bus_that_exists(conn):
 
 FAILURES_INDEX = "event_push_failure_open_mtime"  # migration 0015's
 BEFORE_0015 = "0014_bus_queue_first_offset"
+BEFORE_0014 = "0013_retry_attempts_186"
 
 
 def _runner_before_0015(conn, db_url: str) -> int:
@@ -291,13 +292,13 @@ def test_an_index_build_behind_a_forgotten_transaction_gives_up_naming_it(
 ):
     """A concurrent build waits for every older transaction: one session left idle in a
     transaction held ``db migrate`` for ever, silently. Now each wait is bounded
-    (EVENTPUSH_MIGRATE_INDEX_WAIT_S), the migration fails naming the session (pid,
+    (EVENTPUSH_MIGRATE_WAIT_S), the migration fails naming the session (pid,
     application, state; never its query), nothing is recorded, and once the session ends the
     next run builds the index."""
     from eventpush.db import StoreError
 
     runner = _runner_before_0015(conn, db_url)
-    monkeypatch.setenv("EVENTPUSH_MIGRATE_INDEX_WAIT_S", "2")
+    monkeypatch.setenv("EVENTPUSH_MIGRATE_WAIT_S", "2")
     session, pid = _forgotten_session(db_url, wrote=True, runner=runner)
     try:
         with pytest.raises(StoreError) as failed:
@@ -317,7 +318,8 @@ def test_an_index_build_behind_a_forgotten_transaction_gives_up_naming_it(
 
 def test_db_migrate_says_whom_an_index_build_waits_for_and_exits_in_one_line(conn, db_url):
     """The CLI: while the build waits, a line on stderr names the session it waits for; when
-    it gives up, one error line and the database's exit code, the revision unchanged."""
+    it gives up, one error line and the database's exit code, the revision unchanged. (The
+    bound by its former name, which is still read.)"""
     from conftest import run_cli
 
     runner = _runner_before_0015(conn, db_url)
@@ -334,3 +336,35 @@ def test_db_migrate_says_whom_an_index_build_waits_for_and_exits_in_one_line(con
     assert lines[-1].startswith(f"error: index {FAILURES_INDEX} was not built"), lines
     assert f"pid {pid}: forgotten psql" in lines[-1]
     assert current_revision(db_url) == BEFORE_0015
+
+
+def test_a_migration_behind_a_forgotten_reader_gives_up_naming_it(conn, db_url, monkeypatch):
+    """Not only a concurrent index build: every lock wait of a migration run is bounded
+    (EVENTPUSH_MIGRATE_WAIT_S). 0014 adds a column to event_bus_queue, which waits for every
+    session holding that table: a forgotten reader of it held ``db migrate`` (and every
+    service's start) for ever, silently. Now the run fails in one line naming the session,
+    the revision unchanged, and once the session ends the next run applies it."""
+    from alembic import command
+
+    from eventpush.db import StoreError
+    from eventpush.schema import _alembic_config
+
+    command.downgrade(_alembic_config(db_url), BEFORE_0014)
+    monkeypatch.setenv("EVENTPUSH_MIGRATE_WAIT_S", "2")
+    session = psycopg2.connect(db_url, application_name="forgotten psql")
+    try:
+        with session.cursor() as cur:  # its transaction left open, holding the table
+            cur.execute("SELECT count(*) FROM event_bus_queue")
+            cur.execute("SELECT pg_backend_pid()")
+            (pid,) = cur.fetchone()
+        with pytest.raises(StoreError) as failed:
+            migrate(db_url)
+    finally:
+        session.rollback()
+        session.close()
+    message = str(failed.value)
+    assert message.startswith("db migrate gave up: it waited 2 s for a lock ("), message
+    assert f"pid {pid}: forgotten psql, idle in transaction, its transaction open" in message
+    assert "count(" not in message and "\n" not in message
+    assert current_revision(db_url) == BEFORE_0014
+    assert migrate(db_url) == (BEFORE_0014, head_revision())

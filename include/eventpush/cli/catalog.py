@@ -39,7 +39,7 @@ def db_migrate() -> None:
     # Deferred: alembic is loaded only by a migration.
     from eventpush.schema import migrate
 
-    # A concurrent index build says on stderr which sessions it waits for (index_build).
+    # A migration waiting for a lock says on stderr which sessions hold it (migration_waits).
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
     before, after = migrate()

@@ -5,6 +5,8 @@ import time
 from alembic import context
 from sqlalchemy import create_engine, text
 
+from eventpush.migration_waits import bounded
+
 config = context.config
 # Serialises concurrent `eventpush db migrate` runs against one database.
 MIGRATE_LOCK_KEY = 0x6576_7075_7368  # "evpush"
@@ -43,7 +45,7 @@ def run_migrations_online() -> None:
                 version_table="eventpush_alembic_version",
                 transaction_per_migration=True,
             )
-            with context.begin_transaction():
+            with bounded(connection), context.begin_transaction():
                 context.run_migrations()
         finally:
             connection.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATE_LOCK_KEY})

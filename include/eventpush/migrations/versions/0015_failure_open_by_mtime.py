@@ -10,7 +10,7 @@ Revises: 0014_bus_queue_first_offset
 
 from alembic import op
 
-from eventpush.index_build import build_concurrently
+from eventpush.migration_waits import build_concurrently
 
 revision = "0015_failure_open_by_mtime"
 down_revision = "0014_bus_queue_first_offset"
