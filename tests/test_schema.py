@@ -287,6 +287,20 @@ def _forgotten_session(db_url: str, *, wrote: bool, runner: int):
         return session, cur.fetchone()[0]
 
 
+def _refused_while_open(db_url: str, session) -> str:
+    """``migrate`` refused (StoreError) while ``session`` holds its transaction open: the
+    refusal's message. The session is ended either way."""
+    from eventpush.db import StoreError
+
+    try:
+        with pytest.raises(StoreError) as failed:
+            migrate(db_url)
+    finally:
+        session.rollback()
+        session.close()
+    return str(failed.value)
+
+
 def test_an_index_build_behind_a_forgotten_transaction_gives_up_naming_it(
     conn, db_url, monkeypatch
 ):
@@ -295,18 +309,11 @@ def test_an_index_build_behind_a_forgotten_transaction_gives_up_naming_it(
     (EVENTPUSH_MIGRATE_WAIT_S), the migration fails naming the session (pid,
     application, state; never its query), nothing is recorded, and once the session ends the
     next run builds the index."""
-    from eventpush.db import StoreError
 
     runner = _runner_before_0015(conn, db_url)
     monkeypatch.setenv("EVENTPUSH_MIGRATE_WAIT_S", "2")
     session, pid = _forgotten_session(db_url, wrote=True, runner=runner)
-    try:
-        with pytest.raises(StoreError) as failed:
-            migrate(db_url)
-    finally:
-        session.rollback()
-        session.close()
-    message = str(failed.value)
+    message = _refused_while_open(db_url, session)
     assert message.startswith(f"index {FAILURES_INDEX} was not built: it waited 2 s"), message
     assert f"pid {pid}: forgotten psql, idle in transaction, its transaction open" in message
     assert "INSERT" not in message and "\n" not in message
@@ -346,23 +353,16 @@ def test_a_migration_behind_a_forgotten_reader_gives_up_naming_it(conn, db_url, 
     the revision unchanged, and once the session ends the next run applies it."""
     from alembic import command
 
-    from eventpush.db import StoreError
     from eventpush.schema import _alembic_config
 
     command.downgrade(_alembic_config(db_url), BEFORE_0014)
     monkeypatch.setenv("EVENTPUSH_MIGRATE_WAIT_S", "2")
     session = psycopg2.connect(db_url, application_name="forgotten psql")
-    try:
-        with session.cursor() as cur:  # its transaction left open, holding the table
-            cur.execute("SELECT count(*) FROM event_bus_queue")
-            cur.execute("SELECT pg_backend_pid()")
-            (pid,) = cur.fetchone()
-        with pytest.raises(StoreError) as failed:
-            migrate(db_url)
-    finally:
-        session.rollback()
-        session.close()
-    message = str(failed.value)
+    with session.cursor() as cur:  # its transaction left open, holding the table
+        cur.execute("SELECT count(*) FROM event_bus_queue")
+        cur.execute("SELECT pg_backend_pid()")
+        (pid,) = cur.fetchone()
+    message = _refused_while_open(db_url, session)
     assert message.startswith("db migrate gave up: it waited 2 s for a lock ("), message
     assert f"pid {pid}: forgotten psql, idle in transaction, its transaction open" in message
     assert "count(" not in message and "\n" not in message
