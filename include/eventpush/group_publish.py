@@ -17,10 +17,12 @@ blocks, so it runs in a worker thread.
 
 Such commits do not wake the workers themselves: a waker task of the process does, on a
 connection of its own, for every bus committed since its last wake-up in one statement, at
-most once every ``wake_interval``. The wake-up was the commit's second statement, and the
-next group waited for it (with one commit in flight, bench/api.py's commits took 6.4-7.7 ms
-with it and 5.6-5.9 without); under load it was also one transaction for every ~180 events,
-where a worker woken once reads all that was committed until then.
+most once every ``wake_interval``. As the commit's second statement the wake-up held the
+connection the next group waited for, and under load it was a transaction (and a signal to
+every listening backend) for each commit, where a worker woken once reads all that was
+committed until then: bench/api.py's run of 16,689 commits now wakes 7,183 times (it shows
+no change in requests/s beyond its spread, docs/BENCHMARKS.md).
+
 A caller woken with success may answer its client: what it handed in is durable. A caller
 woken with an error knows none of its events of that bus were stored (the source's publish
 is all or nothing; a JetStream publish that failed half-way may have stored some, which AWS
