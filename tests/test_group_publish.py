@@ -240,6 +240,37 @@ def test_commits_wake_the_workers_at_once_then_once_an_interval_after_the_last(d
     assert sum(_check_gapless(conn, bus.id).values()) == 41
 
 
+def test_a_stop_announces_what_was_committed_before_it(db_url, conn):
+    """A commit within the interval after a wake-up waits for the next one; a stop in
+    between still announces it (else the workers found those events only by their poll)."""
+    catalog.create_bus(conn, "orders", 1)
+    bus = bus_named(conn, "orders")
+    conn.commit()
+    listener = _listening(db_url)
+
+    async def scenario() -> float:
+        publisher = GroupPublisher(db_url, wake_interval=30.0)
+        publisher.start()
+        try:
+            await publisher.publish(bus, _events(1, 1, queues=1))
+            assert len(await _notified(listener, 1)) == 1
+            await publisher.publish(bus, _events(1, 2, queues=1))  # waits for the interval
+            listener.poll()
+            assert len(listener.notifies) == 1
+        finally:
+            started = time.monotonic()
+            await publisher.close()
+        assert publisher.stats.wakeups == 2
+        return time.monotonic() - started
+
+    try:
+        took = asyncio.run(scenario())
+        assert asyncio.run(_notified(listener, 2)) == [str(bus.id)] * 2
+    finally:
+        listener.close()
+    assert took < 5
+
+
 def test_a_failed_wake_up_fails_no_caller_and_the_next_one_reconnects(db_url, conn, caplog):
     """The waker's backend ended (a restart, pg_terminate_backend): the commits and their
     callers go on, the failure is one warning without the password, and the next wake-up

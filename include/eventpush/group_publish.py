@@ -66,6 +66,7 @@ MAX_IN_FLIGHT = 1
 # most). Under load commits end every few milliseconds: this keeps ~100 wake-ups a second
 # from each process instead of one a commit.
 WAKE_INTERVAL_S = 0.01
+CLOSE_WAKE_S = 2.0  # a stop waits this long at most for the last wake-up
 APPLICATION = "eventpush-api"  # the connections' application_name, as pg_stat_activity shows
 WAKER_APPLICATION = "eventpush-api wake-ups"  # the waker's connection
 
@@ -137,21 +138,31 @@ class GroupPublisher:
         self._unannounced: dict[int, Callable[[LoopConnection, list[int]], Awaitable[None]]] = {}
         self._announce: asyncio.Event | None = None
         self._waker: asyncio.Task | None = None
+        self._closing: asyncio.Event | None = None
 
     def start(self) -> None:
         self._wake = asyncio.Event()
         self._room = asyncio.Condition()
         self._announce = asyncio.Event()
+        self._closing = asyncio.Event()
         self._task = asyncio.create_task(self._run(), name="eventpush-group-commit")
         self._waker = asyncio.create_task(self._wake_workers(), name="eventpush-wake-workers")
 
     async def close(self) -> None:
-        tasks = [t for t in (self._task, self._waker, *self._commits) if t is not None]
+        """Stop: commits in flight are cancelled (their callers never told "stored"), then
+        the waker announces what committed before it ends (``CLOSE_WAKE_S`` at most)."""
+        tasks = [t for t in (self._task, *self._commits) if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._waker is not None:
+            self._closing.set()
+            self._announce.set()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                async with asyncio.timeout(CLOSE_WAKE_S):  # cancels the waker when over
+                    await self._waker
         for slot in self._free:
             await slot.close()
 
@@ -258,9 +269,10 @@ class GroupPublisher:
 
     async def _wake_workers(self) -> None:
         """Announce the buses committed since the last wake-up, one statement for all of them,
-        then rest ``wake_interval`` before the next. A wake-up that fails is logged (once
-        until one succeeds again) and not repeated: idle workers poll every second, so a lost
-        one costs them that at most, as a crash between commit and wake-up always could."""
+        then rest ``wake_interval`` before the next; once closing, announce what is left
+        without resting, and end. A wake-up that fails is logged (once until one succeeds
+        again) and not repeated: idle workers poll every second, so a lost one costs them
+        that at most, as a crash between commit and wake-up always could."""
         conn: LoopConnection | None = None
         failing = False
         try:
@@ -268,6 +280,10 @@ class GroupPublisher:
                 await self._announce.wait()
                 self._announce.clear()
                 pending, self._unannounced = self._unannounced, {}
+                if not pending:
+                    if self._closing.is_set():
+                        return
+                    continue
                 by_kind: dict[Callable, list[int]] = {}
                 for bus_id, announce in pending.items():
                     by_kind.setdefault(announce, []).append(bus_id)
@@ -290,7 +306,12 @@ class GroupPublisher:
                             first_line(exc),
                         )
                     failing = True
-                await asyncio.sleep(self.wake_interval)
+                if not self._closing.is_set():  # rest, unless a stop comes meanwhile
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self.wake_interval):
+                            await self._closing.wait()
+                if self._closing.is_set():
+                    self._announce.set()  # what came in meanwhile, then the end
         finally:
             if conn is not None:
                 with contextlib.suppress(Exception):
