@@ -161,6 +161,14 @@ def _listening(db_url: str):
     return listener
 
 
+def _heard_bus(conn, db_url: str, queues: int):
+    """A bus "orders" of ``queues`` queues, and a session listening for the workers' wake-ups."""
+    catalog.create_bus(conn, "orders", queues)
+    bus = bus_named(conn, "orders")
+    conn.commit()
+    return bus, _listening(db_url)
+
+
 async def _notified(listener, count: int, timeout: float = 10) -> list[str]:
     """The payloads of the first ``count`` notifications (waiting for them, the loop free)."""
     deadline = time.monotonic() + timeout
@@ -204,10 +212,7 @@ def test_publish_anywhere_wakes_nobody_and_announce_wakes_each_bus(db_url, conn)
 def test_commits_wake_the_workers_at_once_then_once_an_interval_after_the_last(db_url, conn):
     """A lone commit's wake-up goes at once; the commits within the interval after it share
     one wake-up, which comes after the last of them and not before the interval is over."""
-    catalog.create_bus(conn, "orders", 2)
-    bus = bus_named(conn, "orders")
-    conn.commit()
-    listener = _listening(db_url)
+    bus, listener = _heard_bus(conn, db_url, 2)
     interval = 3.0
 
     async def scenario() -> None:
@@ -243,10 +248,7 @@ def test_commits_wake_the_workers_at_once_then_once_an_interval_after_the_last(d
 def test_a_stop_announces_what_was_committed_before_it(db_url, conn):
     """A commit within the interval after a wake-up waits for the next one; a stop in
     between still announces it (else the workers found those events only by their poll)."""
-    catalog.create_bus(conn, "orders", 1)
-    bus = bus_named(conn, "orders")
-    conn.commit()
-    listener = _listening(db_url)
+    bus, listener = _heard_bus(conn, db_url, 1)
 
     async def scenario() -> float:
         publisher = GroupPublisher(db_url, wake_interval=30.0)
@@ -275,10 +277,7 @@ def test_a_failed_wake_up_fails_no_caller_and_the_next_one_reconnects(db_url, co
     """The waker's backend ended (a restart, pg_terminate_backend): the commits and their
     callers go on, the failure is one warning without the password, and the next wake-up
     connects again."""
-    catalog.create_bus(conn, "orders", 1)
-    bus = bus_named(conn, "orders")
-    conn.commit()
-    listener = _listening(db_url)
+    bus, listener = _heard_bus(conn, db_url, 1)
 
     async def scenario() -> None:
         publisher = GroupPublisher(db_url, wake_interval=0.05)
