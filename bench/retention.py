@@ -5,7 +5,7 @@ without time partitions.
     flock /tmp/eventpush-bench.lock .venv/bin/python bench/retention.py sizes [--events 100000]
     flock /tmp/eventpush-bench.lock .venv/bin/python bench/retention.py drop [--events 10000000]
     flock /tmp/eventpush-bench.lock .venv/bin/python bench/retention.py paired [--events 20000]
-    flock /tmp/eventpush-bench.lock .venv/bin/python bench/retention.py lapse [--events 3000000]
+    flock /tmp/eventpush-bench.lock .venv/bin/python bench/retention.py lapse [--events N] [--today]
 
 ``sizes``: a PostgreSQL bus, two rules with one target each, events with a 200-byte detail;
 the delivery rows written as the engine writes them (one per event and runner, by SQL: the
@@ -16,9 +16,9 @@ push itself is measured by ``paired``); then every runner's window rolled up
 ``paired``: rounds alternating a database at the head revision (day partitions) and one
 migrated back to 0007 (one plain table per bus, one delivery table): publish N events into
 each, then push them with one worker to a loopback receiver; medians and their ratio.
-``lapse``: N events of three missed days in a bus's default partition, made by one
-maintenance run while a reader reads the bus by offset every 10 ms: the run's time and the
-reader's waits.
+``lapse``: N events of three missed days (``--today``: and today's, its partition missing
+too) in a bus's default partition, made by one maintenance run while a reader reads the
+bus by offset and a writer publishes, each every 10 ms: the run's time and their waits.
 """
 
 from __future__ import annotations
@@ -231,10 +231,12 @@ def bench_drop(n: int) -> None:
         conn.close()
 
 
-def bench_lapse(n: int, days: int = 3) -> None:
-    """A lapse: ``n`` events of ``days`` past days wait in the bus's default partition; one
-    maintenance run makes those days while a reader reads the bus as a worker does (a
-    window by offset, every 10 ms): how long the run takes and how long the reader waited."""
+def bench_lapse(n: int, days: int = 3, today_too: bool = False) -> None:
+    """A lapse: ``n`` events of ``days`` past days (``today_too``: and of today, whose
+    partition is missing too) wait in the bus's default partition; one maintenance run makes
+    those days while a reader reads the bus as a worker does (a window by offset, every 10
+    ms) and a writer publishes one event every 10 ms: how long the run takes and how long
+    each of them waited."""
     import threading
 
     today = day_start(datetime.now(UTC))
@@ -245,6 +247,12 @@ def bench_lapse(n: int, days: int = 3) -> None:
         with conn, conn.cursor() as cur:
             cur.execute("SELECT id FROM event_bus WHERE name = 'orders'")
             bus = cur.fetchone()[0]
+            if today_too:  # its rows land in the default partition, as after a long lapse
+                part = f"bus_event_{bus}_p{today:%Y%m%d}"
+                cur.execute(f'ALTER TABLE "bus_event_{bus}" DETACH PARTITION "{part}"')
+                cur.execute(f'DROP TABLE "{part}"')
+                missed.append(today)
+                days += 1
         started = time.perf_counter()
         per_day = n // days
         for k, day in enumerate(missed):
@@ -270,7 +278,26 @@ def bench_lapse(n: int, days: int = 3) -> None:
             f"({size / 2**30:.2f} GiB), made in {time.perf_counter() - started:.0f} s; {load()}"
         )
         waits: list[float] = []
+        writes: list[float] = []
         done = threading.Event()
+
+        def write() -> None:
+            writer = psycopg2.connect(url)
+            writer.autocommit = True
+            with writer.cursor() as cur:
+                offset = n
+                while not done.is_set():
+                    began = time.perf_counter()
+                    cur.execute(
+                        'INSERT INTO bus_event (bus_id, queue_id, "offset", message_id, source, '
+                        "detail_type, event_time, size_bytes, body) VALUES (%s, 3, %s, %s, "
+                        "'shop.orders', 'OrderPlaced', now(), 2, '{}')",
+                        (bus, offset, f"w-{offset}"),
+                    )
+                    writes.append(time.perf_counter() - began)
+                    offset += 1
+                    time.sleep(0.01)
+            writer.close()
 
         def read() -> None:
             reader = psycopg2.connect(url)
@@ -291,22 +318,28 @@ def bench_lapse(n: int, days: int = 3) -> None:
                     time.sleep(0.01)
             reader.close()
 
-        thread = threading.Thread(target=read)
-        thread.start()
+        threads = [threading.Thread(target=read), threading.Thread(target=write)]
+        for thread in threads:
+            thread.start()
         time.sleep(1)
         started = time.perf_counter()
         report = maintain(conn, now=datetime.now(UTC))
         run_s = time.perf_counter() - started
         time.sleep(1)
         done.set()
-        thread.join()
+        for thread in threads:
+            thread.join()
         assert sorted(report.moved) == [f"bus_event_{bus}_p{day:%Y%m%d}" for day in missed], report
-        slow = [w for w in waits if w > 0.05]
         print(
             f"maintain made the {days} days ({sum(report.moved.values()):,} rows moved) in "
-            f"{run_s:.1f} s; the reader: {len(waits):,} reads, the longest {max(waits):.2f} s, "
-            f"{len(slow)} over 50 ms ({sum(slow):.1f} s in all); {load()}"
+            f"{run_s:.1f} s; {load()}"
         )
+        for who, times in (("reader", waits), ("writer", writes)):
+            slow = [w for w in times if w > 0.05]
+            print(
+                f"  the {who}: {len(times):,} statements, the longest {max(times):.2f} s, "
+                f"{len(slow)} over 50 ms ({sum(slow):.1f} s in all)"
+            )
         conn.close()
 
 
@@ -373,13 +406,14 @@ def main() -> None:
     parser.add_argument("what", choices=("sizes", "drop", "paired", "lapse"))
     parser.add_argument("--events", type=int)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--today", action="store_true", help="lapse: today's partition missing")
     args = parser.parse_args()
     if args.what == "sizes":
         bench_sizes(args.events or 100_000)
     elif args.what == "drop":
         bench_drop(args.events or 10_000_000)
     elif args.what == "lapse":
-        bench_lapse(args.events or 3_000_000)
+        bench_lapse(args.events or 3_000_000, today_too=args.today)
     else:
         bench_paired(args.events or 20_000, args.rounds)
 
