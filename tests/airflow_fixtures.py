@@ -9,9 +9,11 @@ with three known users (admin, an editor with the ``user`` role, a ``viewer``). 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 import threading
@@ -23,6 +25,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 HOME = Path(tempfile.mkdtemp(prefix="eventpush-airflow-"))
+_OWNER = os.getpid()
+# Removed when the process that made it ends (each run left one in /tmp); not by a forked
+# child (an executor's worker) that happens to exit through Python's own exit.
+atexit.register(lambda: os.getpid() == _OWNER and shutil.rmtree(HOME, ignore_errors=True))
 PASSWORDS = {"admin": "admin-pw", "editor": "editor-pw", "viewer": "viewer-pw"}
 (HOME / "passwords.json").write_text(json.dumps(PASSWORDS))
 
