@@ -21,14 +21,20 @@ SIDE=(
 )
 
 cd "$ROOT"
+# Every temporary file of the run (pytest's, the Airflow test homes, multiprocessing's, the
+# browser's) goes under one directory, removed at the end: a process a test stops or kills
+# leaves its own behind (each run left a dozen in /tmp). A short name: socket paths are
+# bounded.
+run_tmp="$(mktemp -d /tmp/ept.XXXXXX)"
+export TMPDIR="$run_tmp"
 side_log="$(mktemp -t eventpush-side-lane.XXXXXX)"
-trap 'rm -f "$side_log"' EXIT
+trap 'rm -rf "$run_tmp"' EXIT
 
 # Each lane lists its slowest tests at the end: where CI's minutes go, in CI's own output.
 "$PY" -m pytest -p no:cacheprovider --durations=15 "${SIDE[@]}" >"$side_log" 2>&1 &
 side_pid=$!
 # A Ctrl-C or a CI timeout stops the side lane too.
-trap 'kill -- "$side_pid" 2>/dev/null; rm -f "$side_log"' EXIT INT TERM
+trap 'kill -- "$side_pid" 2>/dev/null; rm -rf "$run_tmp"' EXIT INT TERM
 
 ignore=()
 for f in "${SIDE[@]}"; do ignore+=(--ignore "$f"); done
