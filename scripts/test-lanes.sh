@@ -26,6 +26,7 @@ cd "$ROOT"
 # leaves its own behind (each run left a dozen in /tmp). A short name: socket paths are
 # bounded.
 run_tmp="$(mktemp -d /tmp/ept.XXXXXX)"
+chmod 755 "$run_tmp"  # as /tmp lets it: the setup tests' initdb runs as the postgres user
 export TMPDIR="$run_tmp"
 side_log="$(mktemp -t eventpush-side-lane.XXXXXX)"
 trap 'rm -rf "$run_tmp"' EXIT
