@@ -153,6 +153,19 @@ def partitions(cur, parent: str) -> list[Partition]:
 AHEAD_MARGIN = timedelta(hours=1)
 
 
+def _ahead_or_over(cur, day: datetime) -> tuple[bool, bool]:
+    """Whether ``day`` begins AHEAD_MARGIN or more after the database's clock, and whether
+    it ended that long before it (no row of it can come any more)."""
+    cur.execute("SELECT clock_timestamp()")
+    clock = cur.fetchone()[0]
+    return clock + AHEAD_MARGIN <= day, day + DAY + AHEAD_MARGIN <= clock
+
+
+def _default_of(existing: list[Partition]) -> str | None:
+    """The default partition's name among ``existing`` (``partitions``), if there is one."""
+    return next((p.name for p in existing if p.hi is None), None)
+
+
 def _make_day(cur, parent: str, day: datetime, fence: str | None = None) -> tuple[str, int] | None:
     """The partition of ``parent`` for ``day`` unless a partition covers it already, and how
     many rows of that day waiting in the default partition moved into it (same transaction).
@@ -183,10 +196,8 @@ def _make_day(cur, parent: str, day: datetime, fence: str | None = None) -> tupl
         if p.hi is not None and (p.lo is None or p.lo < hi) and day < p.hi:
             return None
     name = f"{parent}_p{day:%Y%m%d}"
-    default = next((p.name for p in existing if p.hi is None), None)
-    cur.execute("SELECT clock_timestamp()")
-    clock = cur.fetchone()[0]
-    ahead, over = clock + AHEAD_MARGIN <= day, hi + AHEAD_MARGIN <= clock
+    default = _default_of(existing)
+    ahead, over = _ahead_or_over(cur, day)
     waiting = default is not None and _holds(cur, default, day, hi)
     cur.execute(
         sql.SQL(
@@ -248,11 +259,9 @@ def _fence_default(cur, parent: str, day: datetime) -> str:
     its rows have moved (a scan under SHARE UPDATE EXCLUSIVE, which readers and writers
     pass) and the attach takes it as proof. A fence left by a day whose step gave up stays
     harmless (no row of the day can come) until the next run makes the day and drops it."""
-    default = next((p.name for p in partitions(cur, parent) if p.hi is None), None)
+    default = _default_of(partitions(cur, parent))
     hi = day + DAY
-    cur.execute("SELECT clock_timestamp()")
-    over = hi + AHEAD_MARGIN <= cur.fetchone()[0]
-    if default is None or not over or not _holds(cur, default, day, hi):
+    if default is None or not _ahead_or_over(cur, day)[1] or not _holds(cur, default, day, hi):
         return ""
     fence = f"{default}_not_p{day:%Y%m%d}"
     cur.execute(
@@ -363,7 +372,7 @@ def days_wanted(cur, parent: str, now: datetime, days: int | None = None) -> lis
     days = config.partitions_ahead_days() if days is None else days
     today = day_start(now)
     wanted = {today + n * DAY for n in range(days + 1)}
-    default = next((p.name for p in partitions(cur, parent) if p.hi is None), None)
+    default = _default_of(partitions(cur, parent))
     if default is not None:  # days that landed in the default partition get theirs too
         cur.execute(
             sql.SQL("SELECT DISTINCT date_trunc('day', ctime) FROM {}").format(
