@@ -25,6 +25,7 @@ import socket
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from threading import get_ident
 from urllib.parse import urlencode, urlsplit
 
 import certifi
@@ -126,19 +127,27 @@ class Session:
 
     def transfers(self) -> Transfers:
         """The running loop's transfers (a session used from a new loop starts afresh)."""
-        loop = asyncio.get_running_loop()
         transfers = self._transfers
+        # One loop runs in a thread at a time: a running loop of this thread is the running
+        # loop, known without asking asyncio, whose check is a getpid() system call a request.
+        if (
+            transfers is not None
+            and transfers.thread == get_ident()
+            and transfers.loop.is_running()
+        ):
+            return transfers
+        loop = asyncio.get_running_loop()
         if transfers is None or transfers.loop is not loop:
             if transfers is not None:
                 transfers.close()
             transfers = self._transfers = Transfers(loop, self._limit)
         return transfers
 
-    async def run(self, handle: pycurl.Curl) -> tuple[int, str | None]:
+    async def run(self, handle: _Handle) -> tuple[int, str | None]:
         """Run one prepared request to its end: libcurl's ``(code, message)``, 0 when it
         completed (the hot path, :func:`post`, does the same inline)."""
         transfers = self.transfers()
-        future = transfers.start(handle)
+        future = transfers.start(handle.curl)
         try:
             return await future
         except asyncio.CancelledError:
@@ -271,8 +280,12 @@ class _Answer:
             if self.seen is not None and self.seen >= 200:  # a 1xx is not the answer
                 self.status = self.seen
             return
-        first = line[:1]
-        if first == b"H" and line.startswith(b"HTTP/"):
+        if not line:
+            return
+        # The first byte as an int: ``b"x" in b"rRlL"`` tries its operand as an int first,
+        # and raises and clears a TypeError each time (~1,800 instructions, callgrind).
+        first = line[0]
+        if first == 72 and line.startswith(b"HTTP/"):  # "H"
             parts = line.split(None, 2)
             try:
                 self.seen = int(parts[1])
@@ -311,6 +324,24 @@ class _Answer:
         return opened
 
 
+class _Handle:
+    """A pooled libcurl handle and what this module knows of it: its answer's callbacks and
+    the options its last request left set. Kept here, not as attributes of pycurl's object:
+    pycurl looks any attribute of its own up only after the generic lookup has raised and
+    cleared an AttributeError, ~2,500 instructions each time (callgrind), several times a
+    request. ``setopt`` is the handle's bound method, taken once for the same reason."""
+
+    __slots__ = ("curl", "setopt", "answer", "url", "method", "timeout_ms")
+
+    def __init__(self, curl: pycurl.Curl, answer: _Answer) -> None:
+        self.curl = curl
+        self.setopt = curl.setopt
+        self.answer = answer
+        self.url: str | None = None
+        self.method = "POST"
+        self.timeout_ms = 0
+
+
 @dataclass(slots=True)
 class _Route:
     origin: tuple[str, str, int]  # scheme, host, port
@@ -319,34 +350,32 @@ class _Route:
     expires: float = 0.0
     policy: AddressPolicy | None = None
     options: list[tuple[int, object]] = field(default_factory=list)  # set on each new handle
-    idle: list[pycurl.Curl] = field(default_factory=list)
+    idle: list[_Handle] = field(default_factory=list)
     closed: bool = False
 
-    def handle(self) -> pycurl.Curl:
+    def handle(self) -> _Handle:
         """An idle request handle of this route, or a new one set up for it."""
         if self.idle:
             return self.idle.pop()
-        handle = pycurl.Curl()
-        answer = handle.answer = _Answer(self.policy)
-        handle.method = "POST"
-        handle.timeout_ms = 0
+        curl = pycurl.Curl()
+        answer = _Answer(self.policy)
         for option, value in self.options:
-            handle.setopt(option, value)
-        handle.setopt(pycurl.HEADERFUNCTION, answer.header)
-        handle.setopt(pycurl.WRITEFUNCTION, answer.write)
-        handle.setopt(pycurl.OPENSOCKETFUNCTION, answer.open_socket)
-        return handle
+            curl.setopt(option, value)
+        curl.setopt(pycurl.HEADERFUNCTION, answer.header)
+        curl.setopt(pycurl.WRITEFUNCTION, answer.write)
+        curl.setopt(pycurl.OPENSOCKETFUNCTION, answer.open_socket)
+        return _Handle(curl, answer)
 
-    def give_back(self, handle: pycurl.Curl) -> None:
+    def give_back(self, handle: _Handle) -> None:
         if self.closed or len(self.idle) >= IDLE_HANDLES:
-            handle.close()
+            handle.curl.close()
         else:
             self.idle.append(handle)
 
     def close(self) -> None:
         self.closed = True
         for handle in self.idle:
-            handle.close()
+            handle.curl.close()
         self.idle.clear()
 
 
@@ -440,22 +469,26 @@ def prepare(
     lines: list[str],
     timeout_ms: int,
     keep_body: bool = False,
-) -> pycurl.Curl:
+) -> _Handle:
     """A handle of ``route`` set for one request (options the last request left as they
-    should be are not set again); its ``answer`` keeps the body with ``keep_body``."""
+    should be, its URL among them, are not set again); its ``answer`` keeps the body with
+    ``keep_body``."""
     handle = route.handle()
     handle.answer.reset(keep_body)
-    handle.setopt(pycurl.URL, url)
-    handle.setopt(pycurl.POSTFIELDS, body)
-    handle.setopt(pycurl.HTTPHEADER, lines)
+    setopt = handle.setopt
+    if handle.url != url:
+        setopt(pycurl.URL, url)
+        handle.url = url
+    setopt(pycurl.POSTFIELDS, body)
+    setopt(pycurl.HTTPHEADER, lines)
     if handle.timeout_ms != timeout_ms:
-        handle.setopt(pycurl.TIMEOUT_MS, timeout_ms)
+        setopt(pycurl.TIMEOUT_MS, timeout_ms)
         handle.timeout_ms = timeout_ms
     if handle.method != method:
         if method == "POST":
-            handle.unsetopt(pycurl.CUSTOMREQUEST)
+            handle.curl.unsetopt(pycurl.CUSTOMREQUEST)
         else:
-            handle.setopt(pycurl.CUSTOMREQUEST, method)
+            setopt(pycurl.CUSTOMREQUEST, method)
         handle.method = method
     return handle
 
@@ -482,7 +515,7 @@ async def post(session: Session, target: Target, body: bytes, headers: dict[str,
         )
         answer = handle.answer
         transfers = session.transfers()
-        future = transfers.start(handle)
+        future = transfers.start(handle.curl)
         try:
             code, message = await future
         except asyncio.CancelledError:
@@ -528,10 +561,10 @@ def unanswered(code: int, message: str | None, timeout_ms: int) -> str:
     return f"connection failed: {first_line(message or f'libcurl error {code}')[:300]}"
 
 
-def _abandon(transfers: Transfers, handle: pycurl.Curl) -> None:
+def _abandon(transfers: Transfers, handle: _Handle) -> None:
     """A request whose sender was cancelled: stopped, its handle and sockets let go."""
-    transfers.abandon(handle)
-    handle.close()
+    transfers.abandon(handle.curl)
+    handle.curl.close()
 
 
 def _refused(target: Target, why: str, started: float) -> Outcome:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import select
+from threading import get_ident
 
 import pycurl
 
@@ -51,6 +52,7 @@ class Transfers:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, per_host: int = 0) -> None:
         self.loop = loop
+        self.thread = get_ident()  # the loop's thread
         self.multi = pycurl.CurlMulti()
         self.multi.setopt(pycurl.M_SOCKETFUNCTION, self._watch)
         self.multi.setopt(pycurl.M_TIMERFUNCTION, self._schedule)
@@ -59,6 +61,7 @@ class Transfers:
         self._sockets = select.epoll()
         self._wanted: dict[int, int] = {}  # fd -> the epoll events libcurl waits for
         self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0  # when the timer fires (the loop's clock)
         self._running: dict[pycurl.Curl, asyncio.Future] = {}
         self.closed = False
         loop.add_reader(self._sockets.fileno(), self._ready)
@@ -113,12 +116,23 @@ class Transfers:
             self._sockets.register(fd, events)
 
     def _schedule(self, ms: int) -> None:
-        """``M_TIMERFUNCTION``: call libcurl back in ``ms`` (-1: no timeout due)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if ms >= 0 and not self.closed:
-            self._timer = self.loop.call_later(ms / 1000, self._timed_out)
+        """``M_TIMERFUNCTION``: call libcurl back in ``ms`` (-1: no timeout due). A timer
+        that fires sooner is kept: libcurl moves its next timeout on with nearly every answer
+        (the oldest transfer's deadline), and a timer made and dropped each time cost more
+        than the early call, after which :meth:`_timed_out` asks libcurl again."""
+        timer = self._timer
+        if ms < 0 or self.closed:
+            if timer is not None:
+                timer.cancel()
+                self._timer = None
+            return
+        due = self.loop.time() + ms / 1000
+        if timer is not None:
+            if self._due <= due:
+                return
+            timer.cancel()
+        self._due = due
+        self._timer = self.loop.call_at(due, self._timed_out)
 
     # --- the loop calling libcurl ---------------------------------------------------------
 
