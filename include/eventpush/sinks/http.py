@@ -58,7 +58,7 @@ from eventpush.sinks.contract import (
 from eventpush.sinks.oauth import TokenError, Tokens, parse_token, token_request
 from eventpush.sinks.request import build_request
 from eventpush.sinks.retry import classify, parse_retry_after
-from eventpush.sinks.transfers import Transfers
+from eventpush.sinks.transfers import Transfers, socket_opened
 
 BODY_CAP = 64 * 1024  # what we read of an answer; a target may send more, we never hold it
 URL_CACHE = 10_000  # target URLs with their query parameters, built once (a replay may meet many)
@@ -316,6 +316,7 @@ class _Answer:
         except RefusedAddressError as exc:
             self.refused = str(exc)
             return pycurl.SOCKET_BAD
+        socket_opened()
         # pycurl hands libcurl a duplicate of this socket. This one is closed on the loop's
         # next turn, so that libcurl's close ends the socket (and takes it out of the
         # Transfers' epoll set, which holds the socket, not the number) when libcurl is done.

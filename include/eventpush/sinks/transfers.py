@@ -18,12 +18,15 @@ completed). A Transfers belongs to one event loop and is made on first use there
 Why a set of our own: libcurl stops watching a kept-alive connection after every answer and
 asks again with the next request on it. On the loop's own watchers each of those was a
 watcher made and dropped and two ``epoll_ctl`` calls; here an idle connection stays in the
-set, taking it up again is one ``epoll_ctl`` (``MOD``), and an idle socket that stirs (its
-server closed it) leaves the set then (docs/BENCHMARKS.md, issue 34: 9-20 % less of the
-loop's CPU a request). A socket libcurl closes leaves the set with its last descriptor (the
-kernel's rule; the duplicate pycurl is handed is closed on the loop's next turn, see
-``eventpush.sinks.http``), and a new socket that reuses a number is never taken for the old
-one: the ``MOD`` fails with ENOENT for a socket the set does not hold, and it is registered.
+set, taking it up again for the events the set already watches it for costs no system
+call (any other events: one ``epoll_ctl``, ``MOD``), and an idle socket that stirs (its
+server closed it) leaves the set then (docs/BENCHMARKS.md, issue 34). A socket libcurl closes
+leaves the set with its last descriptor (the kernel's rule; the duplicate pycurl is handed is
+closed on the loop's next turn, see ``eventpush.sinks.http``), and a new socket that reuses a
+number is never taken for the old one: what the set watches is forgotten, by number, each
+time libcurl opens a socket (:func:`socket_opened`: only then can a number name another
+socket), and the ``MOD`` then fails with ENOENT for a socket the set does not hold, and it is
+registered.
 """
 
 from __future__ import annotations
@@ -45,6 +48,13 @@ _EVENTS = {  # what libcurl waits for -> what the epoll set watches
 }
 _READABLE = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
 _WRITABLE = select.EPOLLOUT | select.EPOLLERR
+_opened = [0]  # sockets libcurl has opened in this process (see socket_opened)
+
+
+def socket_opened() -> None:
+    """Called for every socket libcurl opens (``OPENSOCKETFUNCTION``): a new socket may have
+    the number of one that closed, so what any set knows it watches by number is forgotten."""
+    _opened[0] += 1
 
 
 class Transfers:
@@ -60,6 +70,8 @@ class Transfers:
             self.multi.setopt(pycurl.M_MAX_HOST_CONNECTIONS, per_host)
         self._sockets = select.epoll()
         self._wanted: dict[int, int] = {}  # fd -> the epoll events libcurl waits for
+        self._watched: dict[int, int] = {}  # fd -> the events the set watches it for
+        self._opened = _opened[0]  # the sockets opened when _watched was last known right
         self._timer: asyncio.TimerHandle | None = None
         self._due = 0.0  # when the timer fires (the loop's clock)
         self._running: dict[pycurl.Curl, asyncio.Future] = {}
@@ -97,6 +109,7 @@ class Transfers:
             self.loop.remove_reader(self._sockets.fileno())
         self._sockets.close()
         self._wanted.clear()
+        self._watched.clear()
 
     # --- what libcurl asks of the loop -----------------------------------------------------
 
@@ -110,10 +123,16 @@ class Transfers:
             return
         events = _EVENTS[what]
         self._wanted[fd] = events
+        if self._opened != _opened[0]:  # a socket opened since: any number may be a new one
+            self._opened = _opened[0]
+            self._watched.clear()
+        elif self._watched.get(fd) == events:  # a kept-alive connection taken up again
+            return
         try:  # in the set already, unless new (a new socket on a closed one's number too)
             self._sockets.modify(fd, events)
         except FileNotFoundError:
             self._sockets.register(fd, events)
+        self._watched[fd] = events
 
     def _schedule(self, ms: int) -> None:
         """``M_TIMERFUNCTION``: call libcurl back in ``ms`` (-1: no timeout due). A timer
@@ -159,6 +178,7 @@ class Transfers:
         self._finished()
 
     def _release(self, fd: int) -> None:
+        self._watched.pop(fd, None)
         # OSError: closed, or the number now names a socket the set does not hold
         with contextlib.suppress(OSError):
             self._sockets.unregister(fd)
