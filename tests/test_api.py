@@ -1585,9 +1585,10 @@ def test_an_entrys_detail_is_stored_as_spelled_or_the_long_way():
     from types import SimpleNamespace
 
     from eventpush.api.events import _MalformedDetail, entry_event
+    from eventpush.api.service import BusView
     from eventpush.publish import MAX_EVENT_BYTES, MalformedEventError
 
-    bus = SimpleNamespace(account=ACCOUNT, region="us-east-1")
+    bus = BusView(SimpleNamespace(account=ACCOUNT, region="us-east-1"), None)
     now = "2026-11-27T00:00:00Z"
 
     def stored(detail: str, **more) -> tuple[str, dict]:

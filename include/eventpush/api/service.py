@@ -14,6 +14,8 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
+from json.encoder import encode_basestring as _json_string
 from pathlib import Path
 
 import psycopg2
@@ -160,6 +162,12 @@ class BusView:
     @property
     def region(self) -> str:
         return self.info.region
+
+    @cached_property
+    def envelope_json(self) -> tuple[str, str]:
+        """The bus's account and region as JSON strings, as every event's envelope spells
+        them: escaped once per bus, not once per entry."""
+        return _json_string(self.info.account), _json_string(self.info.region)
 
 
 def _read_bus(conn: Connection, name: str) -> BusView:

@@ -322,6 +322,11 @@ async def publish_anywhere(
     not woken here (:func:`announce`, which the caller may pace)."""
     if not events:
         return {}
+    bodies = [e.body for e in events]
+    # One search for a newline a body (memchr), not a count over the joined text (a loop
+    # over every character, 2 % of the API's instructions a request).
+    if any("\n" in body for body in bodies):
+        raise ValueError("an event body holds a raw newline: not compact JSON")
     params = {
         "bus": bus.id,
         "start": random.randrange(bus.queues),
@@ -339,10 +344,8 @@ async def publish_anywhere(
                 for e in events
             ]
         ).decode(),
-        "bodies": "\n".join(e.body for e in events),
+        "bodies": "\n".join(bodies),
     }
-    if params["bodies"].count("\n") != len(events) - 1:
-        raise ValueError("an event body holds a raw newline: not compact JSON")
     rows = await execute_on_loop(conn, _SKIP_LOCKED, params)
     if not rows:  # every queue is held: wait for one (holding none: no deadlock)
         rows = await execute_on_loop(conn, _WAIT_LOCKED, params)
