@@ -26,7 +26,9 @@ closed on the loop's next turn, see ``eventpush.sinks.http``), and a new socket 
 number is never taken for the old one: what the set watches is forgotten, by number, each
 time libcurl opens a socket (:func:`socket_opened`: only then can a number name another
 socket), and the ``MOD`` then fails with ENOENT for a socket the set does not hold, and it is
-registered.
+registered. That holds because every socket libcurl asks us to watch is one it opened through
+``OPENSOCKETFUNCTION``: the session resolves names itself and hands libcurl addresses
+(``CONNECT_TO``), so libcurl's own resolver, whose sockets would open unseen, never runs.
 """
 
 from __future__ import annotations
