@@ -188,6 +188,53 @@ def test_new_connections_on_reused_socket_numbers_are_watched_anew():
     assert held <= 4, held
 
 
+class CountingSet:
+    """An epoll set that counts the changes asked of it (the watching left as it was)."""
+
+    def __init__(self, real) -> None:
+        self.real, self.changes = real, 0
+
+    def modify(self, fd: int, events: int) -> None:
+        self.changes += 1
+        self.real.modify(fd, events)
+
+    def register(self, fd: int, events: int) -> None:
+        self.changes += 1
+        self.real.register(fd, events)
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+
+def test_a_kept_alive_connection_is_taken_up_again_without_a_system_call():
+    """Sequential sends to a server that keeps its connections: once the connections are
+    made and watched (the first sends), a request finds its socket watched as it wants it,
+    and asks the epoll set for nothing (the old client made one epoll_ctl a request). A
+    target that closes every connection makes each new socket registered anew (the test
+    above)."""
+
+    async def run() -> tuple[list[str], int, int]:
+        server, port, peers = await keepalive_server("127.0.0.1")
+        async with server, http.new_session() as session:
+            transfers = session.transfers()
+            counting = transfers._sockets = CountingSet(transfers._sockets)
+            kinds, settled = [], 0
+            for n in range(40):
+                if n == 10:
+                    settled = counting.changes
+                async with asyncio.timeout(10):
+                    outcome = await http.attempt(
+                        session, target(f"http://127.0.0.1:{port}/hook"), b"{}", {}
+                    )
+                kinds.append(outcome.kind)
+            return kinds, settled, counting.changes - settled
+
+    kinds, at_start, later = asyncio.run(run())
+    assert kinds == [contract.DELIVERED] * 40
+    assert at_start > 0  # the set was really counted
+    assert later == 0, f"{later} changes of the epoll set in 30 requests on kept connections"
+
+
 async def keepalive_server(host: str, port: int = 0):
     """A server answering 204 to every request on a connection, kept open: (server, port, the
     peer port of each request it answered, in order)."""
