@@ -16,12 +16,15 @@ valgrind the program runs ~50 times slower, so work that batches by time (the AP
 commit, the worker's windows) batches differently than at full speed: compare trees, not
 this count with a CPU-time figure.
 
-    .venv/bin/python bench/instructions.py client|worker|api [--units N] [--top K]
+    .venv/bin/python bench/instructions.py client|worker|fanout|api [--units N] [--top K]
 
 - ``client``: ``eventpush.sinks.http.attempt`` in a bare loop, 64 requests in flight, to the
   demo receiver (another process, not counted): instructions a request;
 - ``worker``: ``eventpush worker run w1 --until-idle`` draining the quarters workload of
   ``bench/push.py quarters`` (mixed placement) to the receiver: instructions a delivery;
+- ``fanout``: the same worker on ``bench/push.py throughput``'s workload, one rule and four
+  targets (each event read, parsed and matched once for four deliveries; its events' details
+  are smaller): instructions a delivery, what the quarters' own reading costs beside it;
 - ``api``: ``eventpush api --workers 1`` answering signed PutEvents of 10 entries, sent over
   16 kept-alive connections by this process (not counted): instructions a request.
 """
@@ -50,7 +53,7 @@ from push import EXE, PYTHON, ReceiverProcess, quarter_events, quarters_topology
 
 from eventpush import catalog  # noqa: E402
 
-DEFAULT_UNITS = {"client": 1024, "worker": 2000, "api": 320}
+DEFAULT_UNITS = {"client": 1024, "worker": 2000, "fanout": 2000, "api": 320}
 SCALE = 5  # the second run's units, as a multiple of the first's
 API_CONNECTIONS = 16
 
@@ -94,15 +97,19 @@ def _client(url: str, units: int) -> None:
     uvloop.run(_client_loop("http.attempt", url + "/ok/count", units, 64, 0.0))
 
 
-def run_worker(units: int, out: Path) -> None:
-    from push import _worker_env
+def run_worker(units: int, out: Path, fanout: bool = False) -> None:
+    from push import _worker_env, events, topology
 
     from eventpush.publish import publish
 
     with ReceiverProcess() as rx, scratch_database() as url:
         conn = psycopg2.connect(url)
-        quarters_topology(conn, rx.url, 1)
-        publish(conn, "orders", quarter_events(units, 0, "mixed"))
+        if fanout:  # one rule, four targets: each event read, parsed and matched once
+            topology(conn, rx.url, ["/ok/a", "/ok/b", "/ok/c", "/ok/d"])
+            publish(conn, "orders", events(units // 4))
+        else:
+            quarters_topology(conn, rx.url, 1)
+            publish(conn, "orders", quarter_events(units, 0, "mixed"))
         conn.close()
         command = [EXE, "worker", "run", "w1", "--until-idle", "--max-seconds", "3600"]
         subprocess.run(
@@ -175,8 +182,17 @@ async def _put_events(port: int, request: bytes, units: int) -> None:
     await asyncio.gather(*(one(per + (i < rest)) for i in range(API_CONNECTIONS)))
 
 
-WORKLOADS = {"client": run_client, "worker": run_worker, "api": run_api}
-UNIT_NAMES = {"client": "a request", "worker": "a delivery", "api": "a PutEvents of 10"}
+def run_fanout(units: int, out: Path) -> None:
+    run_worker(units, out, fanout=True)
+
+
+WORKLOADS = {"client": run_client, "worker": run_worker, "fanout": run_fanout, "api": run_api}
+UNIT_NAMES = {
+    "client": "a request",
+    "worker": "a delivery",
+    "fanout": "a delivery",
+    "api": "a PutEvents of 10",
+}
 
 
 def by_function(out: Path) -> Counter:
