@@ -36,7 +36,6 @@ import asyncio
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -58,14 +57,9 @@ SCALE = 5  # the second run's units, as a multiple of the first's
 API_CONNECTIONS = 16
 
 
-def callgrind(command: list[str], out: Path) -> list[str]:
-    """``command`` run under callgrind, its counts written to ``out``."""
-    return [
-        "valgrind",
-        "--tool=callgrind",
-        f"--callgrind-out-file={out}",
-        *command,
-    ]
+def callgrind(out: Path) -> tuple[str, ...]:
+    """The command prefix that runs a program under callgrind, its counts written to ``out``."""
+    return ("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}")
 
 
 def total(out: Path) -> int:
@@ -82,7 +76,7 @@ def total(out: Path) -> int:
 def run_client(units: int, out: Path) -> None:
     with ReceiverProcess() as rx:
         subprocess.run(
-            callgrind([PYTHON, __file__, "_client", rx.url, str(units)], out),
+            [*callgrind(out), PYTHON, __file__, "_client", rx.url, str(units)],
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -113,7 +107,7 @@ def run_worker(units: int, out: Path, fanout: bool = False) -> None:
         conn.close()
         command = [EXE, "worker", "run", "w1", "--until-idle", "--max-seconds", "3600"]
         subprocess.run(
-            callgrind(command, out),
+            [*callgrind(out), *command],
             env=_worker_env(url),
             check=True,
             stdout=subprocess.DEVNULL,
@@ -122,10 +116,8 @@ def run_worker(units: int, out: Path, fanout: bool = False) -> None:
 
 
 def run_api(units: int, out: Path) -> None:
-    import httpx
     from api import put_events_body
-    from api_support import make_key, signed_request
-    from ports import free_port
+    from api_support import ApiServer, make_key, signed_request
 
     from eventpush.sealed import KEY_FILE_ENV, write_key_file
 
@@ -136,32 +128,19 @@ def run_api(units: int, out: Path) -> None:
         catalog.create_bus(conn, "orders", 4)
         conn.close()
         key = make_key(env, "bench", "admin")
-        port = free_port()
-        command = [EXE, "api", "--port", str(port), "--workers", "1"]
-        server = subprocess.Popen(
-            callgrind(command, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        # Slow to start and to stop under valgrind; the stop (SIGTERM: uvicorn ends, and
+        # callgrind writes its file) must not turn into a SIGKILL.
+        server = ApiServer(env, "--workers", "1", wrapper=callgrind(out), start_s=300, stop_s=600)
         try:
-            deadline = time.monotonic() + 300  # uvicorn and its imports start slowly here
-            while True:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("the API server did not start under valgrind")
-                time.sleep(1)
             body = put_events_body()
-            signed = signed_request(f"http://127.0.0.1:{port}", "PutEvents", body, key)
+            signed = signed_request(server.url, "PutEvents", body, key)
             head = "".join(f"{k}: {v}\r\n" for k, v in signed.headers.items())
             request = (
                 f"POST / HTTP/1.1\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
             )
-            asyncio.run(_put_events(port, request, units))
+            asyncio.run(_put_events(server.port, request, units))
         finally:
-            server.send_signal(signal.SIGINT)  # uvicorn ends, and callgrind writes its file
-            server.wait(timeout=600)
+            server.stop()
 
 
 async def _put_events(port: int, request: bytes, units: int) -> None:

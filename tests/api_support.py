@@ -40,21 +40,31 @@ def make_key(env: dict, name: str, role: str, *buses: str) -> tuple[str, str]:
 
 
 class ApiServer:
-    """``eventpush api`` on a free port of 127.0.0.1, started and waited for."""
+    """``eventpush api`` on a free port of 127.0.0.1, started and waited for; run under
+    ``wrapper`` (a command prefix, such as valgrind's) when given, which starts and stops
+    slower: ``start_s`` and ``stop_s`` bound both waits."""
 
-    def __init__(self, env: dict, *args: str) -> None:
+    def __init__(
+        self,
+        env: dict,
+        *args: str,
+        wrapper: tuple[str, ...] = (),
+        start_s: float = 90.0,  # a loaded 2-core machine starts workers slowly
+        stop_s: float = 10.0,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = env
+        self.stop_s = stop_s
         self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
-            [EXE, "api", "--port", str(self.port), *args],
+            [*wrapper, EXE, "api", "--port", str(self.port), *args],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=self.log,
             text=True,
         )
-        deadline = time.monotonic() + 90  # a loaded 2-core machine starts workers slowly
+        deadline = time.monotonic() + start_s
         while True:
             try:
                 if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
@@ -86,7 +96,7 @@ class ApiServer:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(10)
+                self.proc.wait(self.stop_s)
             except subprocess.TimeoutExpired:
                 self.kill()
         self.log.close()
