@@ -25,8 +25,8 @@ import hashlib
 import hmac
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from botocore.auth import SIGNED_HEADERS_BLACKLIST, SIGV4_TIMESTAMP, SigV4Auth
 from botocore.credentials import Credentials
@@ -48,9 +48,9 @@ _AUTH_RE = re.compile(
 _AMZ_DATE_RE = re.compile(r"[0-9]{8}T[0-9]{6}Z")
 
 
-@dataclass(frozen=True)
-class SignedBy:
-    """What the Authorization header claims, before the claim is checked."""
+class SignedBy(NamedTuple):
+    """What the Authorization header claims, before the claim is checked. (Tuples: a frozen
+    dataclass sets each field through ``object.__setattr__``, a microsecond a request.)"""
 
     access_key_id: str
     date: str
@@ -133,8 +133,7 @@ def check_scope(claim: SignedBy, amz_date: str, region: str) -> None:
         )
 
 
-@dataclass(frozen=True)
-class Received:
+class Received(NamedTuple):
     """A request as it arrived: what the signature covers."""
 
     method: str
