@@ -21,7 +21,7 @@ from eventpush.publish import Prepared, parse_events
 from eventpush.sources import bus_named
 from eventpush.sources.postgres import announce, publish_anywhere
 
-ODD = ["tab\there", "new\nline", 'quote" and \\ back', "ünï €", "{a,b}", "NULL", "x'y"]
+ODD = ["tab\there", "new\nline", 'quote" and \\ back', "ünï €", "{a,b}", "NULL", "x'y", " spaced "]
 
 
 def _events(n: int, seed: int = 0, queues: int = 4) -> list[Prepared]:

@@ -18,8 +18,6 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from eventpush.db import (
     Connection,
     StoreError,
@@ -267,10 +265,11 @@ def publish(conn: Connection, bus: Bus, events: Iterable) -> dict[int, tuple[int
 # events there at its next offsets and move the offset on. Concurrent publishers (the API's
 # processes, each with commits in flight) take different queues instead of waiting for each
 # other's commits, and the row stays locked until the commit, so offsets stay gapless and in
-# commit order per queue. The events' small fields come as one JSON document, their bodies
-# as one text, a line each (a body is compact JSON, never a raw newline): the server splits
-# it with a scan and parses each body once, as COPY does (a body inside the JSON document was
-# parsed twice, and cost the statement a third more).
+# commit order per queue. The events' small fields come as one array literal a column, their
+# bodies as one text, a line each (a body is compact JSON, never a raw newline): the server
+# splits it with a scan and parses each body once, as COPY does (a body inside a JSON
+# document was parsed twice, and cost the statement a third more; the small fields as one
+# JSON document cost the backend 0.6 µs an event more than the arrays, docs/BENCHMARKS.md).
 _APPEND_ANYWHERE = """
 WITH queue AS MATERIALIZED (
     SELECT queue_id, next_offset FROM event_bus_queue
@@ -284,9 +283,9 @@ WITH queue AS MATERIALIZED (
     SELECT %(bus)s, queue.queue_id, queue.next_offset + e.i - 1, e.message_id, e.source,
            e.detail_type, e.event_time, e.size_bytes, e.body::json
     FROM queue, ROWS FROM (
-             json_to_recordset(%(events)s::json) AS (message_id text, source text,
-                 detail_type text, event_time timestamptz, size_bytes int),
-             string_to_table(%(bodies)s, E'\n'))
+             unnest(%(ids)s::text[]), unnest(%(sources)s::text[]),
+             unnest(%(types)s::text[]), unnest(%(times)s::timestamptz[]),
+             unnest(%(sizes)s::int[]), string_to_table(%(bodies)s, E'\n'))
          WITH ORDINALITY AS e(message_id, source, detail_type, event_time, size_bytes, body, i)
 ), moved AS (
     UPDATE event_bus_queue q SET next_offset = queue.next_offset + %(count)s
@@ -306,7 +305,16 @@ _NOTIFY = (
     "SELECT set_config('synchronous_commit', 'off', true), pg_notify('eventpush_publish', b) "
     "FROM unnest(%s::text[]) AS b"
 )
-_encode_json = msgspec.json.Encoder().encode
+
+
+def _text_array(values: list[str]) -> str:
+    """A ``text[]`` literal of ``values``: each element double-quoted (so commas, braces and
+    white space are its own), a backslash or a double quote escaped; the escaping walks the
+    elements only when one of them holds such a character."""
+    plain = "".join(values)
+    if "\\" in plain or '"' in plain:
+        values = [v.replace("\\", "\\\\").replace('"', '\\"') for v in values]
+    return '{"' + '","'.join(values) + '"}'
 
 
 async def publish_anywhere(
@@ -332,18 +340,11 @@ async def publish_anywhere(
         "start": random.randrange(bus.queues),
         "queues": bus.queues,
         "count": len(events),
-        "events": _encode_json(
-            [
-                {
-                    "message_id": e.message_id,
-                    "source": e.source,
-                    "detail_type": e.detail_type,
-                    "event_time": e.time,
-                    "size_bytes": e.size,
-                }
-                for e in events
-            ]
-        ).decode(),
+        "ids": _text_array([e.message_id for e in events]),
+        "sources": _text_array([e.source for e in events]),
+        "types": _text_array([e.detail_type for e in events]),
+        "times": _text_array([e.time for e in events]),
+        "sizes": "{" + ",".join([str(e.size) for e in events]) + "}",
         "bodies": "\n".join(bodies),
     }
     rows = await execute_on_loop(conn, _SKIP_LOCKED, params)
