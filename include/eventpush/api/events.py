@@ -72,6 +72,7 @@ def _event_time(value: object, where: str) -> str | None:
 
 
 def _missing_member(where: str, *values: object) -> None:
+    """Raise for the first of Source, DetailType and Detail that is not a non-empty string."""
     for member, value in zip(("Source", "DetailType", "Detail"), values, strict=True):
         if not isinstance(value, str) or not value:
             raise MalformedEventError(
@@ -145,7 +146,7 @@ def entry_event(
         )
     body = f"{head}{detail_text}}}"
     size = len(body) if body.isascii() else len(body.encode())
-    if size > MAX_EVENT_BYTES:  # the limits' own check, and the lambda, only when near them
+    if size > MAX_EVENT_BYTES:  # the limits' own check, and its lambda, only past the first
         check_size(
             size,
             where,
