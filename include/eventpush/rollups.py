@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from eventpush.db import Connection, transaction
+from eventpush.db import Connection, int_array, transaction
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def roll_up(
                 cur.execute(
                     "DELETE FROM event_push_delivery WHERE runner_id = %s AND queue_id = %s "
                     'AND "offset" = ANY(%s::bigint[])',
-                    (w.runner_id, queue_id, "{" + ",".join(map(str, offs)) + "}"),
+                    (w.runner_id, queue_id, int_array(offs)),
                 )
                 rows += cur.rowcount
             covered = {

@@ -24,7 +24,9 @@ from eventpush.db import (
     connect,
     copy_text,
     execute_on_loop,
+    int_array,
     is_transient,
+    text_array,
     transaction,
 )
 from eventpush.dbslot import DbSlot
@@ -307,16 +309,6 @@ _NOTIFY = (
 )
 
 
-def _text_array(values: list[str]) -> str:
-    """A ``text[]`` literal of ``values``: each element double-quoted (so commas, braces and
-    white space are its own), a backslash or a double quote escaped; the escaping walks the
-    elements only when one of them holds such a character."""
-    plain = "".join(values)
-    if "\\" in plain or '"' in plain:
-        values = [v.replace("\\", "\\\\").replace('"', '\\"') for v in values]
-    return '{"' + '","'.join(values) + '"}'
-
-
 async def publish_anywhere(
     conn: LoopConnection, bus: Bus, events: list
 ) -> dict[int, tuple[int, int, int]]:
@@ -340,11 +332,11 @@ async def publish_anywhere(
         "start": random.randrange(bus.queues),
         "queues": bus.queues,
         "count": len(events),
-        "ids": _text_array([e.message_id for e in events]),
-        "sources": _text_array([e.source for e in events]),
-        "types": _text_array([e.detail_type for e in events]),
-        "times": _text_array([e.time for e in events]),
-        "sizes": "{" + ",".join([str(e.size) for e in events]) + "}",
+        "ids": text_array([e.message_id for e in events]),
+        "sources": text_array([e.source for e in events]),
+        "types": text_array([e.detail_type for e in events]),
+        "times": text_array([e.time for e in events]),
+        "sizes": int_array(e.size for e in events),
         "bodies": "\n".join(bodies),
     }
     rows = await execute_on_loop(conn, _SKIP_LOCKED, params)

@@ -18,7 +18,7 @@ import json
 import time
 from collections import Counter, deque
 
-from eventpush.db import connect, connection, transaction
+from eventpush.db import connect, connection, int_array, transaction
 from eventpush.push.committing import outcome_rows
 from eventpush.push.store import copy_deliveries, load_targets
 from eventpush.rules.transforms import compile_transform
@@ -179,13 +179,6 @@ def not_restored(batch: list, outcome) -> None:
     outcome.per_record = answers
     if len(set(answers)) == 1:
         outcome.kind, outcome.error = answers[0]
-
-
-def int_array(values) -> str:
-    """Integers as the text of a PostgreSQL array, for a ``%s::int[]`` parameter: psycopg2
-    adapts a list element by element, several times slower, and these lists are a
-    partition's every record, built while its pushes run."""
-    return "{" + ",".join(map(str, map(int, values))) + "}"
 
 
 def event_bodies(cur, keys: list[tuple[int, int, int]]) -> dict[tuple[int, int, int], str]:
