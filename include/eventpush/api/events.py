@@ -183,12 +183,12 @@ def _bus_names(call: Call, entries: list) -> list[tuple[str, tuple[str, str] | N
     seen: dict[str | None, tuple[str, tuple[str, str] | None]] = {}
     names = []
     for entry in entries:
-        raw = entry.get("EventBusName") if entry.__class__ is dict else None
+        raw = entry.get("EventBusName") if isinstance(entry, dict) else None
         # A name (or none) is read once; anything else (not a string) is bus_name's to refuse.
         spelled = raw is None or raw.__class__ is str
         found = seen.get(raw) if spelled else None
         if found is None:
-            found = bus_name(entry if entry.__class__ is dict else {})
+            found = bus_name(entry if isinstance(entry, dict) else {})
             call.allow_bus(found[0])
             if spelled:
                 seen[raw] = found
