@@ -4,11 +4,9 @@ same events, in the same run.
 - ceiling: ``eventpush.publish.publish`` (what ``eventpush publish`` runs) appending the same
   events in batches of 50,000 (parse, validate, COPY, commit), before, between and after the
   API's runs (each run's ceiling is the mean of the publish runs on either side of it);
-- API: ``eventpush api --workers N`` on loopback (one worker by default, the command's own
-  default; ``--workers 2`` is the other reading, see below), an admin key, one PutEvents of
-  10 entries (~300-byte details) signed with botocore's SigV4 signer (valid 5 minutes: signed
-  again for each run), replayed by ``wrk`` on 64 connections (so the load generator is not
-  Python);
+- API: ``eventpush api --workers N`` on loopback, an admin key, one PutEvents of 10 entries
+  (~300-byte details) signed with botocore's SigV4 signer (valid 5 minutes: signed again for
+  each run), replayed by ``wrk`` on 64 connections (so the load generator is not Python);
   every request answered 200 and every answered event stored are checked after each run.
 - ``--rounds`` runs (3 by default), each with its ratio and p99, then their medians and how
   many runs held both goals: one run on a shared two-core machine says little.
@@ -21,15 +19,8 @@ same events, in the same run.
 
 Goal (issue 31): API events/s >= 0.5 x the publish rate, p99 <= 50 ms.
 
-Why one server worker by default: on this two-core machine the server shares the cores with
-PostgreSQL and wrk, and a second worker process costs every request about a quarter more CPU
-(170-190 µs against 136-155 on the same host, docs/BENCHMARKS.md), not from its smaller group
-commits (one worker on 32 connections, groups as small, stays at ~140 µs) but from two
-interpreters and two backends taking turns on two cores. Where the API has cores of its own,
-more workers pay; run both readings (``--workers 1`` and ``--workers 2``) when comparing trees.
-
 .venv/bin/python bench/api.py [--events 200000] [--seconds 20] [--rounds 3] [--connections 64]
-    [--workers 1] [--threads 2]
+    [--workers 2] [--threads 2]
 """
 
 from __future__ import annotations
@@ -357,7 +348,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--connections", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2, help="wrk threads")
     parser.add_argument("--rounds", type=int, default=3, help="API runs, a ceiling run between")
     parser.add_argument(
