@@ -56,10 +56,9 @@ def _entry_error(code: str, message: str) -> dict:
     return {"ErrorCode": code, "ErrorMessage": message}
 
 
-def _event_time(value: object, where: str) -> str | None:
-    """An entry's ``Time``: epoch seconds (what the SDKs send) or ISO 8601 text."""
-    if value is None:
-        return None
+def _event_time(value: object, where: str) -> str:
+    """An entry's ``Time`` when it gives one: epoch seconds (what the SDKs send) or ISO 8601
+    text."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         try:
             when = datetime.fromtimestamp(value, UTC)
